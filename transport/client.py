@@ -1,0 +1,220 @@
+"""Peer: a connection to one role's ActorServer, with tell / ask / stream.
+
+Each call gets a fresh ``call_id``; a receive task routes REPLY / ITEM / END / ERROR frames to the
+waiting future or stream queue. A socket monitor watches the connection: when the peer goes away
+(process killed, host gone, ZMTP heartbeat timeout) every pending call fails at once with
+``PeerLost``; ZeroMQ reconnects by itself, and the Hello handshake is repeated on the new
+connection before it is marked ready again. Calls made while the peer is away wait in the
+socket queue until it is back or their timeout fires. Stream items queue without bound on the
+caller's side (the receive task serves every call and must never block); the producer is paced
+by the socket high-water mark instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from dsi.errors import AskTimeout, DsiError, PeerLost, VersionMismatch, error_from_info
+from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Welcome
+from transport.security import CurveKeys, secure_client
+from transport.sockets import tune
+from transport.wire import Codec, Kind, pack_header, unpack_header
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+class Peer:
+    """Client side of the control plane towards one address.
+
+    ``types`` are the reply / item message classes this caller accepts.
+    """
+
+    def __init__(self, address: str, ctx: zmq.asyncio.Context, *, types: Sequence[type] = (),
+                 peer_id: str = "client", role: str = "", keys: CurveKeys | None = None,
+                 timeout: float = 10.0) -> None:
+        self.address = address
+        self.peer_id = peer_id
+        self.role = role
+        self.timeout = timeout
+        self.welcome: Welcome | None = None
+        self.unsolicited_errors = 0
+        self._codec = Codec([*types, *COMMON])
+        self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._sock = ctx.socket(zmq.DEALER)
+        tune(self._sock)
+        secure_client(self._sock, keys)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._sock.connect(address)
+        self._connected = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+
+    async def connect(self, timeout: float | None = None) -> Welcome:
+        """Start the receive and monitor tasks and complete the Hello handshake."""
+        loop = asyncio.get_running_loop()
+        if not self._tasks:
+            self._tasks = [loop.create_task(self._receive(), name=f"peer {self.address} rx"),
+                           loop.create_task(self._watch(), name=f"peer {self.address} monitor")]
+        await self._hello(timeout if timeout is not None else self.timeout)
+        return self.welcome  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_all(PeerLost(f"connection to {self.address} closed"))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    @property
+    def pending(self) -> int:
+        return len(self._calls) + len(self._streams)
+
+    # ---- calls -------------------------------------------------------------------------------
+    def tell(self, msg: Any) -> None:
+        self._send(Kind.TELL, 0, msg)
+
+    async def ask(self, msg: Any, timeout: float | None = None) -> Any:
+        return await self._call(Kind.ASK, msg, self.timeout if timeout is None else timeout)
+
+    async def stream(self, msg: Any, timeout: float | None = None) -> AsyncIterator[Any]:
+        """Items of a server-streaming call; ``timeout`` bounds the wait for each item."""
+        wait = self.timeout if timeout is None else timeout
+        call_id = next(self._ids)
+        queue: asyncio.Queue = asyncio.Queue()  # unbounded: the receive task must never block
+        self._streams[call_id] = queue
+        finished = False
+        try:
+            self._send(Kind.STREAM, call_id, msg)
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), wait)
+                except TimeoutError:
+                    raise AskTimeout(f"{self.address}: no stream item for {wait}s") from None
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, DsiError):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            self._streams.pop(call_id, None)
+            if not finished and not self._closed:
+                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+
+    async def _call(self, kind: Kind, msg: Any, timeout: float) -> Any:
+        call_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            self._send(kind, call_id, msg)
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            if not self._closed:
+                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+            raise AskTimeout(f"{self.address}: no reply to {type(msg).__name__} in {timeout}s") from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _send(self, kind: Kind, call_id: int, msg: Any) -> None:
+        self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
+
+    def _send_raw(self, frames: list[Any]) -> None:
+        if self._closed:
+            raise PeerLost(f"connection to {self.address} is closed")
+        self._sock.send_multipart(frames, copy=False)
+
+    # ---- background tasks --------------------------------------------------------------------
+    async def _hello(self, timeout: float) -> None:
+        reply = await self._call(Kind.HELLO, Hello(PROTOCOL_VERSION, self.peer_id, self.role), timeout)
+        if reply.version != PROTOCOL_VERSION:
+            raise VersionMismatch(f"{self.address} speaks protocol {reply.version}")
+        self.welcome = reply
+        self._connected.set()
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            try:
+                self._route(frames)
+            except Exception:
+                log.exception("peer %s: cannot route a reply frame", self.address)
+
+    def _route(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) < 2:
+            return
+        try:
+            kind, call_id = unpack_header(frames[0].buffer)
+        except DsiError as exc:
+            log.warning("peer %s: dropped a frame: %s", self.address, exc)
+            return
+        if kind is Kind.ERROR:
+            err = error_from_info(self._codec.decode_error(frames[1].buffer))
+            self._deliver(call_id, err)
+        elif kind is Kind.END:
+            self._deliver(call_id, _END)
+        elif kind in (Kind.REPLY, Kind.ITEM):
+            try:
+                msg = self._codec.decode(frames[1:])
+            except DsiError as exc:
+                msg = exc
+            self._deliver(call_id, msg)
+
+    def _deliver(self, call_id: int, value: Any) -> None:
+        future = self._calls.get(call_id)
+        if future is not None:
+            if not future.done():
+                if isinstance(value, BaseException):
+                    future.set_exception(value)
+                else:
+                    future.set_result(value)
+            return
+        queue = self._streams.get(call_id)
+        if queue is not None:
+            queue.put_nowait(value)
+        elif isinstance(value, DsiError):
+            self.unsolicited_errors += 1
+            log.debug("peer %s: error for finished call %d: %s", self.address, call_id, value)
+
+    async def _watch(self) -> None:
+        seen_connection = False
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._connected.clear()
+                self._fail_all(PeerLost(f"{self.address} went away"))
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if seen_connection:
+                    asyncio.get_running_loop().create_task(self._rehello())
+                seen_connection = True
+
+    async def _rehello(self) -> None:
+        try:
+            await self._hello(self.timeout)
+            log.info("peer %s: reconnected", self.address)
+        except DsiError as exc:
+            log.warning("peer %s: handshake after reconnect failed: %s", self.address, exc)
+
+    def _fail_all(self, err: DsiError) -> None:
+        for future in list(self._calls.values()):
+            if not future.done():
+                future.set_exception(err)
+        for queue in list(self._streams.values()):
+            queue.put_nowait(err)

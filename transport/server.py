@@ -1,0 +1,157 @@
+"""ActorServer: the I/O bridge between a ROUTER socket and one actor's inbox.
+
+The bridge decodes frames at the boundary: a frame that is not a valid header + message of one
+of the actor's types is answered with an ERROR frame (``bad_message``, ``version_mismatch``,
+``unknown_message``) and never reaches a handler, so a bad peer cannot kill the role. Handlers
+answer through a ``_RemoteChannel`` that writes REPLY / ITEM / END / ERROR frames back to the
+caller's identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from dsi.actor.actor import Actor
+from dsi.actor.envelope import Envelope
+from dsi.errors import BadMessage, DsiError, ErrorInfo
+from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Ping, Pong, Welcome
+from transport.security import CurveKeys, secure_server
+from transport.sockets import bound_address, tune
+from transport.wire import Codec, Kind, pack_header, peek_call_id, unpack_header
+
+log = logging.getLogger(__name__)
+_CALLS = (Kind.ASK, Kind.TELL, Kind.STREAM)
+
+
+class _RemoteChannel:
+    __slots__ = ("_call_id", "_identity", "_server", "closed", "key")
+
+    def __init__(self, server: ActorServer, identity: bytes, call_id: int) -> None:
+        self._server = server
+        self._identity = identity
+        self._call_id = call_id
+        self.key = (identity, call_id)
+        self.closed = False
+
+    def reply(self, msg: Any) -> None:
+        if not self.closed:
+            self.closed = True
+            self._server.send(self._identity, Kind.REPLY, self._call_id, msg)
+
+    def fail(self, err: DsiError) -> None:
+        if not self.closed:
+            self.closed = True
+            self._server.send_error(self._identity, self._call_id, err.info())
+
+    async def item(self, msg: Any) -> None:
+        if not self.closed:
+            await self._server.send_async(self._identity, Kind.ITEM, self._call_id, msg)
+
+    def end(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._server.send_raw(self._identity, [pack_header(Kind.END, self._call_id), b""])
+
+
+class ActorServer:
+    """Binds ``address`` and feeds every valid call to ``actor``. ``peer_id`` answers Hello."""
+
+    def __init__(self, actor: Actor, address: str, ctx: zmq.asyncio.Context, *, role: str = "",
+                 keys: CurveKeys | None = None) -> None:
+        self.actor = actor
+        self.role = role
+        self.errors_sent = 0
+        self._codec = Codec([*actor.message_types, *COMMON])
+        self._sock = ctx.socket(zmq.ROUTER)
+        tune(self._sock)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
+        secure_server(self._sock, keys)
+        self._sock.bind(address)
+        self.address = bound_address(self._sock)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if not self.actor.running:
+            await self.actor.start()
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name=f"{self.actor.name}.server")
+
+    async def stop(self) -> None:
+        """Stop the actor first (its pending callers get ActorStopped frames), then the socket."""
+        await self.actor.stop()
+        await asyncio.sleep(0)  # let the error frames go out before the socket closes
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._sock.close(linger=200)
+
+    # ---- sending (called from channels) ------------------------------------------------------
+    def send(self, identity: bytes, kind: Kind, call_id: int, msg: Any) -> None:
+        self.send_raw(identity, [pack_header(kind, call_id), *self._codec.encode(msg)])
+
+    async def send_async(self, identity: bytes, kind: Kind, call_id: int, msg: Any) -> None:
+        """Like send, but waits while the peer's queue is full (stream backpressure)."""
+        frames = [identity, pack_header(kind, call_id), *self._codec.encode(msg)]
+        try:
+            await self._sock.send_multipart(frames, copy=False)
+        except zmq.ZMQError as exc:
+            log.debug("%s: dropped stream item to a gone peer: %s", self.actor.name, exc)
+
+    def send_error(self, identity: bytes, call_id: int, info: ErrorInfo) -> None:
+        self.errors_sent += 1
+        self.send_raw(identity, [pack_header(Kind.ERROR, call_id), self._codec.encode_error(info)])
+
+    def send_raw(self, identity: bytes, frames: list[Any]) -> None:
+        try:
+            self._sock.send_multipart([identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            log.debug("%s: dropped frame to a gone peer: %s", self.actor.name, exc)
+
+    # ---- receiving ---------------------------------------------------------------------------
+    async def _serve(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            try:
+                self._dispatch(frames)
+            except Exception:  # the bridge must survive anything a peer sends
+                log.exception("%s: unexpected error while dispatching a frame", self.actor.name)
+
+    def _dispatch(self, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        if len(frames) < 3:
+            header = frames[1].buffer if len(frames) > 1 else b""
+            self.send_error(identity, peek_call_id(header), BadMessage("expected header and body frames").info())
+            return
+        header = frames[1].buffer
+        try:
+            kind, call_id = unpack_header(header)
+            if kind is Kind.CANCEL:
+                self.actor.cancel((identity, call_id))
+                return
+            msg = self._codec.decode(frames[2:])
+        except DsiError as exc:
+            self.send_error(identity, peek_call_id(header), exc.info())
+            return
+        if kind is Kind.HELLO or isinstance(msg, Hello | Ping):
+            self._answer_runtime(identity, kind, call_id, msg)
+        elif kind in _CALLS:
+            channel = None if kind is Kind.TELL else _RemoteChannel(self, identity, call_id)
+            if channel is None and not isinstance(msg, self.actor.message_types):
+                err = BadMessage(f"{type(msg).__name__} is not a call this role accepts")
+                self.send_error(identity, call_id, err.info())
+                return
+            self.actor.deliver(Envelope(msg, channel, stream=kind is Kind.STREAM))
+        else:
+            self.send_error(identity, call_id, BadMessage(f"{kind.name} frames are replies, not calls").info())
+
+    def _answer_runtime(self, identity: bytes, kind: Kind, call_id: int, msg: Any) -> None:
+        if isinstance(msg, Hello) and kind in (Kind.HELLO, Kind.ASK):
+            self.send(identity, Kind.REPLY, call_id, Welcome(PROTOCOL_VERSION, self.actor.name, self.role))
+        elif isinstance(msg, Ping) and kind is Kind.ASK:
+            self.send(identity, Kind.REPLY, call_id, Pong(msg.sent_ns))
+        else:
+            self.send_error(identity, call_id, BadMessage(f"{type(msg).__name__} must be sent as an ask").info())
