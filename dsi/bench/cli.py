@@ -1,0 +1,16 @@
+"""``dsi bench <name> [--json]``: each benchmark module registers one sub-subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# Benchmark modules; each has register(subparsers).
+_BENCHES = ("dsi.bench.rpc",)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark and print its figures")
+    benches = parser.add_subparsers(dest="bench", required=True)
+    for name in _BENCHES:
+        importlib.import_module(name).register(benches)
