@@ -64,7 +64,8 @@ class Subscriber:
         self._sock.connect(address)
         self.bad_frames = 0
 
-    async def __aiter__(self) -> AsyncIterator[Published]:
+    async def recv(self) -> Published:
+        """The next valid message (bad ones are counted and skipped). Safe to cancel."""
         while True:
             frames = await self._sock.recv_multipart(copy=False)
             try:
@@ -73,10 +74,14 @@ class Subscriber:
                 kind, seq = unpack_header(frames[1].buffer)
                 if kind is not Kind.PUBLISH:
                     raise DsiError(f"{kind.name} frame on a pub/sub socket")
-                yield Published(frames[0].bytes.decode(), seq, self._codec.decode(frames[2:]))
+                return Published(frames[0].bytes.decode(), seq, self._codec.decode(frames[2:]))
             except (DsiError, UnicodeDecodeError) as exc:
                 self.bad_frames += 1
                 log.warning("subscriber: dropped a bad message: %s", exc)
+
+    async def __aiter__(self) -> AsyncIterator[Published]:
+        while True:
+            yield await self.recv()
 
     def close(self) -> None:
         self._sock.close(linger=0)
