@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-import zmq.auth
 import zmq.asyncio
+import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 

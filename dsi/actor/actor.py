@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from dsi.actor.envelope import Envelope, ReplyChannel
+from dsi.actor.envelope import Envelope
 from dsi.errors import ActorStopped, DsiError, HandlerError, Overloaded, UnknownMessage
 from dsi.messages.base import Ack
 

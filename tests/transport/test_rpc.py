@@ -26,7 +26,7 @@ async def pair():
 
 
 async def test_ask_reply_and_handshake(pair):
-    server, peer = pair
+    _, peer = pair
     assert peer.welcome.peer_id == "echo" and peer.welcome.role == "test"
     assert await peer.ask(Echo("hi")) == Echo("hi")
 
