@@ -1,0 +1,40 @@
+"""Strict TOML configuration: typed, frozen dataclasses; every bad key or value is a ConfigError."""
+
+from dsi.config.errors import ConfigError
+from dsi.config.node import NodeConfig, load_config, parse_config
+from dsi.config.overrides import with_http_port, with_role_subset
+from dsi.config.roles import (
+    BalancerOptions,
+    ControllerOptions,
+    EncoderOptions,
+    EngineOptions,
+    EntrypointOptions,
+    KvstoreOptions,
+    RoleConfig,
+    RoleKind,
+    RoleOptions,
+)
+from dsi.config.sections import ClusterConfig, DataPlaneConfig, LoggingConfig, ModelConfig, SecurityConfig
+
+__all__ = [
+    "BalancerOptions",
+    "ClusterConfig",
+    "ConfigError",
+    "ControllerOptions",
+    "DataPlaneConfig",
+    "EncoderOptions",
+    "EngineOptions",
+    "EntrypointOptions",
+    "KvstoreOptions",
+    "LoggingConfig",
+    "ModelConfig",
+    "NodeConfig",
+    "RoleConfig",
+    "RoleKind",
+    "RoleOptions",
+    "SecurityConfig",
+    "load_config",
+    "parse_config",
+    "with_http_port",
+    "with_role_subset",
+]

@@ -1,0 +1,63 @@
+"""NodeConfig: everything one host needs to start its roles, loaded from one TOML file."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsi.config.errors import ConfigError, Where
+from dsi.config.reader import read_table
+from dsi.config.roles import RoleConfig, RoleKind, read_roles
+from dsi.config.sections import ClusterConfig, DataPlaneConfig, LoggingConfig, ModelConfig, SecurityConfig
+from dsi.config.spec import spec
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class NodeConfig:
+    """The parsed config of one node; `source` is the absolute path of its file."""
+
+    source: Path = field(metadata=spec(internal=True))
+    cluster: ClusterConfig
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
+
+    def role(self, role_id: str) -> RoleConfig:
+        """The role with this id; ConfigError (key ``roles``) when there is none."""
+        for role in self.roles:
+            if role.id == role_id:
+                return role
+        known = ", ".join(role.id for role in self.roles)
+        raise ConfigError(str(self.source), "roles", f"no role with id {role_id!r}; roles: {known}")
+
+    def roles_of(self, kind: RoleKind) -> tuple[RoleConfig, ...]:
+        """The roles of one kind, in file order (possibly none)."""
+        return tuple(role for role in self.roles if role.kind == kind)
+
+
+def parse_config(data: Mapping[str, Any], source: str | os.PathLike[str]) -> NodeConfig:
+    """A NodeConfig from an already-parsed TOML document; relative paths start at `source`'s directory."""
+    path = Path(os.path.abspath(source))
+    where = Where(file=os.fspath(source), base=path.parent)
+    return read_table(NodeConfig, data, where, source=path)
+
+
+def load_config(path: str | os.PathLike[str]) -> NodeConfig:
+    """Read and check a node config file; every problem is a ConfigError naming file and key."""
+    file = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(file, "<file>", "no such file") from None
+    except OSError as err:
+        raise ConfigError(file, "<file>", err.strerror or str(err)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(file, "<toml>", str(err)) from None
+    return parse_config(data, path)

@@ -1,0 +1,33 @@
+"""Copies of a NodeConfig with a command-line override applied (``dsi serve --port``, role subsets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from dsi.config.errors import ConfigError
+from dsi.config.node import NodeConfig
+from dsi.config.roles import EntrypointOptions
+
+
+def with_http_port(cfg: NodeConfig, port: int) -> NodeConfig:
+    """`cfg` with the HTTP port of its first entrypoint role replaced by `port` (1..65535)."""
+    for i, role in enumerate(cfg.roles):
+        if isinstance(role.options, EntrypointOptions):
+            if type(port) is not int or not 1 <= port <= 65535:
+                raise ConfigError(
+                    str(cfg.source), f"roles[{i}].http", f"port must be in 1..65535, got {port!r}"
+                )
+            moved = replace(role, options=replace(role.options, http_port=port))
+            return replace(cfg, roles=(*cfg.roles[:i], moved, *cfg.roles[i + 1 :]))
+    raise ConfigError(str(cfg.source), "roles", "no entrypoint role whose HTTP port could be set")
+
+
+def with_role_subset(cfg: NodeConfig, ids: Iterable[str]) -> NodeConfig:
+    """`cfg` keeping only the roles named in `ids` (in file order); each id must exist."""
+    wanted = set(ids)
+    if not wanted:
+        raise ConfigError(str(cfg.source), "roles", "an empty role subset runs nothing")
+    for role_id in sorted(wanted):
+        cfg.role(role_id)  # raises ConfigError naming the unknown id
+    return replace(cfg, roles=tuple(role for role in cfg.roles if role.id in wanted))

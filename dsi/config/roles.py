@@ -1,0 +1,132 @@
+"""[[roles]]: the roles a node runs, each with the options of its kind.
+
+    [[roles]]                       RoleConfig(kind="prefill", id="prefill-0",
+    kind = "prefill"          -->              bind="tcp://10.0.0.11:7110", host="10.0.0.11",
+    id = "prefill-0"                           options=EngineOptions(max_batch_tokens=16384, ...))
+    bind = "tcp://10.0.0.11:7110"
+    max_batch_tokens = 16384
+
+The keys common to all kinds become RoleConfig fields; the rest must be keys of the kind's
+options class, so a key that belongs to another kind is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from dsi.config.endpoints import endpoint_host, parse_bind, parse_host_port
+from dsi.config.errors import Where
+from dsi.config.reader import describe, expect_table, read_field, read_table, read_values
+from dsi.config.sections import NAME, NAME_RULE
+from dsi.config.spec import Seen, at_least, greater, matches, nonempty, spec, spec_of
+
+RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class EntrypointOptions:
+    """The HTTP side of the API gateway; TOML key ``http = "HOST:PORT"``."""
+
+    http_host: str = field(metadata=spec(key="http", parse=parse_host_port, into=("http_host", "http_port")))
+    http_port: int = field(metadata=spec(derived=True))
+    max_body_bytes: int = field(default=16 * 1024 * 1024, metadata=spec(checks=(greater(0),)))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class KvstoreOptions:
+    store_dir: Path = Path("run/kvstore")  # local disk by default; a 3FS mount in production
+    capacity_blocks: int = field(default=0, metadata=spec(checks=(at_least(0),)))  # 0 = unbounded
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class EngineOptions:
+    """Batch limits of a prefill or decode engine."""
+
+    max_batch_tokens: int = field(default=8192, metadata=spec(checks=(greater(0),)))
+    max_running: int = field(default=64, metadata=spec(checks=(greater(0),)))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class ControllerOptions:
+    # A draining instance finishes what it can for this long; then its requests migrate.
+    drain_grace_s: float = field(default=60.0, metadata=spec(checks=(at_least(0.0),)))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class BalancerOptions:
+    policy: Literal["prefill", "decode", "vision", "eplb"]
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class EncoderOptions:
+    pass
+
+
+RoleOptions = (
+    EntrypointOptions | KvstoreOptions | EngineOptions | ControllerOptions | BalancerOptions | EncoderOptions
+)
+
+OPTIONS_BY_KIND: Mapping[str, type[RoleOptions]] = MappingProxyType(
+    {
+        "controller": ControllerOptions,
+        "entrypoint": EntrypointOptions,
+        "prefill": EngineOptions,
+        "decode": EngineOptions,
+        "encoder": EncoderOptions,
+        "kvstore": KvstoreOptions,
+        "balancer": BalancerOptions,
+    }
+)
+
+
+def _bind_host(seen: Seen) -> str:
+    return endpoint_host(seen["bind"])
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class RoleConfig:
+    """One role on this node. `host` is the name other machines use to reach `bind`."""
+
+    kind: RoleKind
+    id: str = field(metadata=spec(checks=(matches(NAME, NAME_RULE),)))
+    bind: str = field(metadata=spec(parse=parse_bind))
+    host: str = field(metadata=spec(fallback=_bind_host, checks=(nonempty,)))
+    options: RoleOptions = field(metadata=spec(internal=True))
+
+
+def read_roles(raw: Any, where: Where) -> tuple[RoleConfig, ...]:
+    """The [[roles]] array: each entry read, then ids and bind addresses checked for clashes."""
+    if not isinstance(raw, list):
+        raise where.error(f"expected an array of tables ([[roles]]), got {describe(raw)}")
+    if not raw:
+        raise where.error("at least one [[roles]] entry is required")
+    roles = tuple(read_role(entry, where.item(i)) for i, entry in enumerate(raw))
+    _reject_duplicate(roles, where, "id", "duplicate role id")
+    _reject_duplicate(roles, where, "bind", "duplicate bind address")
+    return roles
+
+
+def read_role(raw: Any, where: Where) -> RoleConfig:
+    table = expect_table(raw, where)
+    # The kind decides which other keys are allowed, so it is read (and checked) first.
+    kind_field = next(f for f in fields(RoleConfig) if f.name == "kind")
+    kind = read_field(kind_field, RoleKind, table, where, {})
+    options_cls = OPTIONS_BY_KIND[kind]
+    option_keys = {spec_of(f).toml_key(f.name) for f in fields(options_cls) if spec_of(f).in_toml}
+    values = read_values(RoleConfig, table, where, extra_keys=option_keys)
+    options = read_table(options_cls, {k: v for k, v in table.items() if k in option_keys}, where)
+    return RoleConfig(**values, options=options)
+
+
+def _reject_duplicate(roles: tuple[RoleConfig, ...], where: Where, name: str, what: str) -> None:
+    first: dict[str, int] = {}
+    for i, role in enumerate(roles):
+        value = getattr(role, name)
+        if value in first:
+            also = where.item(first[value]).at(name).key
+            raise where.item(i).at(name).error(f"{what} {value!r} (also {also})")
+        first[value] = i

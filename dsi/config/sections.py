@@ -1,0 +1,80 @@
+"""The single-table sections of a node config: [cluster], [security], [logging], [model], [data_plane]."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from dsi.config.endpoints import parse_connect
+from dsi.config.spec import (
+    Spec,
+    at_least,
+    at_most,
+    exists_when,
+    greater,
+    greater_than_key,
+    matches,
+    nonempty,
+    required_when,
+    spec,
+)
+
+NAME = r"[A-Za-z0-9_.-]+"
+NAME_RULE = "letters, digits, '_', '.' or '-'"
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class ClusterConfig:
+    """What every node of one cluster agrees on."""
+
+    name: str = field(default="dsi", metadata=spec(checks=(matches(NAME, NAME_RULE),)))
+    controller: str = field(metadata=spec(parse=parse_connect))  # ZeroMQ endpoint of the controller
+    heartbeat_interval_s: float = field(default=1.0, metadata=spec(checks=(greater(0.0), at_most(60.0))))
+    heartbeat_timeout_s: float = field(
+        default=5.0, metadata=spec(checks=(greater_than_key("heartbeat_interval_s"),))
+    )
+    # Seeds the KV hash chain; the store outlives every process, so it is fixed cluster-wide.
+    root_seed: int = field(default=0, metadata=spec(checks=(at_least(0), at_most(2**64 - 1))))
+
+
+def _key_file(kind: str) -> Mapping[str, Spec]:
+    return spec(requires=required_when("curve"), checks=(exists_when("curve", kind),))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class SecurityConfig:
+    """ZeroMQ CURVE between roles. Paths are absolute (read relative to the config file)."""
+
+    curve: bool = False
+    # ZeroMQ certificate files; the server secret file holds the public and the secret key.
+    server_secret_key: Path | None = field(default=None, metadata=_key_file("file"))
+    server_public_key: Path | None = field(default=None, metadata=_key_file("file"))
+    client_secret_key: Path | None = field(default=None, metadata=_key_file("file"))
+    # One public certificate per client allowed to connect.
+    authorized_keys_dir: Path | None = field(default=None, metadata=_key_file("directory"))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class LoggingConfig:
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class ModelConfig:
+    """The served model; `dir` need not exist (weights of `config`'s shape are generated there)."""
+
+    name: str = field(default="dsi-tiny", metadata=spec(checks=(nonempty,)))
+    dir: Path = Path("run/models/tiny")
+    config: Literal["tiny", "flash"] = "tiny"
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class DataPlaneConfig:
+    """The bulk KV transport between roles."""
+
+    backend: Literal["tcp", "shm", "rdma"] = "tcp"
+    # A receiver's lease on a KV buffer expires after this long, so a dead peer cannot pin memory.
+    lease_timeout_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0),)))

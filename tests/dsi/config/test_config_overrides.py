@@ -1,0 +1,58 @@
+"""with_http_port and with_role_subset: copies with a command-line override applied."""
+
+from pathlib import Path
+
+import pytest
+
+from dsi.config import (
+    ConfigError,
+    EntrypointOptions,
+    load_config,
+    parse_config,
+    with_http_port,
+    with_role_subset,
+)
+
+LOCAL = Path(__file__).resolve().parents[3] / "configs" / "local.toml"
+
+
+def test_with_http_port_replaces_the_first_entrypoint_port_only() -> None:
+    cfg = load_config(LOCAL)
+    moved = with_http_port(cfg, 9123)
+    options = moved.role("entrypoint-0").options
+    assert isinstance(options, EntrypointOptions)
+    assert (options.http_host, options.http_port) == ("127.0.0.1", 9123)
+    assert cfg.role("entrypoint-0").options.http_port == 8000  # the original is untouched
+    assert [r for r in moved.roles if r.id != "entrypoint-0"] == [
+        r for r in cfg.roles if r.id != "entrypoint-0"
+    ]
+
+
+@pytest.mark.parametrize("port", [0, 65536, -1, True])
+def test_with_http_port_rejects_a_bad_port(port: int) -> None:
+    with pytest.raises(ConfigError) as caught:
+        with_http_port(load_config(LOCAL), port)
+    assert caught.value.key == "roles[1].http"
+
+
+def test_with_http_port_needs_an_entrypoint(tmp_path: Path) -> None:
+    data = {
+        "cluster": {"controller": "tcp://127.0.0.1:7100"},
+        "roles": [{"kind": "decode", "id": "decode-0", "bind": "tcp://127.0.0.1:7120"}],
+    }
+    with pytest.raises(ConfigError) as caught:
+        with_http_port(parse_config(data, tmp_path / "node.toml"), 8080)
+    assert caught.value.key == "roles"
+
+
+def test_with_role_subset_keeps_file_order() -> None:
+    cfg = with_role_subset(load_config(LOCAL), ["decode-0", "controller-0", "prefill-1"])
+    assert [role.id for role in cfg.roles] == ["controller-0", "prefill-1", "decode-0"]
+
+
+@pytest.mark.parametrize("ids", [["decode-7"], []])
+def test_with_role_subset_rejects_unknown_or_no_ids(ids: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        with_role_subset(load_config(LOCAL), ids)
+    assert caught.value.key == "roles"
+    assert str(LOCAL) in str(caught.value)
