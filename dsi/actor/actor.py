@@ -159,7 +159,11 @@ class Actor:
                     continue
                 self._track(env, self._run_task(handler, env))
             else:
-                await self._run(handler, env)
+                try:
+                    await self._run(handler, env)
+                except asyncio.CancelledError:  # stop() while this handler ran
+                    self._answer_error(env, ActorStopped(f"{self.name} is stopping"))
+                    raise
 
     def _track(self, env: Envelope, coro: Any) -> None:
         key = env.channel.key if env.channel is not None else object()
@@ -186,7 +190,11 @@ class Actor:
             if inspect.isasyncgenfunction(handler):
                 await self._stream(handler, env)
             else:
-                await self._run(handler, env)
+                try:
+                    await self._run(handler, env)
+                except asyncio.CancelledError:  # stop() while this handler ran
+                    self._answer_error(env, ActorStopped(f"{self.name} is stopping"))
+                    raise
         except asyncio.CancelledError:
             if env.channel is not None:
                 reason = "stopping" if not self._running else "call cancelled"

@@ -8,6 +8,7 @@ frame. Sending and receiving copy nothing in user space.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -58,13 +59,15 @@ class Blob:
         return np.frombuffer(self.buffer, dtype=self.dtype).reshape(self.shape)
 
     def torch(self) -> Any:
-        """A torch view of the buffer (shares memory)."""
+        """A torch view of the buffer (shares memory; read-only when the frame is)."""
         import torch
 
         dtype = getattr(torch, self.dtype)
         if self.buffer.nbytes == 0:
             return torch.empty(self.shape, dtype=dtype)
-        return torch.frombuffer(self.buffer, dtype=dtype).reshape(self.shape)
+        with warnings.catch_warnings():  # received frames are read-only; callers must not write
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(self.buffer, dtype=dtype).reshape(self.shape)
 
     def address(self) -> int:
         """Address of the first byte: lets tests prove that two views share memory."""
