@@ -46,7 +46,7 @@ def test_blobs_travel_as_separate_frames_in_order():
 
 def test_decode_errors_are_bad_message():
     codec = Codec(ALL)
-    body, blob = codec.encode(PutBlock(b"h" * 16, Blob(b"abc")))
+    body, _blob = codec.encode(PutBlock(b"h" * 16, Blob(b"abc")))
     with pytest.raises(BadMessage, match="blob frame 0 is missing"):
         codec.decode([body])
     with pytest.raises(BadMessage):

@@ -92,7 +92,7 @@ async def test_handler_failure_keeps_serving(calc):
 
 
 async def test_full_inbox_answers_overloaded(calc):
-    actor, ref = calc
+    _actor, ref = calc
     blocker = asyncio.ensure_future(ref.ask(Wait(0.3)))
     await asyncio.sleep(0.01)  # the loop is now inside the blocking handler
     queued = [asyncio.ensure_future(ref.ask(Add(i, 0))) for i in range(4)]
