@@ -1,0 +1,171 @@
+"""ModelRunner: the reference model's forward over paged Block KV and state slots.
+
+One ``forward`` computes a step: a batch of StepSlices (prefill chunks and decode tokens mixed).
+Dense work (projections, MoE, logits) runs over all tokens of the step at once; attention runs
+per sequence over (SWA ring + this step's keys) and the latents gathered from its pages. It calls
+the same ops as :mod:`dsi.model.reference`, so the results match the reference to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsi.engine.batch import StepSlice
+from dsi.kvcache.block_pool import BlockPool
+from dsi.kvcache.layout import BlockLayout
+from dsi.kvcache.state_slots import StateSlots
+from dsi.model.config import ModelConfig
+from dsi.model.ops import attend, compress_pairs, moe, rms_norm, rope
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.layout = BlockLayout(cfg)
+        self.pool = BlockPool(num_blocks, self.layout.elems)
+        self.slots = StateSlots(cfg, num_slots)
+        self._src_views = [self.layout.source_view(self.pool.pages, i) for i in range(len(cfg.kv_sources))]
+        self._glob_view = self.layout.global_view(self.pool.pages)
+        self.flops = 0  # counted multiply-adds x2 of the dense and attention work (for benchmarks)
+
+    @torch.no_grad()
+    def forward(self, batch: list[StepSlice]) -> torch.Tensor:
+        """Logits [num sampled slices, V] in batch order of the slices with ``sample``."""
+        cfg, w = self.cfg, self.w
+        ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
+        pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
+        spans = _spans([len(s.tokens) for s in batch])
+        x = w["embed"][ids]
+        for i in range(cfg.n_producer):
+            x = self._layer(i, x, pos, batch, spans, consumer=False)
+        g = rms_norm(x, w["boundary.norm"], cfg.norm_eps) @ w["boundary.wg"]
+        for s, (a, b) in zip(batch, spans, strict=True):
+            self._write_global(s, g[a:b])
+        # Consumer half: only positions >= consumer_start of each slice.
+        keep_rows, c_batch, c_spans, offset = [], [], [], 0
+        for s, (a, _b) in zip(batch, spans, strict=True):
+            skip = min(max(0, s.consumer_start - s.start), len(s.tokens))
+            keep_rows.append(torch.arange(a + skip, a + len(s.tokens)))
+            n = len(s.tokens) - skip
+            c_batch.append(StepSlice(s.slot, s.block_table, s.start + skip, s.tokens[skip:], s.consumer_start, s.sample))
+            c_spans.append((offset, offset + n))
+            offset += n
+        rows = torch.cat(keep_rows)
+        xc, pc = x[rows], pos[rows]
+        for i in range(cfg.n_producer, cfg.n_layers):
+            xc = self._layer(i, xc, pc, c_batch, c_spans, consumer=True)
+        last = [b - 1 for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample]
+        if any(s.sample and not s.tokens for s in c_batch):
+            raise ValueError("a sampled slice ends before consumer_start")
+        h = rms_norm(xc[last], w["final_norm"], cfg.norm_eps)
+        self.flops += 2 * len(last) * cfg.hidden * cfg.vocab_size
+        return h @ w["embed"].T
+
+    # ---- one layer -----------------------------------------------------------------------------
+    def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, batch: list[StepSlice],
+               spans: list[tuple[int, int]], consumer: bool) -> torch.Tensor:
+        cfg, w, p = self.cfg, self.w, f"layers.{i}."
+        t = x.shape[0]
+        if t == 0:
+            return x
+        xn = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
+        q = (xn @ w[p + "wq"]).view(t, cfg.n_heads, cfg.head_dim)
+        k = (xn @ w[p + "wk"]).view(t, cfg.n_kv_heads, cfg.head_dim)
+        v = (xn @ w[p + "wv"]).view(t, cfg.n_kv_heads, cfg.head_dim)
+        if i in cfg.kv_sources:
+            src = cfg.kv_sources.index(i)
+            for s, (a, b) in zip(batch, spans, strict=True):
+                self._compress(s, src, xn[a:b], w[p + "wc0"], w[p + "wc1"])
+        q_rot, k_rot = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+        out = torch.empty(t, cfg.n_heads * cfg.head_dim)
+        for s, (a, b) in zip(batch, spans, strict=True):
+            if a == b:
+                continue
+            keys, vals, kpos = self._swa_keys(s, i, k_rot[a:b], v[a:b], consumer)
+            lat, last = self._latents(s, i, consumer)
+            out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos,
+                              s.consumer_start if consumer else 0, lat, last, cfg.window)
+            self._write_ring(s, i, k_rot[a:b], v[a:b])
+            self.flops += 4 * (b - a) * cfg.n_heads * cfg.head_dim * (len(kpos) + (0 if lat is None else len(lat)))
+        x = x + out @ w[p + "wo"]
+        x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
+        self.flops += 2 * t * (cfg.hidden * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+                               + cfg.hidden * cfg.n_experts
+                               + 3 * cfg.hidden * (cfg.top_k * cfg.expert_dim + cfg.shared_dim))
+        return x
+
+    # ---- cache access ---------------------------------------------------------------------------
+    def _swa_keys(self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
+                  consumer: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ring keys of the window before this slice, then the slice's own keys."""
+        cfg = self.cfg
+        lo = max(s.consumer_start if consumer else 0, s.start - cfg.window + 1)
+        prev = torch.arange(lo, s.start)
+        ring = self.slots.rings[s.slot, layer]
+        idx = prev % cfg.ring
+        keys = torch.cat([ring[0, idx], k_new])
+        vals = torch.cat([ring[1, idx], v_new])
+        return keys, vals, torch.cat([prev, torch.arange(s.start, s.end)])
+
+    def _write_ring(self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        n = min(len(s.tokens), self.cfg.ring)  # only the newest `ring` positions survive
+        positions = torch.arange(s.end - n, s.end)
+        ring = self.slots.rings[s.slot, layer]
+        ring[0, positions % self.cfg.ring] = k_new[-n:]
+        ring[1, positions % self.cfg.ring] = v_new[-n:]
+
+    def _compress(self, s: StepSlice, src: int, xn: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor) -> None:
+        """Latents of the pairs completed in this slice; the unpaired tail goes to partial state."""
+        partial = self.slots.partial[s.slot, src]
+        rows, first = xn, s.start
+        lat = []
+        if first % 2 == 1:  # complete the pair left open by the previous step
+            lat.append(partial + rows[0] @ wc1)
+            rows, first = rows[1:], first + 1
+        pairs = rows.shape[0] // 2
+        if pairs:
+            lat.append(compress_pairs(rows[0:2 * pairs:2], rows[1:2 * pairs:2], wc0, wc1))
+        if rows.shape[0] % 2 == 1:
+            partial.copy_(rows[-1] @ wc0)
+        if lat:
+            latents = torch.cat([t.reshape(-1, self.cfg.head_dim) for t in lat])
+            j0 = (s.start + 1) // 2 if s.start % 2 == 0 else (s.start - 1) // 2
+            self._scatter(self._src_views[src], s.block_table, torch.arange(j0, j0 + latents.shape[0]),
+                          self.layout.per_block_compressed, latents)
+
+    def _write_global(self, s: StepSlice, g: torch.Tensor) -> None:
+        self._scatter(self._glob_view, s.block_table, torch.arange(s.start, s.end), self.cfg.block_size, g)
+
+    def _latents(self, s: StepSlice, layer: int, consumer: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        cfg = self.cfg
+        if consumer:
+            entries = torch.arange(s.end)
+            return self._gather(self._glob_view, s.block_table, entries, cfg.block_size), entries
+        source = cfg.source_of(layer)
+        if source is None:
+            return None, None
+        entries = torch.arange(s.end // 2)
+        view = self._src_views[cfg.kv_sources.index(source)]
+        return self._gather(view, s.block_table, entries, self.layout.per_block_compressed), entries * 2 + 1
+
+    @staticmethod
+    def _scatter(view: torch.Tensor, table: list[int], entries: torch.Tensor, per_block: int,
+                 values: torch.Tensor) -> None:
+        blocks = torch.tensor(table, dtype=torch.long)[entries // per_block]
+        view[blocks, entries % per_block] = values
+
+    @staticmethod
+    def _gather(view: torch.Tensor, table: list[int], entries: torch.Tensor, per_block: int) -> torch.Tensor:
+        if len(entries) == 0:
+            return view.new_zeros(0, view.shape[-1])
+        blocks = torch.tensor(table, dtype=torch.long)[entries // per_block]
+        return view[blocks, entries % per_block]
+
+
+def _spans(lengths: list[int]) -> list[tuple[int, int]]:
+    spans, a = [], 0
+    for n in lengths:
+        spans.append((a, a + n))
+        a += n
+    return spans

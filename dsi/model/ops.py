@@ -1,0 +1,84 @@
+"""Math shared by the naive reference and the paged engine: both must call exactly these."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from dsi.model.config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, H] -> [T, H]."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, half-split layout. x: [T, heads, D]; positions: [T] (int64)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]  # [T, D/2]
+    cos = ang.cos().to(x.dtype)[:, None, :]
+    sin = ang.sin().to(x.dtype)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig) -> torch.Tensor:
+    """Routed top-k experts (weights renormalised over the chosen k) + one shared expert.
+
+    x: [T, H] (already normalised) -> [T, H]. Each token's result depends only on that token.
+    """
+    probs = torch.softmax(x @ w[prefix + "router"], dim=-1)  # [T, E]
+    top_w, top_i = probs.topk(cfg.top_k, dim=-1)  # [T, k]
+    top_w = top_w / top_w.sum(-1, keepdim=True)
+    shared = (F.silu(x @ w[prefix + "s1"]) * (x @ w[prefix + "s3"])) @ w[prefix + "s2"]
+    out = torch.zeros_like(x)
+    w1, w3, w2 = w[prefix + "w1"], w[prefix + "w3"], w[prefix + "w2"]
+    for e in top_i.unique().tolist():
+        rows, slot = (top_i == e).nonzero(as_tuple=True)
+        xe = x[rows]
+        ye = (F.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e]
+        out.index_add_(0, rows, ye * top_w[rows, slot, None])
+    return out + shared
+
+
+def attend(q: torch.Tensor, q_rot: torch.Tensor, q_pos: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
+           k_pos: torch.Tensor, swa_start: int, latents: torch.Tensor | None, latent_last: torch.Tensor | None,
+           window: int) -> torch.Tensor:
+    """One sequence's attention: SWA branch + global latents, one joint softmax.
+
+    q, q_rot: [Tq, Hq, D] (without / with rotary); q_pos: [Tq].
+    k_rot, v: [Tk, Hkv, D]; k_pos: [Tk] positions of the SWA keys (any order, may include
+    positions the mask drops). A query at t sees SWA keys with
+    ``max(swa_start, t - window + 1) <= pos <= t``.
+    latents: [Tg, D] keys = values of the global branch (no rotary); latent_last: [Tg], the last
+    token position each latent covers; a query at t sees latents with ``last <= t``.
+    Returns [Tq, Hq * D].
+    """
+    tq, hq, d = q.shape
+    group = hq // k_rot.shape[1]
+    scale = 1.0 / math.sqrt(d)
+    k_full = k_rot.repeat_interleave(group, dim=1)  # [Tk, Hq, D]
+    v_full = v.repeat_interleave(group, dim=1)
+    s_swa = torch.einsum("qhd,khd->hqk", q_rot, k_full) * scale  # [Hq, Tq, Tk]
+    qp, kp = q_pos[:, None], k_pos[None, :]
+    ok = (kp <= qp) & (kp > qp - window) & (kp >= swa_start)  # [Tq, Tk]
+    s_swa = s_swa.masked_fill(~ok[None], float("-inf"))
+    if latents is None or latents.shape[0] == 0:
+        p = torch.softmax(s_swa, dim=-1)
+        out = torch.einsum("hqk,khd->qhd", p, v_full)
+        return out.reshape(tq, hq * d)
+    s_glob = torch.einsum("qhd,gd->hqg", q, latents) * scale  # [Hq, Tq, Tg]
+    s_glob = s_glob.masked_fill(~(latent_last[None, :] <= qp)[None], float("-inf"))
+    p = torch.softmax(torch.cat([s_swa, s_glob], dim=-1), dim=-1)
+    tk = k_rot.shape[0]
+    out = torch.einsum("hqk,khd->qhd", p[..., :tk], v_full) + torch.einsum("hqg,gd->qhd", p[..., tk:], latents)
+    return out.reshape(tq, hq * d)
+
+
+def compress_pairs(x_even: torch.Tensor, x_odd: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor) -> torch.Tensor:
+    """Ratio-2 compressed latents of token pairs: [P, H] x2 -> [P, D]."""
+    return x_even @ wc0 + x_odd @ wc1
