@@ -20,9 +20,9 @@ def consumer_start(prompt_len: int, keep: int | None) -> int:
 
 @torch.no_grad()
 def reference_logits(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[int], prompt_len: int,
-                     keep: int | None, last_only: bool = False) -> torch.Tensor:
-    """Logits [T, V] for every position >= consumer_start (earlier rows are NaN); [1, V] with
-    ``last_only``."""
+                     keep: int | None, last_only: bool = False, from_pos: int = 0) -> torch.Tensor:
+    """Logits [T, V] for every position >= max(consumer_start, from_pos) (earlier rows are NaN);
+    [1, V] with ``last_only``."""
     t = len(tokens)
     pos = torch.arange(t)
     x = w["embed"][torch.tensor(tokens)]
@@ -38,7 +38,8 @@ def reference_logits(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[
     if last_only:
         return rms_norm(xc[-1:], w["final_norm"], cfg.norm_eps) @ w["embed"].T
     out = torch.full((t, cfg.vocab_size), float("nan"))
-    out[start:] = rms_norm(xc, w["final_norm"], cfg.norm_eps) @ w["embed"].T
+    first = max(start, from_pos)
+    out[first:] = rms_norm(xc[first - start:], w["final_norm"], cfg.norm_eps) @ w["embed"].T
     return out
 
 

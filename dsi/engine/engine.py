@@ -1,0 +1,284 @@
+"""Engine: requests in, tokens out; continuous batching with asynchronous scheduling.
+
+Synchronous mode runs ``schedule -> execute -> update`` in turn. Asynchronous mode keeps the
+device busy: while step N executes on the worker thread, the CPU schedules step N+1 and submits
+it, then processes N's tokens while N+1 runs::
+
+    CPU:     sched N+1 | wait N | update N | sched N+2 | wait N+1 | update N+1 ...
+    worker:  [---- step N ----][---- step N+1 ----][---- step N+2 ----]
+
+A request that finishes in N still has a slice in N+1 (its extra token is discarded); its
+pages and slot are freed only once N+1 has run. A step that could only be scheduled by
+preempting waits until nothing is in flight, so preemption never races the worker. On CUDA the
+worker is a stream; on the CPU it is one thread (torch releases the GIL inside kernels).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from dsi.engine.params import EOS_ID, SamplingParams
+from dsi.engine.request import Request, Status
+from dsi.engine.runner import ModelRunner
+from dsi.engine.sampler import Sampled, sample
+from dsi.engine.scheduler import Scheduler, Step
+from dsi.engine.transfer import RequestState
+from dsi.errors import InvalidRequest
+from dsi.model.config import ModelConfig
+from dsi.model.reference import consumer_start
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    num_blocks: int = 1024  # Block KV pages (including the null page)
+    num_slots: int = 96  # state slots = most running sequences
+    max_batch_tokens: int = 2048  # token budget per step (prefill chunk size bound)
+    max_running: int = 96
+    replay: bool = True  # decoder-side bounded replay (consumer layers on the last `keep` tokens)
+    async_scheduling: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
+            raise ValueError("engine sizes must be positive (num_blocks >= 2)")
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    new_tokens: list[int]
+    output: list[int]
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    new_logprobs: list[float]
+    new_top_logprobs: list[list[tuple[int, float]]]
+
+
+@dataclass(slots=True)
+class StepTiming:
+    start: float  # perf_counter seconds
+    end: float
+    tokens: int
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig | None = None) -> None:
+        self.cfg = cfg
+        self.config = config or EngineConfig()
+        c = self.config
+        self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots)
+        self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
+                                   c.max_running)
+        self.requests: dict[str, Request] = {}
+        self.timings: list[StepTiming] = []
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if c.async_scheduling else None
+        self._inflight: tuple[Step, Future] | None = None
+        self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
+        self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams,
+                    prefill_only: bool = False) -> None:
+        """Validate and queue; raises InvalidRequest and changes nothing on bad input."""
+        if request_id in self.requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        self._validate(prompt, params)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        keep = self.cfg.keep if self.config.replay else None
+        req = Request(request_id, list(prompt), params, consumer_start(len(prompt), keep), seed,
+                      arrival=time.monotonic(), prefill_only=prefill_only)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self._finish(req, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting or self._inflight)
+
+    # ---- stepping ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Advance by one device step; returns the requests that got tokens or finished."""
+        if self._worker is None:
+            step = self.scheduler.schedule()
+            if not step.slices:
+                return self._collect([])
+            return self._update(step, self._execute(step))
+        if self._inflight is None:
+            step = self.scheduler.schedule()
+            if not step.slices:
+                return self._collect([])
+            self._inflight = (step, self._worker.submit(self._execute, step))
+        current, future = self._inflight
+        following = self.scheduler.schedule(allow_preempt=False)
+        if following.blocked:  # needs a preemption: undo nothing, retry once the worker is idle
+            self._unschedule(following)
+            following = Step()
+        nxt = (following, self._worker.submit(self._execute, following)) if following.slices else None
+        sampled = future.result()
+        self._inflight = nxt
+        return self._update(current, sampled)
+
+    def run_until_done(self) -> list[RequestOutput]:
+        outputs = []
+        while self.has_unfinished():
+            outputs += self.step()
+        return outputs
+
+    def close(self) -> None:
+        if self._inflight is not None:
+            self._inflight[1].result()
+            self._inflight = None
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+
+    # ---- disaggregation --------------------------------------------------------------------------
+    def export_request(self, request_id: str) -> RequestState:
+        """Copy out a request's cache and counters and release it here (prefill-only or running)."""
+        self._drain()
+        req = self.requests.get(request_id)
+        if req is None or req.slot < 0 or (req.finished and not req.prefill_only):
+            raise InvalidRequest(f"request {request_id!r} has no cache to export")
+        if req.num_computed == 0:
+            raise InvalidRequest(f"request {request_id!r} has not run yet")
+        pages = self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)].clone()
+        state = RequestState(req.request_id, list(req.prompt), list(req.output), req.params, req.seed,
+                             req.consumer_start, req.num_computed, pages,
+                             self.runner.slots.rings[req.slot].clone(), self.runner.slots.partial[req.slot].clone(),
+                             list(req.logprobs))
+        if not req.finished:
+            self.scheduler.finish(req, "migrated")
+        self.scheduler.free(req)
+        del self.requests[request_id]
+        return state
+
+    def import_request(self, state: RequestState) -> None:
+        """Admit a request with imported cache; it continues from ``num_computed``."""
+        self._drain()
+        if state.request_id in self.requests:
+            raise InvalidRequest(f"request id {state.request_id!r} is already in use")
+        expected = (self.runner.layout.elems,)
+        if tuple(state.pages.shape[1:]) != expected or state.rings.shape != self.runner.slots.rings.shape[1:]:
+            raise InvalidRequest("imported buffers do not match this engine's model shape")
+        params = state.params
+        self._validate(state.prompt, params)
+        n = state.pages.shape[0]
+        if n > self.runner.pool.num_free or not self.runner.slots.num_free:
+            raise InvalidRequest("not enough free pages or state slots to import the request")
+        req = Request(state.request_id, list(state.prompt), params, state.consumer_start, state.seed,
+                      arrival=time.monotonic(), output=list(state.output), logprobs=list(state.logprobs))
+        req.block_table = self.runner.pool.allocate(n)
+        req.slot = self.runner.slots.allocate()
+        self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = state.pages
+        self.runner.slots.rings[req.slot] = state.rings
+        self.runner.slots.partial[req.slot] = state.partial
+        req.num_computed = state.num_computed
+        req.status = Status.RUNNING
+        self.requests[req.request_id] = req
+        self.scheduler.running.append(req)
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        vocab = self.cfg.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
+        if len(prompt) >= self.cfg.max_context:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the context limit is {self.cfg.max_context}")
+        pages = -(-self.cfg.max_context // self.cfg.block_size)
+        if -(-len(prompt) // self.cfg.block_size) > self.config.num_blocks - 1 and pages:
+            raise InvalidRequest("the prompt does not fit in this engine's KV cache")
+        params.validate(vocab)
+
+    def _execute(self, step: Step) -> list[Sampled]:
+        """Runs on the worker: fill placeholders from the previous step, forward, sample."""
+        t0 = time.perf_counter()
+        for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
+            if fill:
+                sl.tokens[-1] = self._last_token[id(req)]
+        logits = self.runner.forward(step.slices)
+        chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
+        sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
+                         [sl.end for sl, _ in chosen])
+        for (_, req), s in zip(chosen, sampled, strict=True):
+            self._last_token[id(req)] = s.token
+        self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
+        return sampled
+
+    def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
+        touched: dict[int, tuple[Request, list[Sampled]]] = {}
+        chosen = [req for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
+        for req, s in zip(chosen, sampled, strict=True):
+            req.in_flight -= 1
+            if req.finished:
+                continue  # finished while this step ran; its token is discarded
+            req.output.append(s.token)
+            req.logprobs.append(s.logprob)
+            req.top_logprobs.append(s.top)
+            touched.setdefault(id(req), (req, []))[1].append(s)
+            reason = self._stop_reason(req, s.token)
+            if reason:
+                self._finish(req, reason)
+        for req in step.to_free:
+            self._release(req)
+        return self._collect(touched.values())
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if (token == EOS_ID and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(req.output) >= p.max_tokens or req.num_tokens >= self.cfg.max_context:
+            return "length"
+        if req.prefill_only:
+            return "prefilled"
+        return None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.scheduler.finish(req, reason)
+        if req.prefill_only and reason == "prefilled":
+            return  # keeps its cache until export_request
+        if self._inflight is not None and req in self._inflight[0].requests:
+            self._inflight[0].to_free.append(req)
+        else:
+            self._release(req)
+
+    def _release(self, req: Request) -> None:
+        self.scheduler.free(req)
+        self._last_token.pop(id(req), None)
+
+    def _collect(self, touched: Iterable[tuple[Request, list[Sampled]]]) -> list[RequestOutput]:
+        outs, self._pending = self._pending, []
+        for req, new in touched:
+            outs.append(RequestOutput(req.request_id, [s.token for s in new], list(req.output), req.finished,
+                                      req.finish_reason, len(req.prompt), [s.logprob for s in new],
+                                      [s.top for s in new]))
+            if req.finished and not req.prefill_only:
+                self.requests.pop(req.request_id, None)
+        for req in [r for r in self.requests.values() if r.finished and r.finish_reason == "abort"]:
+            outs.append(RequestOutput(req.request_id, [], list(req.output), True, "abort", len(req.prompt), [], []))
+            del self.requests[req.request_id]
+        return outs
+
+    def _unschedule(self, step: Step) -> None:
+        """Roll back the counters of a step that will not run."""
+        for sl, req in zip(step.slices, step.requests, strict=True):
+            req.num_computed -= len(sl.tokens)
+            if sl.sample:
+                req.in_flight -= 1
+
+    def _drain(self) -> None:
+        if self._inflight is not None:
+            step, future = self._inflight
+            self._inflight = None
+            self._pending += self._update(step, future.result())

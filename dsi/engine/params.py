@@ -1,0 +1,53 @@
+"""SamplingParams: how one request samples, validated when the request is added."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dsi.errors import InvalidRequest
+
+EOS_ID = 1  # <｜end▁of▁sentence｜> in the V4 vocabulary
+MAX_LOGPROBS = 20
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy. ``seed`` makes sampling reproducible: the draw for position p
+    depends only on (seed, p), never on what else is in the batch."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def validate(self, vocab_size: int) -> None:
+        checks = [
+            (isinstance(self.max_tokens, int) and self.max_tokens > 0, "max_tokens must be a positive integer"),
+            (_finite(self.temperature) and self.temperature >= 0, "temperature must be a finite number >= 0"),
+            (_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
+            (_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63), "seed must be in [0, 2^63)"),
+            (all(isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids),
+             "stop_token_ids must be token ids in the vocabulary"),
+            (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
+             f"top_logprobs must be in 0..{MAX_LOGPROBS}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)

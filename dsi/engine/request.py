@@ -1,0 +1,52 @@
+"""Request: one sequence's counters and cache handles inside the engine.
+
+The scheduler thinks in counters, not phases: ``num_computed`` catches up with ``num_tokens``
+(prompt + output so far). A prefill is simply a request far behind; a decode is one token
+behind; a preempted request goes back to ``num_computed = 0`` and recomputes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from dsi.engine.params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    consumer_start: int  # fixed at admission: decoder-side replay boundary
+    seed: int  # the effective sampling seed (params.seed or drawn at admission)
+    arrival: float = 0.0
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    in_flight: int = 0  # tokens being sampled by a step that has not been processed yet
+    block_table: list[int] = field(default_factory=list)
+    slot: int = -1
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    prefill_only: bool = False  # stop after the first token and keep the cache for export
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

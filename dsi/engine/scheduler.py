@@ -1,0 +1,145 @@
+"""Scheduler: continuous batching with chunked prefill under a token budget, and preemption.
+
+Each step it walks the running requests first (oldest first), giving each the tokens it is
+behind by (``num_tokens + in_flight - num_computed``) up to the remaining budget, then admits
+waiting requests while budget, slots and pages last. Counters move at scheduling time, so the
+next step can be scheduled while this one still runs (asynchronous scheduling): a decode slice
+whose input token is still being sampled carries a placeholder that the runner fills in.
+
+Preemption by recompute: when a running request needs a page and none is free, the running
+request with the longest output gives its pages and slot back and returns to the head of the
+queue with ``num_computed = 0``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from dsi.engine.batch import StepSlice
+from dsi.engine.request import Request, Status
+from dsi.kvcache.block_pool import BlockPool, NoFreeBlocks
+from dsi.kvcache.state_slots import StateSlots
+
+PLACEHOLDER = -1
+
+
+@dataclass(slots=True)
+class Step:
+    slices: list[StepSlice] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    fills: list[bool] = field(default_factory=list)  # slice's first token comes from the previous step
+    to_free: list[Request] = field(default_factory=list)  # finished meanwhile; free after this step ran
+    blocked: bool = False  # some request needed a page that only a preemption could give
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.slices)
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, slots: StateSlots, block_size: int, max_batch_tokens: int,
+                 max_running: int) -> None:
+        self.pool = pool
+        self.slots = slots
+        self.block_size = block_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_running = max_running
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def schedule(self, allow_preempt: bool = True) -> Step:
+        step = Step()
+        budget = self.max_batch_tokens
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or self._done_soon(req):
+                continue
+            n = min(req.num_tokens + req.in_flight - req.num_computed, budget)
+            if n <= 0:
+                continue
+            if not self._reserve(req, n, allow_preempt, step):
+                continue
+            budget -= self._add_slice(step, req, n)
+        while self.waiting and budget > 0 and len(self.running) < self.max_running and self.slots.num_free:
+            req = self.waiting[0]
+            n = min(req.num_tokens - req.num_computed, budget)
+            if self._pages_needed(req, n) > self.pool.num_free:
+                break
+            self.waiting.popleft()
+            req.slot = self.slots.allocate()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            self._reserve(req, n, False, step)
+            budget -= self._add_slice(step, req, n)
+        return step
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Mark finished and leave the running set; the caller frees its cache when safe."""
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def free(self, req: Request) -> None:
+        self.pool.free(req.block_table)
+        req.block_table = []
+        if req.slot >= 0:
+            self.slots.free(req.slot)
+            req.slot = -1
+
+    # ---- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _done_soon(req: Request) -> bool:
+        """No more input needed: the tokens in flight already reach max_tokens (or the one
+        token of a prefill-only request, whose cache must stay as it is for export)."""
+        produced = len(req.output) + req.in_flight
+        return produced >= req.params.max_tokens or (req.prefill_only and produced > 0)
+
+    def _add_slice(self, step: Step, req: Request, n: int) -> int:
+        start = req.num_computed
+        known = req.all_tokens[start:start + n]
+        fill = len(known) < n  # the last input token is still being sampled
+        tokens = known + [PLACEHOLDER] * (n - len(known))
+        sample = start + n == req.num_tokens + req.in_flight
+        step.slices.append(StepSlice(req.slot, req.block_table, start, tokens, req.consumer_start, sample))
+        step.requests.append(req)
+        step.fills.append(fill)
+        req.num_computed += n
+        if sample:
+            req.in_flight += 1
+        return n
+
+    def _pages_needed(self, req: Request, n: int) -> int:
+        return max(0, -(-(req.num_computed + n) // self.block_size) - len(req.block_table))
+
+    def _reserve(self, req: Request, n: int, allow_preempt: bool, step: Step) -> bool:
+        need = self._pages_needed(req, n)
+        while True:
+            try:
+                req.block_table.extend(self.pool.allocate(need))
+                return True
+            except NoFreeBlocks:
+                if not allow_preempt:
+                    step.blocked = True
+                    return False
+                scheduled = {id(r) for r in step.requests}  # their slices already point at their pages
+                victim = max((r for r in self.running if id(r) not in scheduled),
+                             key=lambda r: (len(r.output), r.arrival))
+                self._preempt(victim)
+                if victim is req:
+                    return False
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.free(req)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
