@@ -15,9 +15,9 @@ import zmq
 import zmq.asyncio
 
 from dsi.errors import DsiError
-from transport.security import CurveKeys, secure_client, secure_server
-from transport.sockets import bound_address, tune
-from transport.wire import Codec, Kind, pack_header, unpack_header
+from dsi.transport.security import CurveKeys, secure_client, secure_server
+from dsi.transport.sockets import bound_address, tune
+from dsi.transport.wire import Codec, Kind, pack_header, unpack_header
 
 log = logging.getLogger(__name__)
 

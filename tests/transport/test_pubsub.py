@@ -3,7 +3,7 @@ import asyncio
 import zmq.asyncio
 
 from dsi.messages.kvstore import IndexDelta
-from transport.pubsub import Publisher, Subscriber
+from dsi.transport.pubsub import Publisher, Subscriber
 
 
 async def test_sequence_numbers_per_topic_and_prefix_filter():

@@ -8,7 +8,7 @@ from dsi.messages import ALL
 from dsi.messages.blob import Blob
 from dsi.messages.control import Heartbeat, Load
 from dsi.messages.kvstore import BlocksRead, PutBlock
-from transport.wire import HEADER_SIZE, Codec, Kind, pack_header, peek_call_id, unpack_header
+from dsi.transport.wire import HEADER_SIZE, Codec, Kind, pack_header, peek_call_id, unpack_header
 
 
 def test_header_round_trip_and_checks():
