@@ -1,0 +1,155 @@
+"""``dsi serve``: a whole cluster from one config file, one ``dsi-role`` process per role.
+
+    dsi serve [--config configs/local.toml] [--port 8000] [--ready-timeout 60]
+
+    controller  --READY-->  every other role at once  --READY-->  all registered at the controller
+        --> banner + instance table --> supervise until SIGINT / SIGTERM or a child dies
+
+A signal stops every child (the controller last) and exits 0. A child that dies on its own, or
+a cluster not ready within --ready-timeout seconds, stops all the others and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any, TextIO, TypeVar
+
+from dsi.cli.status import ControllerUnreachable, fetch_instances, format_table
+from dsi.cli.supervisor import ChildFailed, Supervisor
+from dsi.config import ConfigError, EntrypointOptions, NodeConfig, load_config, with_http_port
+from dsi.messages.control import InstanceInfo
+from dsi.roles.curve import client_keys
+
+DEFAULT_CONFIG = "configs/local.toml"
+_POLL_S = 0.2
+T = TypeVar("T")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="start every role of a config on this machine and supervise them")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"cluster config (default {DEFAULT_CONFIG})")
+    parser.add_argument(
+        "--port", type=int, default=None, help="HTTP port of the gateway (default: the config's)"
+    )
+    parser.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds for the whole cluster to come up"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+        if args.port is not None:
+            cfg = with_http_port(cfg, args.port)
+    except ConfigError as exc:
+        print(f"dsi serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_Serve(cfg, args.port, args.ready_timeout).run())
+
+
+def role_command(config: str, role_id: str, http_port: int | None) -> list[str]:
+    """The dsi-role command line of one role, run by this interpreter."""
+    argv = [sys.executable, "-m", "dsi.cli.role", "--config", config, "--role", role_id]
+    return [*argv, "--http-port", str(http_port)] if http_port is not None else argv
+
+
+class _Serve:
+    def __init__(self, cfg: NodeConfig, http_port: int | None, ready_timeout_s: float) -> None:
+        self.cfg = cfg
+        self.http_port = http_port
+        self.ready_timeout_s = ready_timeout_s
+        self.supervisor = Supervisor()
+        self.stop_requested = asyncio.Event()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        try:
+            return await self._run()
+        finally:
+            await self._stop_all()
+            await self.supervisor.close()
+
+    async def _run(self) -> int:
+        try:
+            started = await self._until_stopped(self._start_all(), self.ready_timeout_s)
+        except (ChildFailed, TimeoutError) as exc:
+            reason = str(exc) or f"the cluster was not ready in {self.ready_timeout_s:g}s"
+            _say(f"{reason}; stopping every role")
+            return 1
+        if not started:
+            return 0
+        gone = await self._until_stopped(self.supervisor.first_exit())
+        if gone is None:
+            return 0
+        _say(f"{gone.name} (pid {gone.pid}) exited with status {gone.proc.returncode}; stopping every role")
+        return 1
+
+    async def _until_stopped(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
+        """The result of `coro`, or None when a stop signal comes first; TimeoutError after `timeout`."""
+        work = asyncio.ensure_future(asyncio.wait_for(coro, timeout))
+        stop = asyncio.ensure_future(self.stop_requested.wait())
+        try:
+            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, stop):
+                task.cancel()
+            await asyncio.gather(work, stop, return_exceptions=True)
+        return None if work.cancelled() else work.result()
+
+    async def _start_all(self) -> bool:
+        controllers = [role for role in self.cfg.roles if role.kind == "controller"]
+        others = [role for role in self.cfg.roles if role.kind != "controller"]
+        for wave in (controllers, others):
+            children = [await self.supervisor.start(role.id, self._command(role.id)) for role in wave]
+            await asyncio.gather(*(self.supervisor.wait_ready(child) for child in children))
+        table = await self._registered() if controllers else []
+        _say(f"gateway {self._gateway()} ({len(self.cfg.roles)} instances)", stream=sys.stdout)
+        if table:
+            print(format_table(table), flush=True)
+        return True
+
+    async def _registered(self) -> list[InstanceInfo]:
+        """Wait until the controller lists every role of the config as ready; the table."""
+        wanted = {role.id for role in self.cfg.roles}
+        keys = client_keys(self.cfg.security)
+        while True:
+            for child in self.supervisor.children:
+                if not child.alive:
+                    raise ChildFailed(
+                        f"{child.name} (pid {child.pid}) exited with status {child.proc.returncode}"
+                    )
+            try:
+                table = await fetch_instances(self.cfg.cluster.controller, keys, timeout=2.0)
+            except ControllerUnreachable:
+                continue
+            ready = {info.instance_id for info in table.instances if info.state == "ready"}
+            if wanted <= ready:
+                return [info for info in table.instances if info.instance_id in wanted]
+            await asyncio.sleep(_POLL_S)
+
+    async def _stop_all(self) -> None:
+        children = self.supervisor.children
+        controllers = [c for c in children if self.cfg.role(c.name).kind == "controller"]
+        await self.supervisor.stop([c for c in reversed(children) if c not in controllers])
+        await self.supervisor.stop(controllers)
+
+    def _command(self, role_id: str) -> list[str]:
+        return role_command(os.path.abspath(self.cfg.source), role_id, self.http_port)
+
+    def _gateway(self) -> str:
+        for role in self.cfg.roles:
+            if isinstance(role.options, EntrypointOptions):
+                return f"http://{role.options.http_host}:{role.options.http_port}"
+        return "none (no entrypoint role)"
+
+
+def _say(text: str, stream: TextIO | None = None) -> None:
+    print(f"dsi serve: {text}", file=stream or sys.stderr, flush=True)

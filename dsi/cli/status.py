@@ -1,0 +1,121 @@
+"""``dsi status``: the instances the controller knows, as a table or JSON.
+
+    dsi status [--config configs/local.toml] [--controller tcp://HOST:PORT] [--json] [--timeout S]
+
+The controller address comes from --controller, else from the config's [cluster] controller.
+With [security] curve = true the config's client key is used. Exit 1 when the controller does
+not answer within --timeout seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import msgspec
+import uvloop
+import zmq.asyncio
+
+from dsi.config import ConfigError, load_config
+from dsi.errors import DsiError
+from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
+from dsi.roles.curve import client_keys
+from dsi.transport.client import Peer
+from dsi.transport.security import CurveKeys
+
+DEFAULT_CONFIG = "configs/local.toml"
+_COLUMNS = ("INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST SEEN")
+
+
+class ControllerUnreachable(Exception):
+    """No answer from the controller in time (down, wrong address, or refused CURVE keys)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("status", help="list the role instances the controller knows")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help=f"node config (default {DEFAULT_CONFIG}; not read when --controller is given alone)",
+    )
+    parser.add_argument("--controller", default=None, help="controller endpoint, e.g. tcp://10.0.0.1:7100")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the controller")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        address, keys = _target(args.config, args.controller)
+    except (ConfigError, ValueError) as exc:  # ValueError: a key file without its secret key
+        print(f"dsi status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        table = uvloop.run(fetch_instances(address, keys, args.timeout))
+    except ControllerUnreachable as exc:
+        print(f"dsi status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(table_json(table), indent=2) if args.json else format_table(table.instances))
+    return 0
+
+
+async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) -> InstanceTable:
+    """Ask the controller at `address` for its InstanceTable; ControllerUnreachable after `timeout` s."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(address, ctx, types=(InstanceTable,), peer_id="dsi-status", keys=keys, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        await peer.connect(timeout)
+        return await peer.ask(ListInstances(), timeout=max(0.1, deadline - time.monotonic()))
+    except DsiError as exc:
+        raise ControllerUnreachable(
+            f"cannot reach the controller at {address} within {timeout:g}s ({exc})"
+        ) from None
+    finally:
+        await peer.close()
+        ctx.destroy(linger=0)
+
+
+def table_json(table: InstanceTable) -> dict[str, Any]:
+    """{"controller": id, "instances": [{instance_id, role, ..., "load": {running, ...}}, ...]}"""
+    return {"controller": table.controller_id, "instances": [_info_json(info) for info in table.instances]}
+
+
+def _info_json(info: InstanceInfo) -> dict[str, Any]:
+    fields = msgspec.structs.asdict(info)
+    fields["load"] = msgspec.structs.asdict(info.load)
+    return fields
+
+
+def format_table(instances: list[InstanceInfo]) -> str:
+    """One line per instance under a header, columns padded to fit."""
+    rows = [_COLUMNS, *(_row(info) for info in instances)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _row(info: InstanceInfo) -> tuple[str, ...]:
+    load = info.load
+    summary = f"run={load.running} queue={load.queued} kv={load.kv_tokens} inbox={load.inbox}"
+    return (
+        info.instance_id,
+        info.role,
+        info.host,
+        str(info.pid),
+        info.state,
+        summary,
+        f"{info.last_seen_s:.1f}s ago",
+    )
+
+
+def _target(config: str | None, controller: str | None) -> tuple[str, CurveKeys | None]:
+    """The controller address and the client keys to use."""
+    if controller is not None and config is None:
+        return controller, None
+    cfg = load_config(config or DEFAULT_CONFIG)
+    return controller or cfg.cluster.controller, client_keys(cfg.security)

@@ -1,0 +1,5 @@
+"""The decode role: continuous batching, speculative decoding, KV persistence (engine to come)."""
+
+from dsi.roles.decode.actor import DecodeActor
+
+__all__ = ["DecodeActor"]

@@ -1,0 +1,14 @@
+"""DecodeActor: one decode instance. No engine yet: it runs no requests, so it reports zero
+load and answers only the calls every role answers (Ping, Load)."""
+
+from __future__ import annotations
+
+from dsi.roles.role import RoleActor
+
+from dsi.config import EngineOptions
+
+
+class DecodeActor(RoleActor):
+    def __init__(self, name: str, options: EngineOptions) -> None:
+        super().__init__(name)
+        self.options = options

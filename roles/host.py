@@ -1,0 +1,133 @@
+"""RoleHost: the role instances of one process, sharing one ZeroMQ context.
+
+    start:  context (+ CURVE authenticator) -> per role, controllers first:
+            actor -> ActorServer (bind, actor.on_start) -> HeartbeatSender
+    stop:   per role, in reverse start order: heartbeats stop + Goodbye -> server and actor stop
+            -> authenticator -> context
+
+A controller hosted in the same process starts first and stops last, so the other roles' first
+heartbeats and last Goodbyes reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from dsi.roles.curve import server_keys
+from dsi.roles.heartbeat import HeartbeatSender, Identity
+from dsi.roles.kinds import make_actor
+from dsi.transport.security import Authenticator, CurveKeys
+from dsi.transport.server import ActorServer
+
+from dsi.config import EntrypointOptions, NodeConfig, RoleConfig
+from dsi.logs import role_context
+
+log = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
+
+
+class RoleStartError(Exception):
+    """A role could not start (address in use, bad key file...); the message names the role."""
+
+
+@dataclass(slots=True)
+class _Running:
+    role: RoleConfig
+    server: ActorServer
+    heartbeat: HeartbeatSender
+
+
+class RoleHost:
+    """Runs `role_ids` of `cfg` in this process (each id must name a role of `cfg`)."""
+
+    def __init__(self, cfg: NodeConfig, role_ids: Sequence[str]) -> None:
+        roles = [cfg.role(role_id) for role_id in dict.fromkeys(role_ids)]
+        self.cfg = cfg
+        self.roles = sorted(roles, key=lambda role: role.kind != "controller")  # stable: file order
+        self._ctx: zmq.asyncio.Context | None = None
+        self._auth: Authenticator | None = None
+        self._running: list[_Running] = []
+
+    @property
+    def servers(self) -> dict[str, ActorServer]:
+        """The started servers by role id."""
+        return {run.role.id: run.server for run in self._running}
+
+    @property
+    def heartbeats(self) -> dict[str, HeartbeatSender]:
+        return {run.role.id: run.heartbeat for run in self._running}
+
+    async def start(self) -> None:
+        """Start every role; on a failure, stop those already started and raise RoleStartError."""
+        self._ctx = zmq.asyncio.Context()
+        try:
+            keys = server_keys(self.cfg.security)
+            if keys is not None:
+                self._auth = Authenticator(self._ctx, keys)
+            for role in self.roles:
+                with role_context(role.id):
+                    self._running.append(await self._start_role(role, self._ctx, keys))
+        except (OSError, ValueError, zmq.ZMQError) as exc:
+            await self.stop()
+            raise RoleStartError(str(exc)) from exc
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop every started role in reverse start order, then the authenticator and context."""
+        while self._running:
+            run = self._running.pop()
+            with role_context(run.role.id):
+                await run.heartbeat.stop()
+                await run.server.stop()
+                log.info("%s stopped", run.role.id)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    async def _start_role(
+        self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
+    ) -> _Running:
+        actor = make_actor(role, self.cfg.cluster)
+        try:
+            server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
+        except zmq.ZMQError as exc:
+            raise RoleStartError(f"{role.id}: cannot bind {role.bind}: {exc}") from None
+        try:
+            await server.start()
+        except OSError as exc:  # the entrypoint's HTTP listener
+            await server.stop()
+            raise RoleStartError(f"{role.id}: {exc}") from None
+        identity = Identity(role.id, role.kind, role.host, advertised(server.address, role.host), _http(role))
+        heartbeat = HeartbeatSender(
+            actor, identity, self.cfg.cluster.controller, self.cfg.cluster.heartbeat_interval_s, ctx, keys
+        )
+        await heartbeat.start()
+        log.info("%s (%s) serving on %s", role.id, role.kind, identity.address)
+        return _Running(role, server, heartbeat)
+
+
+def advertised(bound: str, host: str) -> str:
+    """The endpoint others connect to: `bound` with a wildcard host replaced by `host`."""
+    scheme, sep, rest = bound.partition("://")
+    address, colon, port = rest.rpartition(":")
+    if scheme == "tcp" and sep and colon and address in _WILDCARD_HOSTS:
+        return f"tcp://{host}:{port}"
+    return bound
+
+
+def _http(role: RoleConfig) -> str:
+    options = role.options
+    if not isinstance(options, EntrypointOptions):
+        return ""
+    host = role.host if options.http_host in _WILDCARD_HOSTS else options.http_host
+    return f"[{host}]:{options.http_port}" if ":" in host else f"{host}:{options.http_port}"

@@ -1,0 +1,42 @@
+"""Which actor runs each role kind, built from the role's config."""
+
+from __future__ import annotations
+
+from dsi.roles.balancer import BalancerActor
+from dsi.roles.controller import ControllerActor
+from dsi.roles.decode import DecodeActor
+from dsi.roles.encoder import EncoderActor
+from dsi.roles.entrypoint import EntrypointActor
+from dsi.roles.kvstore import KvstoreActor
+from dsi.roles.prefill import PrefillActor
+from dsi.roles.role import RoleActor
+
+from dsi.config import (
+    BalancerOptions,
+    ClusterConfig,
+    EngineOptions,
+    EntrypointOptions,
+    KvstoreOptions,
+    RoleConfig,
+)
+
+
+def make_actor(role: RoleConfig, cluster: ClusterConfig) -> RoleActor:
+    """A fresh, not yet started actor for `role`, named by its id."""
+    options = role.options
+    match role.kind:
+        case "controller":
+            return ControllerActor(role.id, cluster)
+        case "entrypoint" if isinstance(options, EntrypointOptions):
+            return EntrypointActor(role.id, options)
+        case "prefill" if isinstance(options, EngineOptions):
+            return PrefillActor(role.id, options)
+        case "decode" if isinstance(options, EngineOptions):
+            return DecodeActor(role.id, options)
+        case "encoder":
+            return EncoderActor(role.id)
+        case "kvstore" if isinstance(options, KvstoreOptions):
+            return KvstoreActor(role.id, options)
+        case "balancer" if isinstance(options, BalancerOptions):
+            return BalancerActor(role.id, options)
+    raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")

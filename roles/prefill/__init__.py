@@ -1,0 +1,5 @@
+"""The prefill role: prompt forward for un-cached tokens, KV handoff to decode (engine to come)."""
+
+from dsi.roles.prefill.actor import PrefillActor
+
+__all__ = ["PrefillActor"]

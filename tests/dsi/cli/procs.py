@@ -1,0 +1,185 @@
+"""Real dsi processes for the CLI tests: configs on free ports, start, READY, status, reaping.
+
+Every process is started in its own session and registered with a ``Procs`` context manager,
+whose exit SIGKILLs each one's process group, so no test leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
+READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_config(tmp_path: Path, keep: Sequence[str] = (), interval_s: float = 0.5) -> Path:
+    """configs/local.toml with every 127.0.0.1 port replaced by a free one, paths under tmp_path,
+    a faster heartbeat and, when `keep` names role ids, only those [[roles]]."""
+    head, *blocks = LOCAL_TOML.read_text().split("[[roles]]")
+    if keep:
+        blocks = [b for b in blocks if re.search(r'(?m)^id = "([^"]+)"', b).group(1) in keep]  # type: ignore[union-attr]
+    text = "[[roles]]".join([head, *blocks])
+    ports: dict[str, int] = {}
+
+    def fresh(match: re.Match[str]) -> str:
+        return f"127.0.0.1:{ports.setdefault(match.group(1), free_port())}"
+
+    text = re.sub(r"127\.0\.0\.1:(\d+)", fresh, text)
+    text = text.replace('"../run/', f'"{tmp_path}/run/')
+    text = re.sub(r"(?m)^heartbeat_interval_s = .*$", f"heartbeat_interval_s = {interval_s}", text)
+    path = tmp_path / "local.toml"
+    path.write_text(text)
+    return path
+
+
+def config_ids(path: Path) -> list[str]:
+    return re.findall(r'(?m)^id = "([^"]+)"', path.read_text())
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+class Proc:
+    """One child process; stdout is read for READY lines, stderr goes to `log_path`."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                list(argv),
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+        self._out = b""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def read_line(self, timeout: float = READY_TIMEOUT_S) -> str:
+        """The next stdout line; RuntimeError with the log when the process exits first."""
+        deadline = time.monotonic() + timeout
+        fd = self.popen.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._out:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no output line in {timeout}s; log: {self.log()}")
+            if select.select([fd], [], [], remaining)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise RuntimeError(f"exited with {self.popen.wait()} first; log: {self.log()}")
+                self._out += chunk
+        line, self._out = self._out.split(b"\n", 1)
+        return line.decode()
+
+    def wait_ready(self) -> str:
+        line = self.read_line()
+        if not line.startswith("READY"):
+            raise RuntimeError(f"printed {line!r} instead of READY; log: {self.log()}")
+        return line
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and everything in its process group; reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+class Procs:
+    """The processes of one test; leaving the block SIGKILLs every one's process group, and the
+    adopted pids (grandchildren in sessions of their own, such as the roles of ``dsi serve``)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[Proc] = []
+        self.adopted: list[int] = []
+
+    def adopt(self, pids: Iterable[int]) -> None:
+        self.adopted.extend(pids)
+
+    def start(self, name: str, argv: Sequence[str]) -> Proc:
+        proc = Proc(argv, self.log_dir / f"{name}-{len(self.procs)}.log")
+        self.procs.append(proc)
+        return proc
+
+    def __enter__(self) -> Procs:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.kill_group()
+        for pid in self.adopted:
+            if not gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def dsi_status(*args: str, prefix: Sequence[str] = (), timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """``dsi status ARGS`` (optionally under a prefix such as ``ip netns exec NS``)."""
+    argv = [*prefix, *python_module("dsi.cli.main", "status", *args)]
+    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def instances(*args: str, prefix: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """The controller's instances by id, from ``dsi status --json``."""
+    done = dsi_status("--json", *args, prefix=prefix)
+    if done.returncode != 0:
+        raise AssertionError(f"dsi status exited {done.returncode}: {done.stderr}")
+    return {info["instance_id"]: info for info in json.loads(done.stdout)["instances"]}
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, every: float = 0.3) -> Any:
+    """The first truthy result of `check`; AssertionError with the last result after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            break
+        time.sleep(every)
+    if not result:
+        raise AssertionError(f"condition not met in {timeout}s")
+    return result
+
+
+def gone(pid: int) -> bool:
+    """True when `pid` no longer runs (absent, or a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

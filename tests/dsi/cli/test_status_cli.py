@@ -1,0 +1,82 @@
+"""dsi status in this process: formatting, and an unreachable controller."""
+
+import json
+import re
+
+from dsi.transport.security import generate_keys
+
+from dsi.cli.main import main
+from dsi.cli.status import format_table, table_json
+from dsi.messages.control import InstanceInfo, InstanceTable, Load
+from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
+
+INFO = InstanceInfo(
+    "prefill-0",
+    "prefill",
+    "10.0.0.2",
+    4321,
+    "tcp://10.0.0.2:7110",
+    "suspect",
+    Load(running=3, queued=1, kv_tokens=512),
+    last_seen_s=2.71,
+    started_at=1.0e9,
+)
+
+
+def test_table_has_one_aligned_row_per_instance():
+    lines = format_table([INFO]).splitlines()
+    assert lines[0].split() == ["INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST", "SEEN"]
+    assert lines[1].split() == [
+        "prefill-0",
+        "prefill",
+        "10.0.0.2",
+        "4321",
+        "suspect",
+        "run=3",
+        "queue=1",
+        "kv=512",
+        "inbox=0",
+        "2.7s",
+        "ago",
+    ]
+    assert lines[0].index("STATE") == lines[1].index("suspect")
+
+
+def test_json_is_plain_objects():
+    data = table_json(InstanceTable([INFO], controller_id="controller-0"))
+    assert data["controller"] == "controller-0"
+    [info] = data["instances"]
+    assert info["load"] == {"running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0}
+    assert (info["instance_id"], info["state"], info["pid"]) == ("prefill-0", "suspect", 4321)
+
+
+def test_unreachable_controller_exits_1_with_a_clear_message(capsys):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the controller at {address} within 0.5s" in err
+
+
+def test_with_curve_status_uses_the_configs_client_key(tmp_path, capsys):
+    keys = generate_keys(tmp_path / "keys")
+    config = local_config(tmp_path, keep=["controller-0"])
+    config.write_text(
+        config.read_text()
+        + f"""
+[security]
+curve = true
+server_secret_key = "{keys["server_secret"]}"
+server_public_key = "{keys["server_public"]}"
+client_secret_key = "{keys["client_secret"]}"
+authorized_keys_dir = "{keys["authorized_dir"]}"
+"""
+    )
+    with Procs(tmp_path) as procs:
+        role = python_module("dsi.cli.role", "--config", str(config))
+        assert procs.start("controller", role).wait_ready() == "READY controller-0"
+        assert main(["status", "--config", str(config), "--json"]) == 0
+        [info] = json.loads(capsys.readouterr().out)["instances"]
+        assert (info["instance_id"], info["state"]) == ("controller-0", "ready")
+        address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
+        assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
+        assert "cannot reach the controller" in capsys.readouterr().err

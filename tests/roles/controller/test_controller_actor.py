@@ -1,0 +1,51 @@
+from dsi.roles.controller import ControllerActor
+
+from dsi.actor import LocalRef
+from dsi.config import ClusterConfig
+from dsi.messages.control import Goodbye, Heartbeat, InstanceTable, ListInstances, Load
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(instance_id: str, role: str) -> Heartbeat:
+    return Heartbeat(instance_id, role, "127.0.0.1", 42, "tcp://127.0.0.1:7110", load=Load(queued=2))
+
+
+async def test_controller_answers_the_instance_table_from_heartbeats():
+    clock = FakeClock()
+    cluster = ClusterConfig(
+        controller="tcp://127.0.0.1:7100", heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0
+    )
+    actor = ControllerActor("controller-0", cluster, clock=clock, forget_after_s=10.0)
+    ref = LocalRef(actor)
+    await actor.start()
+    try:
+        ref.tell(beat("prefill-0", "prefill"))
+        ref.tell(beat("decode-0", "decode"))
+        table = await ref.ask(ListInstances())
+        assert isinstance(table, InstanceTable) and table.controller_id == "controller-0"
+        assert [(i.instance_id, i.state, i.load.queued) for i in table.instances] == [
+            ("decode-0", "ready", 2),
+            ("prefill-0", "ready", 2),
+        ]
+        await ref.ask(Goodbye("decode-0"))
+        clock.now += 3.0
+        assert {i.instance_id: i.state for i in (await ref.ask(ListInstances())).instances} == {
+            "decode-0": "stopped",
+            "prefill-0": "suspect",
+        }
+        clock.now += 3.0
+        [prefill] = (await ref.ask(ListInstances("prefill"))).instances
+        assert prefill.state == "lost"
+        clock.now += 10.0  # past forget_after_s for both
+        actor.sweep()
+        assert (await ref.ask(ListInstances())).instances == []
+        assert await ref.ask(Load()) == Load()  # every role answers its own load
+    finally:
+        await actor.stop()

@@ -1,0 +1,133 @@
+"""RoleHost in this process: real sockets on 127.0.0.1, a fast heartbeat."""
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+import zmq.asyncio
+from dsi.roles.host import RoleHost, RoleStartError, advertised
+from dsi.transport.client import Peer
+
+from dsi.config import NodeConfig, parse_config
+from dsi.errors import DsiError
+from dsi.messages.control import InstanceTable, ListInstances, Load
+
+INTERVAL = 0.1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_config(tmp_path) -> NodeConfig:
+    ports = [free_port() for _ in range(4)]
+    data = {
+        "cluster": {
+            "controller": f"tcp://127.0.0.1:{ports[0]}",
+            "heartbeat_interval_s": INTERVAL,
+            "heartbeat_timeout_s": 1.0,
+        },
+        "roles": [
+            {"kind": "controller", "id": "controller-0", "bind": f"tcp://127.0.0.1:{ports[0]}"},
+            {"kind": "prefill", "id": "prefill-0", "bind": f"tcp://127.0.0.1:{ports[1]}"},
+            {
+                "kind": "entrypoint",
+                "id": "entrypoint-0",
+                "bind": f"tcp://127.0.0.1:{ports[2]}",
+                "http": f"127.0.0.1:{ports[3]}",
+            },
+        ],
+    }
+    return parse_config(data, tmp_path / "node.toml")
+
+
+@pytest.fixture
+async def controller_peer(tmp_path):
+    ctx = zmq.asyncio.Context()
+    cfg = node_config(tmp_path)
+    peer = Peer(cfg.cluster.controller, ctx, types=(InstanceTable, Load), timeout=2.0)
+    yield cfg, peer
+    await peer.close()
+    ctx.destroy(linger=0)
+
+
+async def states(peer: Peer) -> dict[str, str]:
+    table = await peer.ask(ListInstances())
+    return {info.instance_id: info.state for info in table.instances}
+
+
+async def wait_for(peer: Peer, expected: dict[str, str], timeout: float = 5.0) -> None:
+    """Poll the controller until it lists `expected`; a controller restart fails polls meanwhile."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    got: dict[str, str] | DsiError = {}
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            got = await states(peer)
+        except DsiError as exc:  # PeerLost while the controller restarts
+            got = exc
+        if got == expected:
+            return
+        await asyncio.sleep(INTERVAL / 2)
+    pytest.fail(f"controller lists {got!r}, expected {expected}")
+
+
+async def test_roles_register_serve_and_say_goodbye(controller_peer):
+    cfg, peer = controller_peer
+    control = RoleHost(cfg, ["controller-0"])
+    workers = RoleHost(cfg, ["entrypoint-0", "prefill-0"])
+    await control.start()
+    try:
+        await workers.start()
+        try:
+            await peer.connect()
+            await wait_for(peer, {"controller-0": "ready", "entrypoint-0": "ready", "prefill-0": "ready"})
+            table = await peer.ask(ListInstances("entrypoint"))
+            [gateway] = table.instances
+            async with aiohttp.ClientSession() as http, http.get(f"http://{gateway.http}/health") as resp:
+                assert resp.status == 200 and await resp.json() == {"status": "ok"}
+            assert workers.heartbeats["prefill-0"].sent >= 1
+        finally:
+            await workers.stop()
+        await wait_for(peer, {"controller-0": "ready", "entrypoint-0": "stopped", "prefill-0": "stopped"})
+    finally:
+        await control.stop()
+
+
+async def test_heartbeats_reach_a_restarted_controller(controller_peer):
+    cfg, peer = controller_peer
+    workers = RoleHost(cfg, ["prefill-0"])
+    control = RoleHost(cfg, ["controller-0"])
+    await workers.start()  # before the controller: heartbeats wait in the socket
+    try:
+        await control.start()
+        await peer.connect()
+        await wait_for(peer, {"controller-0": "ready", "prefill-0": "ready"})
+        await control.stop()
+        control = RoleHost(cfg, ["controller-0"])
+        await control.start()  # a fresh registry on the same address
+        await wait_for(peer, {"controller-0": "ready", "prefill-0": "ready"})
+    finally:
+        await workers.stop()
+        await control.stop()
+
+
+async def test_a_role_that_cannot_bind_stops_the_others(controller_peer):
+    cfg, _ = controller_peer
+    port = int(cfg.role("prefill-0").bind.rsplit(":", 1)[1])
+    with socket.create_server(("127.0.0.1", port)):  # someone else holds prefill-0's port
+        clash = RoleHost(cfg, ["controller-0", "prefill-0"])
+        with pytest.raises(RoleStartError, match="prefill-0: cannot bind"):
+            await clash.start()
+        assert clash.servers == {}
+    again = RoleHost(cfg, ["controller-0"])  # the controller's port was released
+    await again.start()
+    await again.stop()
+
+
+def test_advertised_address_replaces_a_wildcard_host():
+    assert advertised("tcp://0.0.0.0:7110", "10.0.0.2") == "tcp://10.0.0.2:7110"
+    assert advertised("tcp://127.0.0.1:7110", "10.0.0.2") == "tcp://127.0.0.1:7110"
+    assert advertised("ipc:///tmp/x", "10.0.0.2") == "ipc:///tmp/x"
