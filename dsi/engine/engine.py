@@ -58,6 +58,7 @@ class RequestOutput:
     prompt_tokens: int
     new_logprobs: list[float]
     new_top_logprobs: list[list[tuple[int, float]]]
+    logprobs: list[float] | None = None  # every output token's logprob, on the finishing output only
 
 
 @dataclass(slots=True)
@@ -262,7 +263,7 @@ class Engine:
         for req, new in touched:
             outs.append(RequestOutput(req.request_id, [s.token for s in new], list(req.output), req.finished,
                                       req.finish_reason, len(req.prompt), [s.logprob for s in new],
-                                      [s.top for s in new]))
+                                      [s.top for s in new], list(req.logprobs) if req.finished else None))
             if req.finished and not req.prefill_only:
                 self.requests.pop(req.request_id, None)
         for req in [r for r in self.requests.values() if r.finished and r.finish_reason == "abort"]:

@@ -27,7 +27,6 @@ class ModelRunner:
         self.slots = StateSlots(cfg, num_slots)
         self._src_views = [self.layout.source_view(self.pool.pages, i) for i in range(len(cfg.kv_sources))]
         self._glob_view = self.layout.global_view(self.pool.pages)
-        self.flops = 0  # counted multiply-adds x2 of the dense and attention work (for benchmarks)
 
     @torch.no_grad()
     def forward(self, batch: list[StepSlice]) -> torch.Tensor:
@@ -59,7 +58,6 @@ class ModelRunner:
         if any(s.sample and not s.tokens for s in c_batch):
             raise ValueError("a sampled slice ends before consumer_start")
         h = rms_norm(xc[last], w["final_norm"], cfg.norm_eps)
-        self.flops += 2 * len(last) * cfg.hidden * cfg.vocab_size
         return h @ w["embed"].T
 
     # ---- one layer -----------------------------------------------------------------------------
@@ -87,12 +85,8 @@ class ModelRunner:
             out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos,
                               s.consumer_start if consumer else 0, lat, last, cfg.window)
             self._write_ring(s, i, k_rot[a:b], v[a:b])
-            self.flops += 4 * (b - a) * cfg.n_heads * cfg.head_dim * (len(kpos) + (0 if lat is None else len(lat)))
         x = x + out @ w[p + "wo"]
         x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
-        self.flops += 2 * t * (cfg.hidden * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-                               + cfg.hidden * cfg.n_experts
-                               + 3 * cfg.hidden * (cfg.top_k * cfg.expert_dim + cfg.shared_dim))
         return x
 
     # ---- cache access ---------------------------------------------------------------------------

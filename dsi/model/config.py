@@ -49,6 +49,7 @@ class ModelConfig:
     latent_scale_group: int = 0  # values per fp32 scale (0 = no scales)
     latent_rope_dim: int = 0  # rope part of a latent, stored in bf16 (0 = none)
     index_dim: int = 0  # indexer key width per global entry (fp8 + one fp32 scale); 0 = none
+    index_topk: int = 0  # global entries a query attends after the indexer's top-k; 0 = all (dense)
     swa_bytes: float = 4.0  # per SWA key/value element
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -127,6 +128,7 @@ FLASH = ModelConfig(
     latent_scale_group=64,  # one fp32 scale per 64 values
     latent_rope_dim=32,  # bf16 rope part
     index_dim=32,  # fp8 indexer keys on the ratio-1 global entries
+    index_topk=512,  # the indexer keeps 512 global entries per query
     swa_bytes=2.0,  # bf16 SWA rings
 )
 

@@ -30,18 +30,26 @@ def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConf
     """Routed top-k experts (weights renormalised over the chosen k) + one shared expert.
 
     x: [T, H] (already normalised) -> [T, H]. Each token's result depends only on that token.
+    Token-expert pairs are sorted by expert so each expert runs one matmul over its rows.
     """
     probs = torch.softmax(x @ w[prefix + "router"], dim=-1)  # [T, E]
     top_w, top_i = probs.topk(cfg.top_k, dim=-1)  # [T, k]
     top_w = top_w / top_w.sum(-1, keepdim=True)
     shared = (F.silu(x @ w[prefix + "s1"]) * (x @ w[prefix + "s3"])) @ w[prefix + "s2"]
-    out = torch.zeros_like(x)
     w1, w3, w2 = w[prefix + "w1"], w[prefix + "w3"], w[prefix + "w2"]
-    for e in top_i.unique().tolist():
-        rows, slot = (top_i == e).nonzero(as_tuple=True)
-        xe = x[rows]
-        ye = (F.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e]
-        out.index_add_(0, rows, ye * top_w[rows, slot, None])
+    order = top_i.reshape(-1).argsort(stable=True)  # pair index, grouped by expert
+    counts = torch.bincount(top_i.reshape(-1), minlength=cfg.n_experts).tolist()
+    rows = order // cfg.top_k
+    xs = x[rows]
+    ys = torch.empty_like(xs)
+    a = 0
+    for e, n in enumerate(counts):
+        if n:
+            xe = xs[a:a + n]
+            ys[a:a + n] = (F.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e]
+        a += n
+    out = torch.zeros_like(x)
+    out.index_add_(0, rows, ys * top_w.reshape(-1)[order, None])
     return out + shared
 
 

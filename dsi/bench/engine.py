@@ -1,0 +1,93 @@
+"""``dsi bench engine``: decode and prefill throughput of the tiny model, and how much of the
+time the device step waits for the CPU, with asynchronous scheduling on vs off.
+
+The idle fraction is measured from timestamps around each device step:
+``sum(start[i+1] - end[i]) / sum(end[i] - start[i])`` over the decode steps of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.params import SamplingParams
+from dsi.model.config import TINY
+from dsi.model.weights import init_weights
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 120_000) for _ in range(length)] for _ in range(n)]
+
+
+def _decode_run(weights, batch: int, steps: int, async_on: bool) -> tuple[float, float]:
+    """(decode tokens/s, idle fraction) over ``steps`` decode steps after the prefill."""
+    engine = Engine(TINY, weights, EngineConfig(async_scheduling=async_on, max_running=max(batch, 1),
+                                                num_slots=max(batch, 1)))
+    params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+    for i, p in enumerate(_prompts(batch, 32, seed=batch)):
+        engine.add_request(str(i), p, params)
+    while not all(r.output for r in engine.requests.values()):
+        engine.step()
+    first = len(engine.timings)
+    for _ in range(steps):
+        engine.step()
+    timings = engine.timings[first:]
+    engine.close()
+    busy = sum(t.end - t.start for t in timings)
+    idle = sum(max(0.0, b.start - a.end) for a, b in zip(timings, timings[1:], strict=False))
+    span = timings[-1].end - timings[0].start
+    return batch * len(timings) / span, idle / busy
+
+
+def _prefill_run(weights, n: int, length: int) -> float:
+    engine = Engine(TINY, weights, EngineConfig(max_batch_tokens=2048))
+    for i, p in enumerate(_prompts(n, length, seed=99)):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=1, temperature=0))
+    start = time.perf_counter()
+    engine.run_until_done()
+    elapsed = time.perf_counter() - start
+    engine.close()
+    return n * length / elapsed
+
+
+def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64)) -> dict:
+    weights = init_weights(TINY)
+    out: dict = {"model": "tiny", "repeats": repeats, "decode_steps": steps}
+    for b in batches:
+        out[f"decode_tok_s_b{b}"] = round(statistics.median(_decode_run(weights, b, steps, True)[0]
+                                                           for _ in range(repeats)), 1)
+    big = max(batches)
+    on = [_decode_run(weights, big, steps, True)[1] for _ in range(repeats)]
+    off = [_decode_run(weights, big, steps, False)[1] for _ in range(repeats)]
+    out["idle_frac_async"] = round(statistics.median(on), 4)
+    out["idle_frac_sync"] = round(statistics.median(off), 4)
+    out["idle_batch"] = big
+    out["prefill_tok_s"] = round(statistics.median(_prefill_run(weights, 4, 1024) for _ in range(repeats)), 1)
+    return out
+
+
+def _main(args: argparse.Namespace) -> int:
+    result = run(args.steps, args.repeats)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print("dsi bench engine (tiny model, CPU; medians)")
+    for key, value in result.items():
+        print(f"  {key:<20} {value}")
+    target = "meets" if result["idle_frac_async"] < 0.05 else "misses"
+    print(f"  idle_frac_async {result['idle_frac_async']:.4f} {target} the < 0.05 target "
+          f"(sync: {result['idle_frac_sync']:.4f})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("engine", help="decode/prefill throughput and device idle time, async vs sync")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=24, help="decode steps measured per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.set_defaults(func=_main)

@@ -1,0 +1,55 @@
+"""``dsi model init|info``: make a seeded model directory; print a config's shape and bytes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dsi.kvcache.layout import account, engine_block_bytes, engine_state_bytes
+from dsi.model.config import CONFIGS, get_config
+from dsi.model.weights import init_weights, param_count, save_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("model", help="create or describe a model")
+    cmds = parser.add_subparsers(dest="model_command", required=True)
+    init = cmds.add_parser("init", help="write a seeded model directory (config.json + model.safetensors)")
+    init.add_argument("--config", choices=["tiny"], default="tiny")
+    init.add_argument("--out", required=True, type=Path)
+    init.add_argument("--seed", type=int, default=0)
+    init.set_defaults(func=_init)
+    info = cmds.add_parser("info", help="shape, parameter count and cache bytes of a built-in config")
+    info.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=_info)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    cfg = replace(get_config(args.config), seed=args.seed)
+    save_model(args.out, cfg, init_weights(cfg))
+    print(f"wrote {cfg.name} ({param_count(cfg) / 1e6:.1f} M parameters) to {args.out}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    cfg = get_config(args.config)
+    acc = account(cfg)
+    data = {
+        "config": cfg.name, "parameters": param_count(cfg), "layers": cfg.n_layers, "producer_layers": cfg.n_producer,
+        "kv_sources": list(cfg.kv_sources), "hidden": cfg.hidden, "experts": cfg.n_experts, "top_k": cfg.top_k,
+        "window": cfg.window, "ring": cfg.ring, "keep": cfg.keep, "block_size": cfg.block_size,
+        "block_bytes": acc.block, "block_kib": round(acc.block / 1024, 2), "state_slot_bytes": acc.state_slot,
+        "engine_block_bytes_fp32": engine_block_bytes(cfg), "engine_state_slot_bytes_fp32": engine_state_bytes(cfg),
+    }
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"{cfg.name}: {data['parameters'] / 1e9:.2f} B parameters, {cfg.n_layers} layers "
+          f"({cfg.n_producer} producer, KV sources {list(cfg.kv_sources)}), hidden {cfg.hidden}, "
+          f"{cfg.n_experts} experts top-{cfg.top_k} + 1 shared")
+    for name, value in acc.table():
+        print(f"  {name:<28} {value}")
+    return 0
