@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 # Benchmark modules; each has register(subparsers).
-_BENCHES = ("dsi.bench.rpc",)
+_BENCHES = ("dsi.bench.rpc", "dsi.bench.engine", "dsi.bench.replay")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
