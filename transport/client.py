@@ -195,15 +195,20 @@ class Peer:
 
     async def _watch(self) -> None:
         seen_connection = False
+        live = False  # the current connection finished its handshake
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._connected.clear()
-                self._fail_all(PeerLost(f"{self.address} went away"))
+                # A connection whose handshake failed (wrong CURVE keys, not a dsi peer) never
+                # took a call off the queue: those calls wait for the next connection instead.
+                if live:
+                    self._fail_all(PeerLost(f"{self.address} went away"))
+                live = False
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 if seen_connection:
                     asyncio.get_running_loop().create_task(self._rehello())
-                seen_connection = True
+                seen_connection = live = True
 
     async def _rehello(self) -> None:
         try:

@@ -14,6 +14,7 @@ them; the body refers to them by index. Nothing is pickled: the body is msgpack,
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -130,7 +131,11 @@ class Codec:
         if not 0 <= index < min(len(self._in), _MAX_BLOBS):
             raise IndexError(f"blob frame {index} is missing")
         frame = self._in[index]
-        return Blob(getattr(frame, "buffer", frame), dtype, shape, owner=frame)
+        buffer = memoryview(getattr(frame, "buffer", frame))
+        # Blob checks the size in int64, where 2**32 x 2**32 elements wrap to 0 and "fit" 0 bytes.
+        if any(dim < 0 for dim in shape) or math.prod(shape) > buffer.nbytes:
+            raise ValueError(f"blob frame {index} of {buffer.nbytes} bytes cannot hold shape {list(shape)}")
+        return Blob(buffer, dtype, shape, owner=frame)
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
