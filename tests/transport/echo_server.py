@@ -17,9 +17,9 @@ from pathlib import Path
 
 import uvloop
 import zmq.asyncio
+
 from dsi.transport.security import Authenticator, CurveKeys
 from dsi.transport.server import ActorServer
-
 from tests.transport.echo import EchoActor
 
 

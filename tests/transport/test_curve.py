@@ -9,11 +9,11 @@ import pytest
 import zmq
 import zmq.asyncio
 import zmq.auth
+
+from dsi.errors import AskTimeout
 from dsi.transport.client import Peer
 from dsi.transport.security import Authenticator, CurveKeys, generate_keys
 from dsi.transport.server import ActorServer
-
-from dsi.errors import AskTimeout
 from tests.transport.echo import ECHO_TYPES, Count, Echo, EchoActor
 from tests.transport.procs import EchoServers, free_address
 

@@ -18,15 +18,15 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from dsi.transport.client import Peer
-from dsi.transport.server import ActorServer
-from dsi.transport.wire import Codec, Kind
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from msgspec.msgpack import Ext
 
 from dsi.errors import ErrorInfo
 from dsi.messages.base import COMMON, PROTOCOL_VERSION, Ack, Hello, Ping, Pong, Welcome
+from dsi.transport.client import Peer
+from dsi.transport.server import ActorServer
+from dsi.transport.wire import Codec, Kind
 from tests.transport.echo import ECHO_TYPES, Echo, EchoActor, Note, Number
 
 MIN_MESSAGES = 2000

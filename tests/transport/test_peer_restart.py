@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import zmq.asyncio
-from dsi.transport.client import Peer
 
 from dsi.errors import ActorStopped, PeerLost
+from dsi.transport.client import Peer
 from tests.transport.echo import ECHO_TYPES, Count, Echo, Sleep
 from tests.transport.procs import EchoServers, free_address
 
