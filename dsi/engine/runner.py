@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from dsi.engine.batch import StepSlice
+from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout import BlockLayout
 from dsi.kvcache.state_slots import StateSlots
@@ -36,11 +37,16 @@ class ModelRunner:
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
         spans = _spans([len(s.tokens) for s in batch])
         x = w["embed"][ids]
+        dec = self._decode_index(batch, spans, consumer=False)
         for i in range(cfg.n_producer):
-            x = self._layer(i, x, pos, batch, spans, consumer=False)
+            x = self._layer(i, x, pos, batch, spans, dec)
         g = rms_norm(x, w["boundary.norm"], cfg.norm_eps) @ w["boundary.wg"]
         for s, (a, b) in zip(batch, spans, strict=True):
-            self._write_global(s, g[a:b])
+            if dec is None or len(s.tokens) != 1:
+                self._write_global(s, g[a:b])
+        if dec is not None:
+            page = dec.tables.gather(1, (dec.pos // cfg.block_size)[:, None])[:, 0]
+            self._glob_view[page, dec.pos % cfg.block_size] = g[dec.rows]
         # Consumer half: only positions >= consumer_start of each slice.
         keep_rows, c_batch, c_spans, offset = [], [], [], 0
         for s, (a, _b) in zip(batch, spans, strict=True):
@@ -52,8 +58,9 @@ class ModelRunner:
             offset += n
         rows = torch.cat(keep_rows)
         xc, pc = x[rows], pos[rows]
+        dec = self._decode_index(c_batch, c_spans, consumer=True)
         for i in range(cfg.n_producer, cfg.n_layers):
-            xc = self._layer(i, xc, pc, c_batch, c_spans, consumer=True)
+            xc = self._layer(i, xc, pc, c_batch, c_spans, dec)
         last = [b - 1 for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample]
         if any(s.sample and not s.tokens for s in c_batch):
             raise ValueError("a sampled slice ends before consumer_start")
@@ -62,8 +69,10 @@ class ModelRunner:
 
     # ---- one layer -----------------------------------------------------------------------------
     def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, batch: list[StepSlice],
-               spans: list[tuple[int, int]], consumer: bool) -> torch.Tensor:
+               spans: list[tuple[int, int]], dec: DecodeIndex | None) -> torch.Tensor:
+        """One layer over the step's tokens; one-token slices attend together through ``dec``."""
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
+        consumer = i >= cfg.n_producer
         t = x.shape[0]
         if t == 0:
             return x
@@ -74,11 +83,16 @@ class ModelRunner:
         if i in cfg.kv_sources:
             src = cfg.kv_sources.index(i)
             for s, (a, b) in zip(batch, spans, strict=True):
-                self._compress(s, src, xn[a:b], w[p + "wc0"], w[p + "wc1"])
+                if dec is None or len(s.tokens) != 1:
+                    self._compress(s, src, xn[a:b], w[p + "wc0"], w[p + "wc1"])
+            if dec is not None:
+                self._compress_decode(dec, src, xn[dec.rows], w[p + "wc0"], w[p + "wc1"])
         q_rot, k_rot = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
         out = torch.empty(t, cfg.n_heads * cfg.head_dim)
+        if dec is not None:
+            out[dec.rows] = self._attend_decode(i, dec, q, q_rot, k_rot, v, consumer)
         for s, (a, b) in zip(batch, spans, strict=True):
-            if a == b:
+            if a == b or (dec is not None and b - a == 1):
                 continue
             keys, vals, kpos = self._swa_keys(s, i, k_rot[a:b], v[a:b], consumer)
             lat, last = self._latents(s, i, consumer)
@@ -88,6 +102,46 @@ class ModelRunner:
         x = x + out @ w[p + "wo"]
         x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
         return x
+
+    # ---- batched one-token slices ----------------------------------------------------------------
+    def _decode_index(self, batch: list[StepSlice], spans: list[tuple[int, int]], consumer: bool
+                      ) -> DecodeIndex | None:
+        one = [(s, a) for s, (a, b) in zip(batch, spans, strict=True) if b - a == 1]
+        if not one:
+            return None
+        return build_index(self.cfg, [a for _, a in one], [s.slot for s, _ in one], [s.start for s, _ in one],
+                           [s.consumer_start if consumer else 0 for s, _ in one], [s.block_table for s, _ in one])
+
+    def _attend_decode(self, i: int, dec: DecodeIndex, q: torch.Tensor, q_rot: torch.Tensor, k_rot: torch.Tensor,
+                       v: torch.Tensor, consumer: bool) -> torch.Tensor:
+        cfg, r = self.cfg, dec.rows
+        lat = valid = None
+        if consumer:
+            lat, valid = gather_latents(self._glob_view, dec, dec.pos + 1, cfg.block_size)
+        elif cfg.source_of(i) is not None:
+            view = self._src_views[cfg.kv_sources.index(cfg.source_of(i))]
+            lat, valid = gather_latents(view, dec, (dec.pos + 1) // 2, self.layout.per_block_compressed)
+        ring = self.slots.rings[:, i]
+        out = attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
+        ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
+        ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
+        return out
+
+    def _compress_decode(self, dec: DecodeIndex, src: int, xn: torch.Tensor, wc0: torch.Tensor,
+                         wc1: torch.Tensor) -> None:
+        """Odd positions close a pair (latent written); even ones open it (partial state)."""
+        odd = dec.pos % 2 == 1
+        partial = self.slots.partial[:, src]
+        if bool(odd.any()):
+            slots, pos = dec.slots[odd], dec.pos[odd]
+            latents = partial[slots] + xn[odd] @ wc1
+            j = (pos - 1) // 2
+            per = self.layout.per_block_compressed
+            page = dec.tables[odd].gather(1, (j // per)[:, None])[:, 0]
+            self._src_views[src][page, j % per] = latents
+        even = ~odd
+        if bool(even.any()):
+            partial[dec.slots[even]] = xn[even] @ wc0
 
     # ---- cache access ---------------------------------------------------------------------------
     def _swa_keys(self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
