@@ -153,7 +153,12 @@ class Actor:
                     env.channel.fail(UnknownMessage(f"{self.name} has no handler for {type(env.msg).__name__}"))
                 continue
             handler, concurrent = entry
-            if env.stream or concurrent or inspect.isasyncgenfunction(handler):
+            streams = inspect.isasyncgenfunction(handler)
+            if env.channel is not None and env.stream != streams:
+                how = "streams: call it with stream()" if streams else "answers once: call it with ask()"
+                env.channel.fail(UnknownMessage(f"{self.name}: {type(env.msg).__name__} {how}"))
+                continue
+            if env.stream or concurrent or streams:
                 if len(self._tasks) >= self.max_concurrent and env.channel is not None:
                     env.channel.fail(Overloaded(f"{self.name}: {self.max_concurrent} calls running"))
                     continue

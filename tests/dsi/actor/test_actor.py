@@ -129,3 +129,11 @@ def test_handler_needs_an_annotated_message():
 
     with pytest.raises(TypeError, match="annotated"):
         Bad("bad")
+
+
+async def test_call_style_must_match_the_handler(calc):
+    _, ref = calc
+    with pytest.raises(UnknownMessage, match="call it with stream"):
+        await ref.ask(Ticks(2))
+    with pytest.raises(UnknownMessage, match="call it with ask"):
+        [s async for s in ref.stream(Add(1, 2))]
