@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+
+from dsi.config import EntrypointOptions, NodeConfig, RoleConfig
+from dsi.logs import role_context
 from dsi.roles.curve import server_keys
 from dsi.roles.heartbeat import HeartbeatSender, Identity
 from dsi.roles.kinds import make_actor
 from dsi.transport.security import Authenticator, CurveKeys
 from dsi.transport.server import ActorServer
-
-from dsi.config import EntrypointOptions, NodeConfig, RoleConfig
-from dsi.logs import role_context
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class RoleHost:
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
     ) -> _Running:
-        actor = make_actor(role, self.cfg.cluster)
+        actor = make_actor(role, self.cfg.cluster, self.cfg.model)
         try:
             server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
         except zmq.ZMQError as exc:

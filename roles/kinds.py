@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from dsi.config import (
+    BalancerOptions,
+    ClusterConfig,
+    EngineOptions,
+    EntrypointOptions,
+    KvstoreOptions,
+    ModelConfig,
+    RoleConfig,
+)
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
 from dsi.roles.decode import DecodeActor
@@ -11,17 +20,8 @@ from dsi.roles.kvstore import KvstoreActor
 from dsi.roles.prefill import PrefillActor
 from dsi.roles.role import RoleActor
 
-from dsi.config import (
-    BalancerOptions,
-    ClusterConfig,
-    EngineOptions,
-    EntrypointOptions,
-    KvstoreOptions,
-    RoleConfig,
-)
 
-
-def make_actor(role: RoleConfig, cluster: ClusterConfig) -> RoleActor:
+def make_actor(role: RoleConfig, cluster: ClusterConfig, model: ModelConfig) -> RoleActor:
     """A fresh, not yet started actor for `role`, named by its id."""
     options = role.options
     match role.kind:
@@ -32,7 +32,7 @@ def make_actor(role: RoleConfig, cluster: ClusterConfig) -> RoleActor:
         case "prefill" if isinstance(options, EngineOptions):
             return PrefillActor(role.id, options)
         case "decode" if isinstance(options, EngineOptions):
-            return DecodeActor(role.id, options)
+            return DecodeActor(role.id, options, model)
         case "encoder":
             return EncoderActor(role.id)
         case "kvstore" if isinstance(options, KvstoreOptions):

@@ -22,6 +22,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
+# The tiny model the test clusters load; the first role that needs it generates it (under a lock).
+SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
 
 
@@ -44,6 +46,7 @@ def local_config(tmp_path: Path, keep: Sequence[str] = (), interval_s: float = 0
         return f"127.0.0.1:{ports.setdefault(match.group(1), free_port())}"
 
     text = re.sub(r"127\.0\.0\.1:(\d+)", fresh, text)
+    text = text.replace('"../run/models/tiny"', f'"{SHARED_MODEL_DIR}"')  # generated once, shared
     text = text.replace('"../run/', f'"{tmp_path}/run/')
     text = re.sub(r"(?m)^heartbeat_interval_s = .*$", f"heartbeat_interval_s = {interval_s}", text)
     path = tmp_path / "local.toml"

@@ -1,0 +1,72 @@
+import asyncio
+
+import pytest
+import zmq.asyncio
+
+from dsi.config import EngineOptions, ModelConfig
+from dsi.engine.engine import Engine
+from dsi.engine.params import SamplingParams
+from dsi.errors import InvalidRequest
+from dsi.messages import ALL
+from dsi.messages.control import Load
+from dsi.messages.gateway import Generate, Sampling
+from dsi.model.prepare import ensure_model
+from dsi.model.weights import load_model
+from dsi.roles.decode import DecodeActor
+from dsi.transport.client import Peer
+from dsi.transport.server import ActorServer
+from tests.dsi.cli.procs import SHARED_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return ensure_model(SHARED_MODEL_DIR, "tiny")
+
+
+@pytest.fixture
+async def decode(model_dir):
+    ctx = zmq.asyncio.Context()
+    actor = DecodeActor("decode-t", EngineOptions(max_batch_tokens=512, max_running=8),
+                        ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"))
+    server = ActorServer(actor, "tcp://127.0.0.1:*", ctx, role="decode")
+    await server.start()
+    peer = Peer(server.address, ctx, types=ALL, timeout=30)
+    await peer.connect()
+    yield actor, peer
+    await peer.close()
+    await server.stop()
+    ctx.term()
+
+
+async def test_generate_streams_the_offline_engine_tokens(decode, model_dir):
+    _, peer = decode
+    prompt = [0, 100, 200, 300, 400]
+    chunks = [c async for c in peer.stream(Generate("r1", prompt, Sampling(max_tokens=6, temperature=0)))]
+    assert chunks[-1].finish == "length" and all(c.finish == "" for c in chunks[:-1])
+    cfg, w = load_model(model_dir)
+    engine = Engine(cfg, w)
+    engine.add_request("x", prompt, SamplingParams(max_tokens=6, temperature=0))
+    expected = [o for o in engine.run_until_done() if o.finished][0].output
+    engine.close()
+    assert [t for c in chunks for t in c.token_ids] == expected
+
+
+async def test_bad_request_is_a_typed_error(decode):
+    _, peer = decode
+    with pytest.raises(InvalidRequest, match="empty"):
+        [c async for c in peer.stream(Generate("bad", [], Sampling()))]
+
+
+async def test_cancelled_stream_aborts_in_the_engine(decode):
+    actor, peer = decode
+    stream = peer.stream(Generate("long", list(range(1000, 1300)), Sampling(max_tokens=400, temperature=0)))
+    await stream.__anext__()
+    load = await peer.ask(Load())
+    assert load.running == 1 and load.kv_tokens > 0
+    await stream.aclose()  # sends CANCEL: the server cancels the handler, the engine aborts
+    pool = actor.service.engine.runner.pool
+    for _ in range(300):  # pages of a request in the step in flight are freed once that step ends
+        if (await peer.ask(Load())).running == 0 and pool.num_free == pool.num_blocks - 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (await peer.ask(Load())).running == 0 and pool.num_free == pool.num_blocks - 1
