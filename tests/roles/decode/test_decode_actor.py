@@ -46,7 +46,7 @@ async def test_generate_streams_the_offline_engine_tokens(decode, model_dir):
     cfg, w = load_model(model_dir)
     engine = Engine(cfg, w)
     engine.add_request("x", prompt, SamplingParams(max_tokens=6, temperature=0))
-    expected = [o for o in engine.run_until_done() if o.finished][0].output
+    expected = next(o for o in engine.run_until_done() if o.finished).output
     engine.close()
     assert [t for c in chunks for t in c.token_ids] == expected
 
