@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsi.transport.security import CurveKeys
-
 from dsi.config import SecurityConfig
+from dsi.transport.security import CurveKeys
 
 
 def server_keys(security: SecurityConfig) -> CurveKeys | None:

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 
 import zmq.asyncio
-from dsi.roles.role import RoleActor
-from dsi.transport.client import Peer
-from dsi.transport.security import CurveKeys
 
 from dsi.errors import DsiError
 from dsi.messages.control import Goodbye, Heartbeat
+from dsi.roles.role import RoleActor
+from dsi.transport.client import Peer
+from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,8 @@ RouteQuery is an unknown message) and answers only the calls every role answers 
 
 from __future__ import annotations
 
-from dsi.roles.role import RoleActor
-
 from dsi.config import BalancerOptions
+from dsi.roles.role import RoleActor
 
 
 class BalancerActor(RoleActor):

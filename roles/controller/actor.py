@@ -12,12 +12,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from dsi.roles.controller.registry import InstanceRegistry
-from dsi.roles.role import RoleActor
-
 from dsi.actor import handles
 from dsi.config import ClusterConfig
 from dsi.messages.control import Goodbye, Heartbeat, InstanceTable, ListInstances
+from dsi.roles.controller.registry import InstanceRegistry
+from dsi.roles.role import RoleActor
 
 log = logging.getLogger(__name__)
 

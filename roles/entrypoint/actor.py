@@ -4,10 +4,10 @@ it serves ``GET /health`` on its HTTP address and answers the calls every role a
 from __future__ import annotations
 
 from aiohttp import web
-from dsi.roles.entrypoint.health import start_http
-from dsi.roles.role import RoleActor
 
 from dsi.config import EntrypointOptions
+from dsi.roles.entrypoint.health import start_http
+from dsi.roles.role import RoleActor
 
 
 class EntrypointActor(RoleActor):

@@ -3,11 +3,10 @@ answers StoreStats with zeros besides the calls every role answers (Ping, Load).
 
 from __future__ import annotations
 
-from dsi.roles.role import RoleActor
-
 from dsi.actor import handles
 from dsi.config import KvstoreOptions
 from dsi.messages.kvstore import StoreStats
+from dsi.roles.role import RoleActor
 
 
 class KvstoreActor(RoleActor):

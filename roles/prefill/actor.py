@@ -3,9 +3,8 @@ load and answers only the calls every role answers (Ping, Load)."""
 
 from __future__ import annotations
 
-from dsi.roles.role import RoleActor
-
 from dsi.config import EngineOptions
+from dsi.roles.role import RoleActor
 
 
 class PrefillActor(RoleActor):
