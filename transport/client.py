@@ -24,9 +24,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 from dsi.errors import AskTimeout, DsiError, PeerLost, VersionMismatch, error_from_info
 from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Welcome
-from transport.security import CurveKeys, secure_client
-from transport.sockets import tune
-from transport.wire import Codec, Kind, pack_header, unpack_header
+from dsi.transport.security import CurveKeys, secure_client
+from dsi.transport.sockets import tune
+from dsi.transport.wire import Codec, Kind, pack_header, unpack_header
 
 log = logging.getLogger(__name__)
 _END = object()

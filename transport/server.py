@@ -20,9 +20,9 @@ from dsi.actor.actor import Actor
 from dsi.actor.envelope import Envelope
 from dsi.errors import BadMessage, DsiError, ErrorInfo
 from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Ping, Pong, Welcome
-from transport.security import CurveKeys, secure_server
-from transport.sockets import bound_address, tune
-from transport.wire import Codec, Kind, pack_header, peek_call_id, unpack_header
+from dsi.transport.security import CurveKeys, secure_server
+from dsi.transport.sockets import bound_address, tune
+from dsi.transport.wire import Codec, Kind, pack_header, peek_call_id, unpack_header
 
 log = logging.getLogger(__name__)
 _CALLS = (Kind.ASK, Kind.TELL, Kind.STREAM)
