@@ -8,8 +8,8 @@ import zmq.asyncio
 from dsi.errors import ActorStopped, AskTimeout, HandlerError, InvalidRequest, PeerLost
 from dsi.messages.blob import Blob
 from tests.transport.echo import ECHO_TYPES, Boom, Count, Echo, EchoActor, Note, Sleep
-from transport.client import Peer
-from transport.server import ActorServer
+from dsi.transport.client import Peer
+from dsi.transport.server import ActorServer
 
 
 @pytest.fixture
