@@ -1,0 +1,164 @@
+"""OpenAI Chat Completions: ``chat.completion.chunk`` SSE events and the ``chat.completion`` body.
+
+Stream, one engine step at a time (kinds never interleave within a step, so each kind is at
+most one chunk per step)::
+
+    data: {... "delta": {"role": "assistant", "reasoning_content": "Let me"} ...}
+    data: {... "delta": {"content": "Sunny"} ...}
+    data: {... "delta": {"tool_calls": [{"index": 0, "id": "call_..", "type": "function",
+                                         "function": {"name": "f", "arguments": ""}}]} ...}
+    data: {... "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\\"a\\": 1}"}}]} ...}
+    data: {... "delta": {}, "finish_reason": "tool_calls"}
+    data: {... "choices": [], "usage": {...}}          only with include_usage
+    data: [DONE]
+
+With ``include_usage`` every chunk carries ``"usage": null`` and one more chunk carries the
+usage with empty ``choices``. A failure ends the stream with ``data: {"error": {...}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dsi.recipe.emit_common import OutputOptions, Usage, sse_data, to_json
+from dsi.recipe.parser import (
+    ContentDelta,
+    Finish,
+    FinishReason,
+    OutputEvent,
+    ReasoningDelta,
+    ToolCallDelta,
+    ToolCallStart,
+)
+
+_FINISH: dict[FinishReason, str] = {
+    "stop": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+}
+
+
+def usage_json(u: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "prompt_cache_hit_tokens": u.cached_tokens,
+        "prompt_cache_miss_tokens": u.prompt_tokens - u.cached_tokens,
+    }
+
+
+def error_json(message: str, kind: str = "server_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class ChatWriter:
+    def __init__(self, options: OutputOptions) -> None:
+        self._o = options
+        head = {
+            "id": options.request_id,
+            "object": "chat.completion.chunk",
+            "created": options.created,
+            "model": options.model,
+            "system_fingerprint": None,
+        }
+        # Every chunk is this prefix + delta + suffix; only the delta is encoded per step.
+        self._prefix = "data: " + to_json(head)[:-1] + ',"choices":[{"index":0,"delta":'
+        self._usage_null = ',"usage":null' if options.include_usage else ""
+        self._role_sent = False
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self._calls: list[tuple[str, str, list[str]]] = []  # id, name, argument fragments
+        self._finish: Finish | None = None
+        self._usage: Usage | None = None
+        self._error: dict[str, Any] | None = None
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        if not self._role_sent:
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        reason = "null" if finish_reason is None else f'"{finish_reason}"'
+        return f'{self._prefix}{to_json(delta)},"logprobs":null,"finish_reason":{reason}}}]{self._usage_null}}}\n\n'
+
+    def start(self) -> list[str]:
+        return []
+
+    def step(self, events: Sequence[OutputEvent]) -> list[str]:
+        out: list[str] = []
+        for e in events:
+            if type(e) is ReasoningDelta:
+                self._reasoning.append(e.text)
+                out.append(self._chunk({"reasoning_content": e.text}))
+            elif type(e) is ContentDelta:
+                self._content.append(e.text)
+                out.append(self._chunk({"content": e.text}))
+            elif type(e) is ToolCallStart:
+                self._calls.append((e.id, e.name, []))
+                call = {"index": e.index, "id": e.id, "type": "function"}
+                out.append(
+                    self._chunk({"tool_calls": [{**call, "function": {"name": e.name, "arguments": ""}}]})
+                )
+            elif type(e) is ToolCallDelta:
+                self._calls[e.index][2].append(e.arguments)
+                out.append(
+                    self._chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.arguments}}]})
+                )
+        if not self._role_sent:
+            out.append(self._chunk({"content": ""}))
+        return out
+
+    def end(self, finish: Finish, usage: Usage, message: str) -> list[str]:
+        self._finish, self._usage = finish, usage
+        if finish.reason in ("abort", "error"):
+            self._error = error_json(message)
+            return [sse_data(self._error)]
+        out = [self._chunk({}, _FINISH[finish.reason])]
+        if self._o.include_usage:
+            o = self._o
+            last = {
+                "id": o.request_id,
+                "object": "chat.completion.chunk",
+                "created": o.created,
+                "model": o.model,
+            }
+            out.append(
+                sse_data({**last, "system_fingerprint": None, "choices": [], "usage": usage_json(usage)})
+            )
+        out.append("data: [DONE]\n\n")
+        return out
+
+    def body(self) -> dict[str, Any]:
+        if self._finish is None or self._usage is None:
+            raise RuntimeError("body() before the message finished")
+        if self._error is not None:
+            return self._error
+        content = "".join(self._content)
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if self._calls else "")}
+        if self._o.thinking or self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        if self._calls:
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": name, "arguments": "".join(args)}}
+                for i, name, args in self._calls
+            ]
+        o = self._o
+        return {
+            "id": o.request_id,
+            "object": "chat.completion",
+            "created": o.created,
+            "model": o.model,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": _FINISH[self._finish.reason],
+                }
+            ],
+            "usage": usage_json(self._usage),
+        }

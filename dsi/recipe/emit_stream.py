@@ -1,0 +1,125 @@
+"""Token ids of one request -> the client's protocol, streamed or as one body.
+
+    engine step ids --OutputParser--> events --ProtocolWriter--> SSE text pieces
+                                                            \\--> body (non-streamed)
+
+Use::
+
+    out = OutputStream(options)
+    for ids in engine_steps:
+        await send(out.feed(ids))      # SSE pieces of this step (possibly none)
+        if out.done:                   # EOS or a stop string: the message is over
+            break                      # abort the engine request
+    await send(out.finish(reason))     # "stop" | "length" | "abort" | "error"; [] when done
+    body = out.body()                  # the non-streamed response, from the same events
+
+The first ``feed`` (or ``finish``) also returns the protocol's opening events. Deltas of one
+kind are coalesced within a step, so a step yields at most one delta event per kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from dsi.recipe.emit_chat import ChatWriter
+from dsi.recipe.emit_common import OutputOptions, ProtocolWriter, Usage, derived_id
+from dsi.recipe.emit_messages import MessagesWriter
+from dsi.recipe.emit_responses import ResponsesWriter
+from dsi.recipe.parser import EngineFinish, Finish, OutputParser
+
+_WRITERS = {"chat": ChatWriter, "responses": ResponsesWriter, "messages": MessagesWriter}
+_TOOL_ID_PREFIX = {"chat": "call_", "responses": "call_", "messages": "toolu_"}
+_DEFAULT_MESSAGE = {"abort": "the request was aborted", "error": "the engine failed while generating"}
+
+
+class OutputStream:
+    """One request's output: ``feed`` per engine step, then ``finish``; ``body`` afterwards."""
+
+    def __init__(self, options: OutputOptions, *, tokenizer: Tokenizer | None = None) -> None:
+        self.options = options
+        prefix, rid = _TOOL_ID_PREFIX[options.protocol], options.request_id
+        self._parser = OutputParser(
+            starts_in_reasoning=options.in_reasoning_at_start,
+            stop=options.stop,
+            parse_tools=bool(options.tool_names),
+            tool_id=lambda i: derived_id(prefix, rid, "tool", i),
+            tokenizer=tokenizer,
+        )
+        self._writer: ProtocolWriter = _WRITERS[options.protocol](options)
+        self._started = False
+        self._finish: Finish | None = None
+        self.completion_tokens = 0
+
+    @property
+    def done(self) -> bool:
+        """The message is complete (EOS, stop string or ``finish``); stop the engine request."""
+        return self._finish is not None
+
+    @property
+    def http_status(self) -> int:
+        """Status of a non-streamed reply: 200, 500 after an error, 503 after an abort."""
+        reason = self._finish.reason if self._finish else None
+        return {"error": 500, "abort": 503}.get(reason or "", 200)
+
+    def usage(self) -> Usage:
+        o = self.options
+        return Usage(o.prompt_tokens, self.completion_tokens, o.cached_tokens, self._parser.reasoning_tokens)
+
+    def _opening(self) -> list[str]:
+        if self._started:
+            return []
+        self._started = True
+        return self._writer.start()
+
+    def feed(self, token_ids: Sequence[int]) -> list[str]:
+        """SSE pieces for the ids one engine step generated."""
+        out = self._opening()
+        self.completion_tokens += len(token_ids)
+        if self._finish is not None:
+            return out
+        events = self._parser.feed(token_ids)
+        finish = events.pop() if events and type(events[-1]) is Finish else None
+        out += self._writer.step(events)
+        if finish is not None:
+            out += self._end(finish, None, "")
+        return out
+
+    def finish(self, reason: EngineFinish, usage: Usage | None = None, message: str = "") -> list[str]:
+        """End of generation. ``usage`` overrides the counted usage; ``message`` is the error
+        text for ``abort`` / ``error``. Returns [] when the message was already complete."""
+        out = self._opening()
+        if self._finish is not None:
+            return out
+        events = self._parser.finish(reason)
+        finish = events.pop()
+        out += self._writer.step(events)
+        return out + self._end(finish, usage, message or _DEFAULT_MESSAGE.get(reason, ""))
+
+    def _end(self, finish: Finish, usage: Usage | None, message: str) -> list[str]:
+        self._finish = finish
+        return self._writer.end(finish, usage or self.usage(), message)
+
+    def body(self) -> dict[str, Any]:
+        """The non-streamed response body (or the protocol's error body)."""
+        return self._writer.body()
+
+
+def collect(
+    options: OutputOptions,
+    steps: Iterable[Sequence[int]],
+    reason: EngineFinish = "stop",
+    usage: Usage | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+) -> dict[str, Any]:
+    """The non-streamed body for a whole generation (``steps``: ids per engine step)."""
+    out = OutputStream(options, tokenizer=tokenizer)
+    for ids in steps:
+        out.feed(ids)
+        if out.done:
+            break
+    out.finish(reason, usage)
+    return out.body()
