@@ -1,12 +1,12 @@
 """Peer: a connection to one role's ActorServer, with tell / ask / stream.
 
-Each call gets a fresh ``call_id``; a receive task routes REPLY / ITEM / END / ERROR frames to the
-waiting future or stream queue. A socket monitor watches the connection: when the peer goes away
+Each call gets a fresh ``call_id``; the socket's FramePump routes REPLY / ITEM / END / ERROR frames
+to the waiting future or stream queue. A socket monitor watches the connection: when the peer goes away
 (process killed, host gone, ZMTP heartbeat timeout) every pending call fails at once with
 ``PeerLost``; ZeroMQ reconnects by itself, and the Hello handshake is repeated on the new
 connection before it is marked ready again. Calls made while the peer is away wait in the
 socket queue until it is back or their timeout fires. Stream items queue without bound on the
-caller's side (the receive task serves every call and must never block); the producer is paced
+caller's side (the pump serves every call and must never block); the producer is paced
 by the socket high-water mark instead.
 """
 
@@ -25,11 +25,12 @@ from zmq.utils.monitor import parse_monitor_message
 from dsi.errors import AskTimeout, DsiError, PeerLost, VersionMismatch, error_from_info
 from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Welcome
 from dsi.transport.security import CurveKeys, secure_client
-from dsi.transport.sockets import tune
+from dsi.transport.sockets import FramePump, keep_receive_buffers, tune
 from dsi.transport.wire import Codec, Kind, pack_header, unpack_header
 
 log = logging.getLogger(__name__)
 _END = object()
+_TIMER_SLACK_S = 0.001  # loop timers have millisecond resolution and may fire that much early
 
 
 class Peer:
@@ -50,23 +51,30 @@ class Peer:
         self._codec = Codec([*types, *COMMON])
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future] = {}
+        # call_id -> (deadline on the loop clock, message name, timeout s), swept by one timer.
+        self._deadlines: dict[int, tuple[float, str, float]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
         self._streams: dict[int, asyncio.Queue] = {}
-        self._sock = ctx.socket(zmq.DEALER)
+        # A plain socket driven by a FramePump: pyzmq's asyncio futures cost more than a message.
+        self._sock = ctx.socket(zmq.DEALER, socket_class=zmq.Socket)
         tune(self._sock)
         secure_client(self._sock, keys)
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._sock.connect(address)
+        # Copied as bytes: header, body; blob frames after them stay zero-copy.
+        self._pump = FramePump(self._sock, self._route, copied=2, name=f"peer {address}")
+        keep_receive_buffers()
         self._connected = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
     async def connect(self, timeout: float | None = None) -> Welcome:
-        """Start the receive and monitor tasks and complete the Hello handshake."""
+        """Start the frame pump and the monitor task and complete the Hello handshake."""
         loop = asyncio.get_running_loop()
         if not self._tasks:
-            self._tasks = [loop.create_task(self._receive(), name=f"peer {self.address} rx"),
-                           loop.create_task(self._watch(), name=f"peer {self.address} monitor")]
+            self._pump.start()
+            self._tasks = [loop.create_task(self._watch(), name=f"peer {self.address} monitor")]
         await self._hello(timeout if timeout is not None else self.timeout)
         return self.welcome  # type: ignore[return-value]
 
@@ -78,6 +86,9 @@ class Peer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._pump.stop()
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
@@ -121,17 +132,46 @@ class Peer:
 
     async def _call(self, kind: Kind, msg: Any, timeout: float) -> Any:
         call_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._calls[call_id] = future
+        deadline = loop.time() + timeout
+        self._deadlines[call_id] = (deadline, type(msg).__name__, timeout)
+        if self._sweeper is None or deadline < self._sweeper.when():
+            self._arm_sweeper(loop, deadline)
         try:
-            self._send(kind, call_id, msg)
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            if not self._closed:
-                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
-            raise AskTimeout(f"{self.address}: no reply to {type(msg).__name__} in {timeout}s") from None
+            self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
+            return await future
         finally:
             self._calls.pop(call_id, None)
+            self._deadlines.pop(call_id, None)
+
+    # One timer for every pending call, not one per call: asyncio.wait_for costs an extra future
+    # and callbacks, and a cancelled uvloop timer costs the loop an extra poll while it closes.
+    def _arm_sweeper(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._sweeper = loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail every call past its deadline with AskTimeout (and CANCEL it); re-arm for the rest."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time() + _TIMER_SLACK_S
+        for call_id, (deadline, what, timeout) in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[call_id]
+                self._expire(call_id, what, timeout)
+        if self._deadlines:
+            self._arm_sweeper(loop, min(deadline for deadline, _, _ in self._deadlines.values()))
+
+    def _expire(self, call_id: int, what: str, timeout: float) -> None:
+        future = self._calls.get(call_id)
+        if future is None or future.done():
+            return
+        future.set_exception(AskTimeout(f"{self.address}: no reply to {what} in {timeout}s"))
+        if not self._closed:
+            self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
 
     def _send(self, kind: Kind, call_id: int, msg: Any) -> None:
         self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
@@ -139,7 +179,7 @@ class Peer:
     def _send_raw(self, frames: list[Any]) -> None:
         if self._closed:
             raise PeerLost(f"connection to {self.address} is closed")
-        self._sock.send_multipart(frames, copy=False)
+        self._pump.send(frames)
 
     # ---- background tasks --------------------------------------------------------------------
     async def _hello(self, timeout: float) -> None:
@@ -149,24 +189,17 @@ class Peer:
         self.welcome = reply
         self._connected.set()
 
-    async def _receive(self) -> None:
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
-            try:
-                self._route(frames)
-            except Exception:
-                log.exception("peer %s: cannot route a reply frame", self.address)
-
-    def _route(self, frames: list[zmq.Frame]) -> None:
+    def _route(self, frames: list[Any]) -> None:
+        """[header: bytes, body: bytes, *blobs: zmq.Frame] of one reply, item, end or error."""
         if len(frames) < 2:
             return
         try:
-            kind, call_id = unpack_header(frames[0].buffer)
+            kind, call_id = unpack_header(frames[0])
         except DsiError as exc:
             log.warning("peer %s: dropped a frame: %s", self.address, exc)
             return
         if kind is Kind.ERROR:
-            err = error_from_info(self._codec.decode_error(frames[1].buffer))
+            err = error_from_info(self._codec.decode_error(frames[1]))
             self._deliver(call_id, err)
         elif kind is Kind.END:
             self._deliver(call_id, _END)

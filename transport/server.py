@@ -21,11 +21,12 @@ from dsi.actor.envelope import Envelope
 from dsi.errors import BadMessage, DsiError, ErrorInfo
 from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Ping, Pong, Welcome
 from dsi.transport.security import CurveKeys, secure_server
-from dsi.transport.sockets import bound_address, tune
+from dsi.transport.sockets import FramePump, bound_address, keep_receive_buffers, tune
 from dsi.transport.wire import Codec, Kind, pack_header, peek_call_id, unpack_header
 
 log = logging.getLogger(__name__)
 _CALLS = (Kind.ASK, Kind.TELL, Kind.STREAM)
+_RUNTIME = Hello | Ping
 
 
 class _RemoteChannel:
@@ -67,17 +68,22 @@ class ActorServer:
         self.role = role
         self.errors_sent = 0
         self._codec = Codec([*actor.message_types, *COMMON])
-        self._sock = ctx.socket(zmq.ROUTER)
+        # A plain socket driven by a FramePump: pyzmq's asyncio futures cost more than a message.
+        self._sock = ctx.socket(zmq.ROUTER, socket_class=zmq.Socket)
         tune(self._sock)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
         secure_server(self._sock, keys)
         self._sock.bind(address)
         self.address = bound_address(self._sock)
+        keep_receive_buffers()
+        # Copied as bytes: routing id, header, body; blob frames after them stay zero-copy.
+        self._pump = FramePump(self._sock, self._dispatch, copied=3, name=f"{actor.name} server")
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
         if not self.actor.running:
             await self.actor.start()
+        self._pump.start()
         self._task = asyncio.get_running_loop().create_task(self._serve(), name=f"{self.actor.name}.server")
 
     async def stop(self) -> None:
@@ -87,6 +93,7 @@ class ActorServer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self._pump.stop()
         self._sock.close(linger=200)
 
     # ---- sending (called from channels) ------------------------------------------------------
@@ -94,12 +101,8 @@ class ActorServer:
         self.send_raw(identity, [pack_header(kind, call_id), *self._codec.encode(msg)])
 
     async def send_async(self, identity: bytes, kind: Kind, call_id: int, msg: Any) -> None:
-        """Like send, but waits while the peer's queue is full (stream backpressure)."""
-        frames = [identity, pack_header(kind, call_id), *self._codec.encode(msg)]
-        try:
-            await self._sock.send_multipart(frames, copy=False)
-        except zmq.ZMQError as exc:
-            log.debug("%s: dropped stream item to a gone peer: %s", self.actor.name, exc)
+        """Like send, for stream items; a stream's pace is set by the ROUTER high-water mark."""
+        self.send(identity, kind, call_id, msg)
 
     def send_error(self, identity: bytes, call_id: int, info: ErrorInfo) -> None:
         self.errors_sent += 1
@@ -107,26 +110,26 @@ class ActorServer:
 
     def send_raw(self, identity: bytes, frames: list[Any]) -> None:
         try:
-            self._sock.send_multipart([identity, *frames], copy=False)
+            self._pump.send([identity, *frames])
         except zmq.ZMQError as exc:
             log.debug("%s: dropped frame to a gone peer: %s", self.actor.name, exc)
 
     # ---- receiving ---------------------------------------------------------------------------
     async def _serve(self) -> None:
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
-            try:
-                self._dispatch(frames)
-            except Exception:  # the bridge must survive anything a peer sends
-                log.exception("%s: unexpected error while dispatching a frame", self.actor.name)
+        """Lives as long as the server serves; the pump calls ``_dispatch`` for every message."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            self._pump.stop()
 
-    def _dispatch(self, frames: list[zmq.Frame]) -> None:
-        identity = frames[0].bytes
+    def _dispatch(self, frames: list[Any]) -> None:
+        """[routing id: bytes, header: bytes, body: bytes, *blobs: zmq.Frame] of one call."""
+        identity = frames[0]
         if len(frames) < 3:
-            header = frames[1].buffer if len(frames) > 1 else b""
+            header = frames[1] if len(frames) > 1 else b""
             self.send_error(identity, peek_call_id(header), BadMessage("expected header and body frames").info())
             return
-        header = frames[1].buffer
+        header = frames[1]
         try:
             kind, call_id = unpack_header(header)
             if kind is Kind.CANCEL:
@@ -136,7 +139,7 @@ class ActorServer:
         except DsiError as exc:
             self.send_error(identity, peek_call_id(header), exc.info())
             return
-        if kind is Kind.HELLO or isinstance(msg, Hello | Ping):
+        if kind is Kind.HELLO or isinstance(msg, _RUNTIME):
             self._answer_runtime(identity, kind, call_id, msg)
         elif kind in _CALLS:
             channel = None if kind is Kind.TELL else _RemoteChannel(self, identity, call_id)

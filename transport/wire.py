@@ -29,6 +29,8 @@ MAGIC = b"DSI"
 _HEADER = struct.Struct("!3sBBQ")
 HEADER_SIZE = _HEADER.size
 _BLOB_EXT = 1
+# [frame index, dtype, shape]; a Decoder built once (a ``type=`` argument is re-analysed per call).
+_BLOB_REF = msgspec.msgpack.Decoder(tuple[int, str, tuple[int, ...]])
 _MAX_BLOBS = 4096
 
 
@@ -45,6 +47,9 @@ class Kind(enum.IntEnum):
     PUBLISH = 10  # pub/sub payload (call_id = sequence number)
 
 
+_KINDS = {int(kind): kind for kind in Kind}
+
+
 def pack_header(kind: Kind, call_id: int, version: int = PROTOCOL_VERSION) -> bytes:
     return _HEADER.pack(MAGIC, version, kind, call_id)
 
@@ -58,10 +63,10 @@ def unpack_header(frame: bytes | memoryview) -> tuple[Kind, int]:
         raise BadMessage("header does not start with the DSI magic")
     if version != PROTOCOL_VERSION:
         raise VersionMismatch(f"peer speaks protocol version {version}, this process speaks {PROTOCOL_VERSION}")
-    try:
-        return Kind(kind), call_id
-    except ValueError:
-        raise BadMessage(f"unknown frame kind {kind}") from None
+    member = _KINDS.get(kind)  # a dict lookup: Kind(kind) costs a microsecond per frame
+    if member is None:
+        raise BadMessage(f"unknown frame kind {kind}")
+    return member, call_id
 
 
 def peek_call_id(frame: bytes | memoryview) -> int:
@@ -127,7 +132,7 @@ class Codec:
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         if code != _BLOB_EXT:
             raise ValueError(f"unknown extension type {code}")
-        index, dtype, shape = msgspec.msgpack.decode(data, type=tuple[int, str, tuple[int, ...]])
+        index, dtype, shape = _BLOB_REF.decode(data)
         if not 0 <= index < min(len(self._in), _MAX_BLOBS):
             raise IndexError(f"blob frame {index} is missing")
         frame = self._in[index]
