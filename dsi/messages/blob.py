@@ -8,6 +8,7 @@ frame. Sending and receiving copy nothing in user space.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -33,7 +34,7 @@ class Blob:
         self.dtype = dtype
         self.shape = tuple(shape) if shape is not None else (self.buffer.nbytes // _itemsize(dtype),)
         self._owner = owner  # keeps the source object (a tensor, a zmq.Frame) alive
-        if _itemsize(dtype) * int(np.prod(self.shape, dtype=np.int64)) != self.buffer.nbytes:
+        if any(n < 0 for n in self.shape) or _itemsize(dtype) * math.prod(self.shape) != self.buffer.nbytes:
             raise ValueError(f"blob of {self.buffer.nbytes} bytes cannot hold {dtype}{list(self.shape)}")
 
     @classmethod

@@ -137,3 +137,37 @@ async def test_call_style_must_match_the_handler(calc):
         await ref.ask(Ticks(2))
     with pytest.raises(UnknownMessage, match="call it with ask"):
         [s async for s in ref.stream(Add(1, 2))]
+
+
+class Fast(Actor):
+    def __init__(self) -> None:
+        super().__init__("fast")
+        self.order: list[int] = []
+
+    @handles
+    def add(self, msg: Add) -> Sum:  # a plain function: handled inline when the actor is idle
+        self.order.append(msg.a)
+        if msg.a < 0:
+            raise ValueError("negative")
+        return Sum(msg.a + msg.b)
+
+    @handles
+    async def wait(self, msg: Wait) -> None:
+        await asyncio.sleep(msg.seconds)
+
+
+async def test_sync_handlers_inline_when_idle_and_in_order_when_busy():
+    actor = Fast()
+    await actor.start()
+    ref = LocalRef(actor)
+    assert await ref.ask(Add(1, 2)) == Sum(3)
+    busy = asyncio.ensure_future(ref.ask(Wait(0.05)))
+    await asyncio.sleep(0.01)
+    later = [asyncio.ensure_future(ref.ask(Add(i, 0))) for i in (10, 11)]
+    await asyncio.sleep(0)
+    assert actor.order == [1]  # queued behind the running async handler, not run inline
+    await busy
+    assert [r.value for r in await asyncio.gather(*later)] == [10, 11] and actor.order == [1, 10, 11]
+    with pytest.raises(HandlerError, match="negative"):
+        await ref.ask(Add(-1, 0))
+    await actor.stop()
