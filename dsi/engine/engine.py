@@ -11,6 +11,12 @@ A request that finishes in N still has a slice in N+1 (its extra token is discar
 pages and slot are freed only once N+1 has run. A step that could only be scheduled by
 preempting waits until nothing is in flight, so preemption never races the worker. On CUDA the
 worker is a stream; on the CPU it is one thread (torch releases the GIL inside kernels).
+
+Structured output: a request's constraint is built on admission and from then on touched only by
+the worker, in step order (sampling runs there). It has accepted every token the worker sampled
+for the request, including one the CPU has not appended yet; a request that finishes by
+completing its constraint ends with "stop" and no EOS token. After a preemption, and on import,
+the constraint is rebuilt by replaying the request's output tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dsi.engine.transfer import RequestState
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
 from dsi.model.reference import consumer_start
+from dsi.structured import Rejecting, SpecError, TokenConstraint, default_compiler
 
 
 @dataclass(slots=True)
@@ -94,6 +101,8 @@ class Engine:
         keep = self.cfg.keep if self.config.replay else None
         req = Request(request_id, list(prompt), params, consumer_start(len(prompt), keep), seed,
                       arrival=time.monotonic(), prefill_only=prefill_only)
+        if params.structured is not None:
+            req.constraint = default_compiler().constraint(params.structured)
         self.requests[request_id] = req
         self.scheduler.add(req)
 
@@ -178,6 +187,12 @@ class Engine:
             raise InvalidRequest("not enough free pages or state slots to import the request")
         req = Request(state.request_id, list(state.prompt), params, state.consumer_start, state.seed,
                       arrival=time.monotonic(), output=list(state.output), logprobs=list(state.logprobs))
+        if params.structured is not None:
+            try:
+                req.constraint = default_compiler().replay(params.structured, req.output)
+            except SpecError as exc:
+                raise InvalidRequest(f"imported request: {exc}") from None
+            req.constraint_pos = len(req.output)
         req.block_table = self.runner.pool.allocate(n)
         req.slot = self.runner.slots.allocate()
         self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = state.pages
@@ -211,11 +226,27 @@ class Engine:
         logits = self.runner.forward(step.slices)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
-                         [sl.end for sl, _ in chosen])
+                         [sl.end for sl, _ in chosen], [self._constraint(sl.end, r) for sl, r in chosen])
         for (_, req), s in zip(chosen, sampled, strict=True):
             self._last_token[id(req)] = s.token
+            req.constraint_pos += req.constraint is not None
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
         return sampled
+
+    def _constraint(self, position: int, req: Request) -> TokenConstraint | None:
+        """Worker: the request's constraint, having accepted the output before ``position``.
+        A preempted request's output is complete and stable here (it was preempted with
+        nothing in flight), so replaying it rebuilds the state."""
+        if req.params.structured is None:
+            return None
+        before = position - len(req.prompt)
+        if req.constraint_pos != before or req.constraint_epoch != req.num_preemptions:
+            try:
+                req.constraint = default_compiler().replay(req.params.structured, req.output[:before])
+            except SpecError:
+                req.constraint = Rejecting()
+            req.constraint_pos, req.constraint_epoch = before, req.num_preemptions
+        return req.constraint
 
     def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
         touched: dict[int, tuple[Request, list[Sampled]]] = {}
@@ -228,7 +259,7 @@ class Engine:
             req.logprobs.append(s.logprob)
             req.top_logprobs.append(s.top)
             touched.setdefault(id(req), (req, []))[1].append(s)
-            reason = self._stop_reason(req, s.token)
+            reason = s.finish or self._stop_reason(req, s.token)
             if reason:
                 self._finish(req, reason)
         for req in step.to_free:

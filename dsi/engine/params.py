@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsi.errors import InvalidRequest
+from dsi.structured.spec import StructuredSpec
 
 EOS_ID = 1  # <｜end▁of▁sentence｜> in the V4 vocabulary
 MAX_LOGPROBS = 20
@@ -14,7 +15,8 @@ MAX_LOGPROBS = 20
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """temperature 0 is greedy. ``seed`` makes sampling reproducible: the draw for position p
-    depends only on (seed, p), never on what else is in the batch."""
+    depends only on (seed, p), never on what else is in the batch. ``structured`` constrains the
+    output to a JSON schema, a regex or a DSML tool call (a frozen, hashable spec)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -26,6 +28,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    structured: StructuredSpec | None = None
 
     def validate(self, vocab_size: int) -> None:
         checks = [
@@ -43,10 +46,29 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise InvalidRequest(message)
+        if self.structured is not None:
+            _check_structured(self.structured, vocab_size)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _check_structured(spec: object, vocab_size: int) -> None:
+    """Compile the spec (cached), so that a bad schema or regex is an InvalidRequest at admission."""
+    from dsi.structured.compiler import default_compiler
+    from dsi.structured.spec import SpecError
+    from dsi.structured.vocab import VOCAB_SIZE
+
+    if not isinstance(spec, StructuredSpec):
+        raise InvalidRequest("structured must be a StructuredSpec")
+    if vocab_size != VOCAB_SIZE:
+        raise InvalidRequest(f"structured output needs the V4 vocabulary ({VOCAB_SIZE} ids); "
+                             f"this model has {vocab_size}")
+    try:
+        default_compiler().check(spec)
+    except SpecError as exc:
+        raise InvalidRequest(f"structured output: {exc}") from None
 
 
 def _finite(x: object) -> bool:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dsi.engine.params import SamplingParams
+
+if TYPE_CHECKING:
+    from dsi.structured import TokenConstraint
 
 
 class Status(enum.Enum):
@@ -38,6 +42,11 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     prefill_only: bool = False  # stop after the first token and keep the cache for export
+    # Structured output (worker-owned once admitted): the constraint has accepted the first
+    # ``constraint_pos`` output tokens; it is rebuilt from ``output`` after a preemption.
+    constraint: TokenConstraint | None = None
+    constraint_pos: int = 0
+    constraint_epoch: int = 0  # num_preemptions when the constraint was last built
 
     @property
     def num_tokens(self) -> int:

@@ -1,6 +1,8 @@
 """Sampling from logits, deterministic per (seed, position).
 
-Greedy is argmax. Otherwise: temperature, then top-k, top-p and min-p filters, then an
+A request with a structured-output constraint first has the ids its grammar forbids set to
+``-inf`` (logprobs are then those of the constrained distribution); the chosen id advances the
+constraint. Greedy is argmax. Otherwise: temperature, then top-k, top-p and min-p filters, then an
 exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p. The noise for a
 request at position ``p`` comes from a generator seeded with (seed, p) alone, so a request gets
 the same tokens whatever else shares its batch.
@@ -8,11 +10,13 @@ the same tokens whatever else shares its batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dsi.engine.params import SamplingParams
+from dsi.structured import TokenConstraint, apply_bitmask, bitmask_words
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -20,12 +24,17 @@ _MIX = 0x9E3779B97F4A7C15
 @dataclass(slots=True)
 class Sampled:
     token: int
-    logprob: float  # of the sampled token under the model's (untempered) distribution
+    logprob: float  # of the sampled token under the model's (untempered, constrained) distribution
     top: list[tuple[int, float]]
+    finish: str | None = None  # from the constraint: "stop" = output complete, "error" = token rejected
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> list[Sampled]:
-    """logits: [N, V] fp32; one row per request; ``positions`` is where each token will go."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
+           constraints: Sequence[TokenConstraint | None] | None = None) -> list[Sampled]:
+    """logits: [N, V] fp32, one row per request (masked in place where a row has a constraint);
+    ``positions`` is where each token will go; ``constraints[i]`` is advanced by row i's token."""
+    constraints = constraints or [None] * len(params)
+    _mask(logits, constraints)
     out: list[Sampled] = []
     want_lp = any(p.logprobs or p.top_logprobs for p in params)
     logp = torch.log_softmax(logits, dim=-1) if want_lp else None
@@ -38,8 +47,29 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
             if p.top_logprobs:
                 vals, ids = logp[row].topk(p.top_logprobs)
                 top = list(zip(ids.tolist(), vals.tolist(), strict=True))
-        out.append(Sampled(token, lp, top))
+        out.append(Sampled(token, lp, top, _advance(constraints[row], token)))
     return out
+
+
+def _mask(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> None:
+    rows = [i for i, c in enumerate(constraints) if c is not None]
+    if not rows:
+        return
+    bitmask = torch.empty(len(rows), bitmask_words(logits.shape[-1]), dtype=torch.int32)
+    for j, row in enumerate(rows):
+        constraints[row].fill_mask(bitmask[j])
+    limited = [j for j in range(len(rows)) if not bool((bitmask[j] == -1).all())]  # else nothing to mask
+    if limited:
+        index = torch.tensor([rows[j] for j in limited])
+        logits[index] = apply_bitmask(logits[index], bitmask[limited])
+
+
+def _advance(constraint: TokenConstraint | None, token: int) -> str | None:
+    if constraint is None:
+        return None
+    if not constraint.accept(token):
+        return "error"
+    return "stop" if constraint.is_done() else None
 
 
 def _draw(row: torch.Tensor, p: SamplingParams, seed: int, position: int) -> int:
