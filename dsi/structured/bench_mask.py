@@ -239,6 +239,7 @@ def run(repeats: int = 5) -> dict[str, object]:
         except ImportError as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
     out["apply_mask_us"] = _apply_cost()
+    out["torch_threads"] = torch.get_num_threads()  # apply_mask_us uses them; a busy host inflates it
     return out
 
 
