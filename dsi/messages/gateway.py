@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dsi.messages.base import Message
+from dsi.structured.spec import StructuredSpec
 
 
 class Sampling(Message):
@@ -17,6 +18,7 @@ class Sampling(Message):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int = 0  # top logprobs per token; 0 = none
+    structured: StructuredSpec | None = None  # output constraint (JSON, regex, tool call)
 
 
 class Generate(Message):

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 def sampling_params(s: Sampling) -> SamplingParams:
     return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           min_p=s.min_p, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids),
-                          ignore_eos=s.ignore_eos, logprobs=s.logprobs > 0, top_logprobs=s.logprobs)
+                          ignore_eos=s.ignore_eos, logprobs=s.logprobs > 0, top_logprobs=s.logprobs,
+                          structured=s.structured)
 
 
 class DecodeActor(RoleActor):
