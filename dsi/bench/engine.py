@@ -8,6 +8,7 @@ The idle fraction is measured from timestamps around each device step:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -24,8 +25,8 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 120_000) for _ in range(length)] for _ in range(n)]
 
 
-def _decode_run(weights, batch: int, steps: int, async_on: bool) -> tuple[float, float]:
-    """(decode tokens/s, idle fraction) over ``steps`` decode steps after the prefill."""
+def _decode_run(weights, batch: int, steps: int, async_on: bool) -> tuple[float, float, float]:
+    """(decode tokens/s, idle fraction, mean idle gap in µs) over ``steps`` decode steps."""
     engine = Engine(TINY, weights, EngineConfig(async_scheduling=async_on, max_running=max(batch, 1),
                                                 num_slots=max(batch, 1)))
     params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
@@ -39,9 +40,9 @@ def _decode_run(weights, batch: int, steps: int, async_on: bool) -> tuple[float,
     timings = engine.timings[first:]
     engine.close()
     busy = sum(t.end - t.start for t in timings)
-    idle = sum(max(0.0, b.start - a.end) for a, b in zip(timings, timings[1:], strict=False))
+    idle = sum(max(0.0, b.start - a.end) for a, b in itertools.pairwise(timings))
     span = timings[-1].end - timings[0].start
-    return batch * len(timings) / span, idle / busy
+    return batch * len(timings) / span, idle / busy, 1e6 * idle / max(1, len(timings) - 1)
 
 
 def _prefill_run(weights, n: int, length: int) -> float:
@@ -62,10 +63,12 @@ def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64
         out[f"decode_tok_s_b{b}"] = round(statistics.median(_decode_run(weights, b, steps, True)[0]
                                                            for _ in range(repeats)), 1)
     big = max(batches)
-    on = [_decode_run(weights, big, steps, True)[1] for _ in range(repeats)]
-    off = [_decode_run(weights, big, steps, False)[1] for _ in range(repeats)]
-    out["idle_frac_async"] = round(statistics.median(on), 4)
-    out["idle_frac_sync"] = round(statistics.median(off), 4)
+    on = [_decode_run(weights, big, steps, True) for _ in range(repeats)]
+    off = [_decode_run(weights, big, steps, False) for _ in range(repeats)]
+    out["idle_frac_async"] = round(statistics.median(r[1] for r in on), 5)
+    out["idle_frac_sync"] = round(statistics.median(r[1] for r in off), 5)
+    out["idle_gap_us_async"] = round(statistics.median(r[2] for r in on), 1)
+    out["idle_gap_us_sync"] = round(statistics.median(r[2] for r in off), 1)
     out["idle_batch"] = big
     out["prefill_tok_s"] = round(statistics.median(_prefill_run(weights, 4, 1024) for _ in range(repeats)), 1)
     return out
