@@ -97,7 +97,7 @@ class RoleHost:
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
     ) -> _Running:
-        actor = make_actor(role, self.cfg.cluster, self.cfg.model)
+        actor = make_actor(role, self.cfg)
         try:
             server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
         except zmq.ZMQError as exc:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dsi.config import (
     BalancerOptions,
-    ClusterConfig,
     EngineOptions,
     EntrypointOptions,
     KvstoreOptions,
-    ModelConfig,
+    NodeConfig,
     RoleConfig,
 )
 from dsi.roles.balancer import BalancerActor
@@ -21,18 +20,18 @@ from dsi.roles.prefill import PrefillActor
 from dsi.roles.role import RoleActor
 
 
-def make_actor(role: RoleConfig, cluster: ClusterConfig, model: ModelConfig) -> RoleActor:
+def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     """A fresh, not yet started actor for `role`, named by its id."""
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, cluster)
+            return ControllerActor(role.id, node.cluster)
         case "entrypoint" if isinstance(options, EntrypointOptions):
-            return EntrypointActor(role.id, options)
+            return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):
             return PrefillActor(role.id, options)
         case "decode" if isinstance(options, EngineOptions):
-            return DecodeActor(role.id, options, model)
+            return DecodeActor(role.id, options, node.model)
         case "encoder":
             return EncoderActor(role.id)
         case "kvstore" if isinstance(options, KvstoreOptions):

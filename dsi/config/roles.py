@@ -34,6 +34,10 @@ class EntrypointOptions:
     http_host: str = field(metadata=spec(key="http", parse=parse_host_port, into=("http_host", "http_port")))
     http_port: int = field(metadata=spec(derived=True))
     max_body_bytes: int = field(default=16 * 1024 * 1024, metadata=spec(checks=(greater(0),)))
+    # API keys (TOML, see dsi.roles.entrypoint.auth); without it the gateway is open.
+    api_keys_file: Path | None = None
+    # In-flight requests per key when the keys file does not say (and for open access).
+    max_concurrency_per_key: int = field(default=256, metadata=spec(checks=(greater(0),)))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

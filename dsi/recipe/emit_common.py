@@ -51,6 +51,9 @@ class OutputOptions:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     response_fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Ids the prompt ended with that belong to the output's syntax (a tool-call block opener
+    # prefilled for tool_choice required / named): parsed first, never emitted or counted.
+    prefill_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -66,6 +69,7 @@ class OutputOptions:
                 f"cached_tokens: {self.cached_tokens} is not within [0, prompt_tokens={self.prompt_tokens}]"
             )
         object.__setattr__(self, "tool_names", tuple(self.tool_names))
+        object.__setattr__(self, "prefill_ids", tuple(self.prefill_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "response_fields", MappingProxyType(dict(self.response_fields)))
 

@@ -49,6 +49,8 @@ class OutputStream:
             tokenizer=tokenizer,
         )
         self._writer: ProtocolWriter = _WRITERS[options.protocol](options)
+        if options.prefill_ids and self._parser.feed(options.prefill_ids):
+            raise ValueError("prefill_ids: the prefilled ids must not produce output by themselves")
         self._started = False
         self._finish: Finish | None = None
         self.completion_tokens = 0

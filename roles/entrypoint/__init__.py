@@ -1,4 +1,4 @@
-"""The entrypoint role: the HTTP API gateway (for now only GET /health)."""
+"""The entrypoint role: the HTTP API gateway."""
 
 from dsi.roles.entrypoint.actor import EntrypointActor
 

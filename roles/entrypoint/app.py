@@ -1,0 +1,80 @@
+"""The gateway's aiohttp application: routes, body limit, and the HTTP listener.
+
+    POST /v1/chat/completions   OpenAI Chat Completions
+    POST /v1/responses          OpenAI Responses
+    POST /v1/messages           Anthropic Messages
+    GET  /v1/models             served model names
+    GET  /health                {"status": "ok", "instances": N}
+    GET  /metrics               Prometheus text
+    GET  /openapi.json          the OpenAPI document of these routes
+
+A client that disconnects cancels its handler (``handler_cancellation``), which closes the
+engine stream and aborts the request on its instance.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from dsi.roles.entrypoint.errors import error_response, protocol_of
+from dsi.roles.entrypoint.gateway import Gateway
+from dsi.roles.entrypoint.openapi import openapi_document
+
+_ROUTES = (("/v1/chat/completions", "chat"), ("/v1/responses", "responses"), ("/v1/messages", "messages"))
+
+
+def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
+    for path, protocol in _ROUTES:
+        app.router.add_post(path, _handler(gateway, protocol))
+    created = int(time.time())
+
+    async def list_models(_request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "dsi"} for m in models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "instances": len(gateway.pool.ready)})
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=gateway.metrics.render(), content_type="text/plain")
+
+    async def openapi(_request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(models))
+
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+def _handler(gateway: Gateway, protocol: str):
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await gateway.handle(request, protocol)
+
+    return handle
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's own HTTP errors (404, 405, 413...) in the shape of the route's protocol."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(protocol_of(request.path), exc.status, exc.reason or "error")
+
+
+async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner

@@ -1,0 +1,153 @@
+"""Gateway: one HTTP request of any protocol -> an engine request -> the protocol's response.
+
+    body --recipe (parse, render, encode)--> Prepared(token ids, Sampling, OutputOptions)
+         --DecodePool.generate--> TokenChunk per engine step
+         --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
+
+The request leaves the engine as soon as the client is gone (its stream is closed, which sends
+CANCEL to the instance) or the output is complete (EOS, a stop string, a finished tool call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from dsi.errors import DsiError, InvalidRequest
+from dsi.messages.gateway import Generate, Sampling
+from dsi.recipe import RequestError, error_body
+from dsi.recipe.emit_common import OutputOptions
+from dsi.recipe.emit_stream import OutputStream
+from dsi.roles.entrypoint.auth import ApiKeys, Caller, TooManyRequests
+from dsi.roles.entrypoint.backends import DecodePool, NoInstance
+from dsi.roles.entrypoint.errors import error_response
+from dsi.roles.entrypoint.metrics import Metrics
+from dsi.roles.entrypoint.sse import ClientGone, open_sse, send
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request, ready for the engine and the emitter."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling: Sampling
+    options: OutputOptions
+    stream: bool
+
+
+class Gateway:
+    def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer) -> None:
+        self.pool = pool
+        self.keys = keys
+        self.metrics = metrics
+        self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
+
+    async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
+        caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
+        if caller is None:
+            return self._error(protocol, 401, "missing or invalid API key", kind=None)
+        try:
+            self.keys.acquire(caller)
+        except TooManyRequests as exc:
+            return self._error(protocol, 429, str(exc))
+        self.metrics.in_flight += 1
+        try:
+            return await self._serve(request, protocol, caller)
+        finally:
+            self.metrics.in_flight -= 1
+            self.keys.release(caller)
+
+    async def _serve(self, request: web.Request, protocol: str, caller: Caller) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            return self._error(protocol, 413, exc.text or "request body too large")
+        try:
+            prep = self.prepare(protocol, body, caller.entry.traffic_class)
+        except RequestError as exc:
+            self.metrics.request_done(protocol, exc.status)
+            self.metrics.error(f"http_{exc.status}")
+            return web.json_response(error_body(exc, protocol), status=exc.status)
+        self.metrics.prompt_tokens += len(prep.token_ids)
+        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, traffic_class=caller.entry.traffic_class)
+        if prep.stream:
+            return await self._stream(request, protocol, prep, msg)
+        return await self._complete(protocol, prep, msg)
+
+    async def _complete(self, protocol: str, prep: Prepared, msg: Generate) -> web.Response:
+        out = OutputStream(prep.options)
+        try:
+            await self._run(out, msg, None)
+        except NoInstance as exc:
+            return self._error(protocol, 503, str(exc))
+        except InvalidRequest as exc:
+            return self._error(protocol, 400, exc.message)
+        self.metrics.request_done(protocol, out.http_status)
+        return web.json_response(out.body(), status=out.http_status)
+
+    async def _stream(self, request: web.Request, protocol: str, prep: Prepared, msg: Generate
+                      ) -> web.StreamResponse:
+        out = OutputStream(prep.options)
+        try:
+            self.pool.pick()  # fail before the 200 goes out when nothing can serve
+        except NoInstance as exc:
+            return self._error(protocol, 503, str(exc))
+        resp = await open_sse(request)
+        try:
+            await self._run(out, msg, resp)
+        except ClientGone:
+            self.metrics.error("client_gone")
+            return resp
+        self.metrics.request_done(protocol, 200)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await resp.write_eof()
+        return resp
+
+    async def _run(self, out: OutputStream, msg: Generate, resp: web.StreamResponse | None) -> None:
+        """Feed every engine step to ``out``; write its SSE pieces when streaming."""
+        start = last = time.perf_counter()
+        generated = 0
+        try:
+            async for chunk in self.pool.generate(msg):
+                now = time.perf_counter()
+                (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
+                last = now
+                generated += len(chunk.token_ids)
+                pieces = out.feed(chunk.token_ids)
+                if not out.done and chunk.finish:
+                    pieces += out.finish(_engine_finish(chunk.finish))
+                if resp is not None:
+                    await send(resp, pieces)
+                if out.done:
+                    break  # closing the stream aborts the request in the engine
+        except (NoInstance, InvalidRequest):
+            raise
+        except DsiError as exc:
+            self.metrics.error(exc.code)
+            log.warning("request %s failed: %s", msg.request_id, exc)
+            pieces = out.finish("error", message=f"generation failed: {exc.message}")
+            if resp is not None:
+                await send(resp, pieces)
+        finally:
+            self.metrics.generated_tokens += generated
+        if not out.done:
+            pieces = out.finish("abort", message="the engine ended the request without a reason")
+            if resp is not None:
+                await send(resp, pieces)
+
+    def _error(self, protocol: str, status: int, message: str, **extra: str | None) -> web.Response:
+        self.metrics.request_done(protocol, status)
+        self.metrics.error(f"http_{status}")
+        return error_response(protocol, status, message, **extra)
+
+
+def _engine_finish(reason: str) -> str:
+    return reason if reason in ("stop", "length", "abort", "error") else "stop"
+

@@ -1,0 +1,68 @@
+"""Gateway metrics in the Prometheus text format (counters and histograms with labels).
+
+    dsi_requests_total{protocol, status}       requests by protocol and HTTP status
+    dsi_errors_total{type}                     errors by type
+    dsi_prompt_tokens_total / dsi_generated_tokens_total
+    dsi_ttft_seconds (histogram)               time to first token
+    dsi_itl_seconds (histogram)                inter-token latency (per engine step's chunk)
+    dsi_requests_in_flight (gauge)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    buckets: tuple[float, ...] = _LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            running += count
+            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        out += [f"{name}_sum {self.total:.6f}", f"{name}_count {self.n}"]
+        return out
+
+
+@dataclass(slots=True)
+class Metrics:
+    requests: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    in_flight: int = 0
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+
+    def request_done(self, protocol: str, status: int) -> None:
+        self.requests[(protocol, status)] += 1
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] += 1
+
+    def render(self) -> str:
+        lines = ["# TYPE dsi_requests_total counter"]
+        lines += [f'dsi_requests_total{{protocol="{p}",status="{s}"}} {n}' for (p, s), n in sorted(self.requests.items())]
+        lines.append("# TYPE dsi_errors_total counter")
+        lines += [f'dsi_errors_total{{type="{t}"}} {n}' for t, n in sorted(self.errors.items())]
+        lines += ["# TYPE dsi_prompt_tokens_total counter", f"dsi_prompt_tokens_total {self.prompt_tokens}",
+                  "# TYPE dsi_generated_tokens_total counter", f"dsi_generated_tokens_total {self.generated_tokens}",
+                  "# TYPE dsi_requests_in_flight gauge", f"dsi_requests_in_flight {self.in_flight}",
+                  "# TYPE dsi_ttft_seconds histogram", *self.ttft.lines("dsi_ttft_seconds"),
+                  "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds")]
+        return "\n".join(lines) + "\n"

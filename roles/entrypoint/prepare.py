@@ -1,0 +1,83 @@
+"""From a protocol request body to what the gateway runs: token ids, engine sampling settings
+(with the structured-output constraint the request implies) and the emitter's options."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from dsi.messages.gateway import Sampling
+from dsi.recipe import Recipe, RequestError
+from dsi.recipe.emit_common import OutputOptions
+from dsi.recipe.resolve import ResolvedRequest
+from dsi.roles.entrypoint.gateway import Prepared
+from dsi.structured.spec import StructuredSpec
+
+_ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "messages": "msg_"}
+_OPENER = "<｜DSML｜tool_calls>\n"
+
+
+class Preparer:
+    """``max_context``: the served model's context; ``max_tokens`` is lowered to fit in it."""
+
+    def __init__(self, recipe: Recipe, max_context: int) -> None:
+        self.recipe = recipe
+        self.max_context = max_context
+
+    def __call__(self, protocol: str, body: bytes, traffic_class: str) -> Prepared:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
+                               code="invalid_request_body") from None
+        req = self.recipe.prepare(protocol, text)
+        if req.prompt_token_ids is None:
+            raise RequestError(400, f"model {req.model!r} speaks {req.model_version.value}, whose control tokens "
+                               "this deployment's V4 vocabulary does not have", param="model", code="model_not_found")
+        ids = list(req.prompt_token_ids)
+        room = self.max_context - len(ids)
+        if room <= 0:
+            raise RequestError(400, f"the prompt has {len(ids)} tokens; the model's context is {self.max_context}",
+                               param="messages", code="context_length_exceeded")
+        request_id = _ID_PREFIX[protocol] + secrets.token_hex(12)
+        prefill = self._prefill(req)
+        sampling = Sampling(max_tokens=min(req.max_tokens, room), temperature=req.temperature, top_p=req.top_p,
+                            top_k=req.top_k, seed=req.seed, logprobs=req.top_logprobs if req.logprobs else 0,
+                            structured=_structured(req, bool(prefill)))
+        options = OutputOptions(
+            protocol=protocol, model=req.model, request_id=request_id, created=int(time.time()),
+            thinking=req.thinking, starts_in_reasoning=req.ends_in_thinking, model_version=req.model_version.value,
+            tool_names=tuple(t.name for t in req.conversation.active_tools), stop=req.stop,
+            include_usage=req.include_usage, prompt_tokens=len(ids), response_fields=req.echo,
+            prefill_ids=tuple(prefill))
+        return Prepared(request_id, ids, sampling, options, req.stream)
+
+    def _prefill(self, req: ResolvedRequest) -> list[int]:
+        """The tool-call opener the renderer put at the end of the prompt, as ids."""
+        if req.tool_choice == "required" and req.prompt_text.endswith(_OPENER):
+            return _opener_ids(self.recipe)
+        return []
+
+
+def _opener_ids(recipe: Recipe) -> list[int]:
+    enc = recipe.encoder
+    dsml = next(i for c, i in enc.control_ids.items() if c.value == "｜DSML｜")
+    return [*enc.encode_text("<"), dsml, *enc.encode_text("tool_calls>\n")]
+
+
+def _structured(req: ResolvedRequest, opener_in_prompt: bool) -> StructuredSpec | None:
+    after_think = req.ends_in_thinking
+    if req.tool_choice == "required" and req.conversation.active_tools:
+        tools = [{"name": t.name, "parameters": t.parameters if t.parameters is not None else {"type": "object"}}
+                 for t in req.conversation.active_tools]
+        return StructuredSpec.tool_call(tools, req.forced_tool or "required", parallel=req.parallel_tool_calls,
+                                        opener_in_prompt=opener_in_prompt, after_think=after_think)
+    fmt = req.response_format
+    if fmt.kind == "json_object":
+        return StructuredSpec.json_object(after_think=after_think)
+    if fmt.kind == "json_schema":
+        schema = fmt.schema if fmt.schema is not None else {}
+        return StructuredSpec.json_schema(schema if isinstance(schema, dict) else json.loads(schema),
+                                          after_think=after_think)
+    return None
