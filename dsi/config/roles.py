@@ -22,7 +22,7 @@ from dsi.config.endpoints import endpoint_host, parse_bind, parse_host_port
 from dsi.config.errors import Where
 from dsi.config.reader import describe, expect_table, read_field, read_table, read_values
 from dsi.config.sections import NAME, NAME_RULE
-from dsi.config.spec import Seen, at_least, greater, matches, nonempty, spec, spec_of
+from dsi.config.spec import Seen, at_least, at_most, greater, matches, nonempty, spec, spec_of
 
 RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
 
@@ -40,10 +40,31 @@ class EntrypointOptions:
     max_concurrency_per_key: int = field(default=256, metadata=spec(checks=(greater(0),)))
 
 
+def _optional_bind(text: str) -> str:
+    return parse_bind(text) if text else text
+
+
 @dataclass(slots=True, frozen=True, kw_only=True)
 class KvstoreOptions:
+    """Block store, index and index-delta publisher of one kvstore (see dsi.kvcache.store)."""
+
     store_dir: Path = Path("run/kvstore")  # local disk by default; a 3FS mount in production
     capacity_blocks: int = field(default=0, metadata=spec(checks=(at_least(0),)))  # 0 = unbounded
+    # Blocks live this long from their creation, per traffic class (seconds).
+    ttl_agent_s: float = field(default=3 * 86400.0, metadata=spec(checks=(greater(0.0),)))
+    ttl_chatbot_s: float = field(default=7 * 86400.0, metadata=spec(checks=(greater(0.0),)))
+    # "always": fdatasync before a put is acknowledged; "segment": when a segment is sealed; "never".
+    fsync: Literal["always", "segment", "never"] = "segment"
+    segment_bytes: int = field(default=1 << 30, metadata=spec(checks=(at_least(1 << 16),)))
+    # Sealed segments whose live fraction is below this are rewritten (their live blocks copied).
+    compact_below: float = field(default=0.5, metadata=spec(checks=(at_least(0.0), at_most(1.0))))
+    read_workers: int = field(default=8, metadata=spec(checks=(greater(0), at_most(256))))
+    max_inflight_reads: int = field(default=64, metadata=spec(checks=(greater(0),)))  # blocks
+    # Index deltas are published here; "" = an ephemeral port on 127.0.0.1 (one machine only).
+    publish: str = field(default="", metadata=spec(parse=_optional_bind))
+    # An empty delta goes out after this much silence, so replicas notice a lost one (seconds).
+    publish_interval_s: float = field(default=1.0, metadata=spec(checks=(greater(0.0),)))
+    sweep_interval_s: float = field(default=60.0, metadata=spec(checks=(greater(0.0),)))  # expiry + compaction
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

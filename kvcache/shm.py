@@ -1,0 +1,71 @@
+"""HostBuffer: a named buffer in host shared memory (a file under /dev/shm, mapped).
+
+The prefill creates one and names it in ``GetBlocks``; the kvstore's read workers attach to it
+and ``preadv`` blocks straight into it, so block bytes cross no socket and no pickle. Plain files
+under /dev/shm avoid ``multiprocessing.shared_memory``'s resource tracker, which would unlink a
+buffer when any process that merely attached to it exits.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+SHM_DIR = Path("/dev/shm")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
+
+
+def check_name(name: str) -> str:
+    """A shm name is one plain file name: no path separators, no '..', no leading dot."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"bad shared-memory name {name!r}: letters, digits, '_', '.', '-'")
+    return name
+
+
+class HostBuffer:
+    """``nbytes`` of shared memory; ``create`` makes (and owns) the file, else attaches."""
+
+    def __init__(self, name: str, nbytes: int = 0, *, create: bool = False) -> None:
+        self.name = check_name(name)
+        self.path = SHM_DIR / name
+        self.owner = create
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nbytes)
+            self.nbytes = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, self.nbytes) if self.nbytes else None
+        finally:
+            os.close(fd)
+        self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
+
+    @classmethod
+    def create(cls, nbytes: int, prefix: str = "dsi-kv") -> HostBuffer:
+        return cls(f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}", nbytes, create=True)
+
+    def numpy(self, dtype: str = "uint8") -> np.ndarray:
+        return np.frombuffer(self.view, dtype=dtype)
+
+    def close(self) -> None:
+        """Unmap; the creator also unlinks the file."""
+        try:
+            self.view.release()
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass  # views of it are still alive: the mapping goes with the last of them
+        self._map = None
+        if self.owner:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

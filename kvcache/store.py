@@ -1,0 +1,392 @@
+"""BlockStore: the persistent block store - a BlockIndex over append-only segment files.
+
+    put:     plan (index: which keys are new) -> write (writer thread: append records)
+             -> commit (index insert; capacity eviction)                       -> Delta
+    get:     plan (index lookup, pin segment fds) -> read (any thread: preadv + checksum)
+             -> finish (drop blocks that failed; unpin)                        -> Delta
+    compact: plan (a mostly-dead sealed segment, its live blocks) -> copy (writer thread)
+             -> commit (point moved blocks at their copies; unlink the old file)
+
+Each operation is split so that the kvstore role runs metadata steps on its event loop and the
+I/O steps in threads; ``put`` / ``get`` / ``compact`` run the three steps in the calling thread.
+Only the writer thread appends; reads are positional, so they never race with it. A segment
+that is unlinked while reads are in flight keeps its open fd until the last of them finishes.
+
+On open the index is rebuilt from the segment headers (each record says its key, class and
+creation time), skipping what has expired; new writes always start a new segment, so a torn
+tail from a crash is never appended to. A block that fails its checksum, or whose bytes are
+gone, is a miss: it is dropped from the index and counted in ``metrics.corrupt`` / ``missing``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from dsi.kvcache.hashchain import keys_of
+from dsi.kvcache.index import BlockIndex, Locations, Removed, class_code
+from dsi.kvcache.segments import (
+    HEADER_BYTES,
+    FsyncPolicy,
+    SegmentWriter,
+    Written,
+    payload_checksum,
+    read_payload,
+    scan,
+    segment_ids,
+    segment_path,
+)
+
+OK, CORRUPT, MISSING = 0, 1, 2
+
+
+@dataclass(slots=True)
+class StoreMetrics:
+    puts: int = 0  # blocks offered
+    stored: int = 0  # blocks written
+    existed: int = 0  # blocks offered that were already stored
+    hits: int = 0  # blocks read back intact
+    misses: int = 0  # blocks asked for and not returned (absent, expired, corrupt, missing)
+    corrupt: int = 0  # checksum mismatches (read or compaction)
+    missing: int = 0  # bytes or segment file gone
+    compacted_segments: int = 0
+    compacted_blocks: int = 0
+    bytes_written: int = 0
+
+
+class Delta(NamedTuple):
+    """Index changes for the CHECK replicas: ``[n, 2]`` uint64 keys."""
+
+    added: np.ndarray
+    removed: np.ndarray
+
+    def __bool__(self) -> bool:
+        return bool(len(self.added) or len(self.removed))
+
+
+@dataclass(slots=True)
+class PutPlan:
+    keys: np.ndarray  # the new keys, [n, 2]
+    records: list  # (key bytes, class, payload, created) per new key
+    tclass: int
+
+
+@dataclass(slots=True)
+class ReadPlan:
+    """One get: ``slots[i] < 0`` is a miss; ``fds[i]`` is the pinned segment fd of block i."""
+
+    keys: np.ndarray
+    slots: np.ndarray
+    where: Locations
+    fds: list[int]
+    segments: list[int] = field(default_factory=list)  # pinned, one entry per pin
+
+
+@dataclass(slots=True)
+class CompactPlan:
+    segment: int
+    fd: int
+    slots: np.ndarray
+    where: Locations
+    keys: np.ndarray
+    tclass: list[int]
+    created: list[float]
+    copied: list[int] = field(default_factory=list)  # indices copied intact, by compact_copy
+
+
+class BlockStore:
+    def __init__(self, root: Path, *, capacity: int = 0, ttls_s: Mapping[str, float] | None = None,
+                 clock: Callable[[], float] = time.time, segment_bytes: int = 1 << 30,
+                 fsync: FsyncPolicy = "segment", compact_below: float = 0.5) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.index = BlockIndex(capacity, ttls_s, clock)
+        self.metrics = StoreMetrics()
+        self.compact_below = compact_below
+        self._live: dict[int, int] = {}  # segment -> bytes of records the index points at
+        self._total: dict[int, int] = {}  # segment -> bytes of records written
+        self._fds: dict[int, int] = {}
+        self._pins: dict[int, int] = {}
+        self._retired: set[int] = set()
+        existing = segment_ids(self.root)
+        self._rebuild(existing)
+        self.writer = SegmentWriter(self.root, (existing[-1] + 1) if existing else 1, segment_bytes, fsync)
+
+    # ---- put ---------------------------------------------------------------------------------
+    def put_plan(self, packed: bytes, payloads: Sequence, traffic_class: str) -> PutPlan:
+        keys = keys_of(packed)
+        if len(keys) != len(payloads):
+            raise ValueError(f"{len(keys)} hashes for {len(payloads)} payloads")
+        tclass = class_code(traffic_class)
+        fresh = self.index.fresh(keys)
+        self.metrics.puts += len(keys)
+        self.metrics.existed += len(keys) - fresh.size
+        if fresh.size < len(keys):  # a re-put is a use
+            slots = self.index.lookup(keys)
+            self.index.touch(slots[slots >= 0])
+        now = self.index.clock()
+        records = [(keys[i].tobytes(), tclass, memoryview(payloads[i]).cast("B"), now) for i in fresh.tolist()]
+        return PutPlan(keys[fresh], records, tclass)
+
+    def put_write(self, plan: PutPlan) -> list[Written]:
+        """Writer thread only."""
+        return self.writer.append(plan.records)
+
+    def put_commit(self, plan: PutPlan, written: list[Written]) -> Delta:
+        self._account_written(written)
+        fresh = self.index.fresh(plan.keys)  # another put may have committed the same keys
+        if fresh.size == 0:
+            return Delta(plan.keys[:0], plan.keys[:0])
+        where = _locations([written[i] for i in fresh.tolist()])
+        created = np.array([plan.records[i][3] for i in fresh.tolist()], dtype=np.float64)
+        removed = self.index.insert(plan.keys[fresh], where, plan.tclass, created)
+        self._add_live(where)
+        self.metrics.stored += fresh.size
+        return Delta(plan.keys[fresh], self._account_removed(removed))
+
+    def put(self, packed: bytes, payloads: Sequence, traffic_class: str = "chatbot") -> Delta:
+        plan = self.put_plan(packed, payloads, traffic_class)
+        return self.put_commit(plan, self.put_write(plan))
+
+    # ---- get ---------------------------------------------------------------------------------
+    def match(self, packed: bytes, touch: bool = False) -> int:
+        """Leading blocks of the chain present (metadata only)."""
+        return self.index.match_prefix(keys_of(packed), touch)
+
+    def read_plan(self, packed: bytes) -> ReadPlan:
+        keys = keys_of(packed)
+        slots = self.index.lookup(keys)
+        where = self.index.locate(np.maximum(slots, 0))
+        plan = ReadPlan(keys, slots, where, [-1] * len(keys))
+        for i in np.flatnonzero(slots >= 0).tolist():
+            fd = self._pin(int(where.segment[i]))
+            if fd < 0:
+                slots[i] = -2  # the segment file is gone
+            else:
+                plan.fds[i] = fd
+                plan.segments.append(int(where.segment[i]))
+        return plan
+
+    @staticmethod
+    def read_one(plan: ReadPlan, i: int, dest: memoryview) -> int:
+        """Any thread: block i into ``dest`` (exactly its size); OK, CORRUPT or MISSING."""
+        try:
+            if not read_payload(plan.fds[i], int(plan.where.offset[i]), dest):
+                return MISSING
+        except OSError:
+            return MISSING
+        key = plan.keys[i].tobytes()
+        return OK if payload_checksum(key, dest) == int(plan.where.checksum[i]) else CORRUPT
+
+    def read_finish(self, plan: ReadPlan, status: Sequence[int]) -> Delta:
+        """``status[i]`` for each block read (ignored where ``slots[i] < 0``); unpins; drops failures."""
+        self.read_abort(plan)
+        good, gone = [], []
+        for i, slot in enumerate(plan.slots.tolist()):
+            code = MISSING if slot == -2 else status[i] if slot >= 0 else None
+            if code == OK:
+                good.append(i)
+            elif code is not None:
+                gone.append(i)
+                self.metrics.corrupt += code == CORRUPT
+                self.metrics.missing += code == MISSING
+        self.metrics.hits += len(good)
+        self.metrics.misses += len(plan.slots) - len(good)
+        self.index.touch(plan.slots[good])
+        removed = self.index.remove(plan.keys[gone]) if gone else self.index.remove(plan.keys[:0])
+        return Delta(plan.keys[:0], self._account_removed(removed))
+
+    def read_abort(self, plan: ReadPlan) -> None:
+        """Give up a planned read without touching the index (the caller's request was bad)."""
+        for seg in plan.segments:
+            self._unpin(seg)
+        plan.segments = []
+
+    def get(self, packed: bytes) -> list[bytes | None]:
+        """Each block's bytes, None for a miss (absent, expired, corrupt or missing)."""
+        plan = self.read_plan(packed)
+        out: list[bytes | None] = []
+        status = []
+        for i, slot in enumerate(plan.slots.tolist()):
+            buf = bytearray(int(plan.where.size[i])) if slot >= 0 else None
+            status.append(self.read_one(plan, i, memoryview(buf)) if buf is not None else MISSING)
+            out.append(bytes(buf) if buf is not None and status[-1] == OK else None)
+        self.read_finish(plan, status)
+        return out
+
+    # ---- expiry and compaction ---------------------------------------------------------------
+    def expire(self) -> Delta:
+        removed = self._account_removed(self.index.expire())
+        return Delta(removed[:0], removed)
+
+    def compact_plan(self) -> CompactPlan | None:
+        """The sealed segment with the smallest live fraction below ``compact_below``, if any."""
+        sealed = [s for s in self._total if s != self.writer.active]
+        ratios = {s: self._live.get(s, 0) / max(self._total[s], 1) for s in sealed}
+        worst = min(ratios, key=ratios.__getitem__, default=None)
+        if worst is None or ratios[worst] >= self.compact_below:
+            return None
+        slots = self.index.slots_in(worst)
+        fd = self._pin(worst) if slots.size else -1
+        if slots.size and fd < 0:  # file gone: its blocks are lost
+            self.metrics.missing += slots.size
+            self._account_removed(self.index.remove(self.index.keys[slots]))
+            slots = slots[:0]
+        return CompactPlan(worst, fd, slots, self.index.locate(slots), self.index.keys[slots].copy(),
+                           self.index.tclass[slots].tolist(), self.index.created[slots].tolist())
+
+    def compact_copy(self, plan: CompactPlan) -> list[Written]:
+        """Writer thread only: copy the plan's intact blocks to the active segment."""
+        records = []
+        for i in range(len(plan.slots)):
+            buf = memoryview(bytearray(int(plan.where.size[i])))
+            key = plan.keys[i].tobytes()
+            ok = read_payload(plan.fd, int(plan.where.offset[i]), buf)
+            if ok and payload_checksum(key, buf) == int(plan.where.checksum[i]):
+                records.append((key, plan.tclass[i], buf, plan.created[i]))
+                plan.copied.append(i)
+        return self.writer.append(records)
+
+    def compact_abort(self, plan: CompactPlan) -> None:
+        if plan.slots.size:
+            self._unpin(plan.segment)
+
+    def compact_commit(self, plan: CompactPlan, written: list[Written]) -> Delta:
+        self._account_written(written)
+        removed = plan.keys[:0]
+        if plan.slots.size:
+            self._unpin(plan.segment)
+            kept = np.array(plan.copied, dtype=np.int64)
+            # Blocks evicted or re-put elsewhere meanwhile keep their state; copies of them are dead.
+            still = self.index.lookup(plan.keys[kept]) == plan.slots[kept]
+            still &= self.index.segment[plan.slots[kept]] == plan.segment
+            moved = _locations(written)
+            sel = np.flatnonzero(still)
+            self.index.move(plan.slots[kept[sel]], Locations(*(a[sel] for a in moved)))
+            self._add_live(Locations(*(a[sel] for a in moved)))
+            lost = np.setdiff1d(np.arange(len(plan.slots)), kept)
+            self.metrics.corrupt += lost.size
+            removed = self._account_removed(self.index.remove(plan.keys[lost]))
+            self.metrics.compacted_blocks += sel.size
+        self._retire(plan.segment)
+        self.metrics.compacted_segments += 1
+        return Delta(removed[:0], removed)
+
+    def compact(self) -> Delta:
+        """Compact every segment below the threshold (synchronously)."""
+        delta = Delta(np.empty((0, 2), np.uint64), np.empty((0, 2), np.uint64))
+        while (plan := self.compact_plan()) is not None:
+            step = self.compact_commit(plan, self.compact_copy(plan))
+            delta = Delta(delta.added, np.concatenate([delta.removed, step.removed]))
+        return delta
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def segments(self) -> int:
+        return len(self._total)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(self._live.values())
+
+    def close(self) -> None:
+        self.writer.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _rebuild(self, ids: list[int]) -> None:
+        now = self.index.clock()
+        for seg in ids:
+            keys, where, tclass, created = [], [], [], []
+            for header, offset in scan(segment_path(self.root, seg)):
+                keys.append(header.key)
+                where.append(Written(seg, offset, header.size, header.checksum))
+                tclass.append(header.tclass)
+                created.append(header.created)
+            size = segment_path(self.root, seg).stat().st_size
+            if not size:
+                segment_path(self.root, seg).unlink()
+                continue
+            self._total[seg] = size  # a torn or corrupt tail counts as dead bytes
+            if not keys:
+                continue
+            packed = b"".join(keys)
+            arr = keys_of(packed)
+            tc = np.array(tclass, dtype=np.uint8)
+            cr = np.array(created, dtype=np.float64)
+            fresh = self.index.fresh(arr)
+            fresh = fresh[tc[fresh] < len(self.index.ttl)]  # a class this version does not know
+            fresh = fresh[cr[fresh] + self.index.ttl[tc[fresh]] > now]
+            loc = _locations([where[i] for i in fresh.tolist()])
+            self._account_removed(self.index.insert(arr[fresh], loc, tc[fresh], cr[fresh]))
+            self._add_live(loc)
+
+    def _account_written(self, written: Sequence[Written]) -> None:
+        for w in written:
+            self._total[w.segment] = self._total.get(w.segment, 0) + HEADER_BYTES + w.size
+            self.metrics.bytes_written += HEADER_BYTES + w.size
+
+    def _add_live(self, where: Locations) -> None:
+        for seg, nbytes in _per_segment(where.segment, where.size).items():
+            self._live[seg] = self._live.get(seg, 0) + nbytes
+
+    def _account_removed(self, removed: Removed) -> np.ndarray:
+        for seg, nbytes in _per_segment(removed.segment, removed.size).items():
+            if seg in self._live:
+                self._live[seg] -= nbytes
+        return removed.keys
+
+    def _pin(self, seg: int) -> int:
+        fd = self._fds.get(seg)
+        if fd is None:
+            try:
+                fd = os.open(segment_path(self.root, seg), os.O_RDONLY)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                return -1
+            self._fds[seg] = fd
+        self._pins[seg] = self._pins.get(seg, 0) + 1
+        return fd
+
+    def _unpin(self, seg: int) -> None:
+        self._pins[seg] -= 1
+        if not self._pins[seg]:
+            del self._pins[seg]
+            if seg in self._retired:
+                self._retired.discard(seg)
+                os.close(self._fds.pop(seg))
+
+    def _retire(self, seg: int) -> None:
+        """Unlink a segment now; its fd closes when no read holds it."""
+        segment_path(self.root, seg).unlink(missing_ok=True)
+        self._live.pop(seg, None)
+        self._total.pop(seg, None)
+        if seg in self._pins:
+            self._retired.add(seg)
+        elif seg in self._fds:
+            os.close(self._fds.pop(seg))
+
+
+def _locations(written: Sequence[Written]) -> Locations:
+    return Locations(np.array([w.segment for w in written], dtype=np.uint32),
+                     np.array([w.offset for w in written], dtype=np.uint64),
+                     np.array([w.size for w in written], dtype=np.uint32),
+                     np.array([w.checksum for w in written], dtype=np.uint64))
+
+
+def _per_segment(segments: np.ndarray, sizes: np.ndarray) -> dict[int, int]:
+    if not len(segments):
+        return {}
+    ids, inverse = np.unique(segments, return_inverse=True)
+    totals = np.bincount(inverse, weights=sizes.astype(np.float64) + HEADER_BYTES)
+    return {int(s): int(t) for s, t in zip(ids, totals, strict=True)}
