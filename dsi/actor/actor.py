@@ -188,16 +188,11 @@ class Actor:
     def _call_sync(self, handler: Callable, env: Envelope) -> None:
         try:
             result = handler(env.msg)
-        except DsiError as exc:
-            self._answer_error(env, exc)
         except Exception as exc:
-            self._answer_error(env, HandlerError(f"{type(exc).__name__}: {exc}"))
-            self.failures += 1
-            self.spawn(self.on_failure(exc, env.msg))
+            if self._failed(env, exc):
+                self.spawn(self.on_failure(exc, env.msg))
         else:
-            self.handled += 1
-            if env.channel is not None:
-                env.channel.reply(Ack() if result is None else result)
+            self._succeeded(env, result)
 
     def _track(self, env: Envelope, coro: Any) -> None:
         key = env.channel.key if env.channel is not None else object()
@@ -208,16 +203,11 @@ class Actor:
     async def _run(self, handler: Callable, env: Envelope) -> None:
         try:
             result = await handler(env.msg)
-        except DsiError as exc:
-            self._answer_error(env, exc)
         except Exception as exc:
-            self._answer_error(env, HandlerError(f"{type(exc).__name__}: {exc}"))
-            self.failures += 1
-            await self.on_failure(exc, env.msg)
+            if self._failed(env, exc):
+                await self.on_failure(exc, env.msg)
         else:
-            self.handled += 1
-            if env.channel is not None:
-                env.channel.reply(Ack() if result is None else result)
+            self._succeeded(env, result)
 
     async def _run_task(self, entry: _Handler, env: Envelope) -> None:
         try:
@@ -236,16 +226,27 @@ class Actor:
             async for item in handler(env.msg):
                 if env.channel is not None:
                     await env.channel.item(item)
-        except DsiError as exc:
-            self._answer_error(env, exc)
         except Exception as exc:
-            self._answer_error(env, HandlerError(f"{type(exc).__name__}: {exc}"))
-            self.failures += 1
-            await self.on_failure(exc, env.msg)
+            if self._failed(env, exc):
+                await self.on_failure(exc, env.msg)
         else:
             self.handled += 1
             if env.channel is not None:
                 env.channel.end()
+
+    def _succeeded(self, env: Envelope, result: Any) -> None:
+        self.handled += 1
+        if env.channel is not None:
+            env.channel.reply(Ack() if result is None else result)
+
+    def _failed(self, env: Envelope, exc: Exception) -> bool:
+        """Answer the caller; True when the failure is the handler's own (not a typed error)."""
+        if isinstance(exc, DsiError):
+            self._answer_error(env, exc)
+            return False
+        self._answer_error(env, HandlerError(f"{type(exc).__name__}: {exc}"))
+        self.failures += 1
+        return True
 
     @staticmethod
     def _answer_error(env: Envelope, exc: DsiError) -> None:
