@@ -40,6 +40,7 @@ HEADER_BYTES = 64
 _KIND_BLOCK = 1
 _HEADER = struct.Struct("<4sHBB16sI4xQd8x")  # the first 56 bytes
 _TAIL = struct.Struct("<Q")
+_IOV_MAX = 1024
 
 FsyncPolicy = Literal["always", "segment", "never"]
 FSYNC_POLICIES = ("always", "segment", "never")
@@ -118,17 +119,27 @@ class SegmentWriter:
         return self._size
 
     def append(self, records: Sequence[tuple[bytes, int, memoryview, float]]) -> list[Written]:
-        """Write ``(key, tclass, payload, created)`` records in order; returns their locations."""
+        """Write ``(key, tclass, payload, created)`` records in order; returns their locations.
+
+        The records that fit the active segment go out in one ``pwritev``.
+        """
         out: list[Written] = []
+        parts: list = []
+        start = self._size
         for key, tclass, payload, created in records:
             size = payload.nbytes
+            if self._size > start and self._size + HEADER_BYTES + size > self.segment_bytes:
+                _pwrite_all(self._fd, parts, start)
+                parts = []
             if self._size and self._size + HEADER_BYTES + size > self.segment_bytes:
                 self._roll()
+                start = 0
             checksum = payload_checksum(key, payload)
-            header = pack_header(key, tclass, size, checksum, created)
-            _pwrite_all(self._fd, [header, payload], self._size)
+            parts += [pack_header(key, tclass, size, checksum, created), payload]
             out.append(Written(self.active, self._size + HEADER_BYTES, size, checksum))
             self._size += HEADER_BYTES + size
+        if parts:
+            _pwrite_all(self._fd, parts, start)
         if self.fsync == "always" and out:
             os.fdatasync(self._fd)
         return out
@@ -161,13 +172,32 @@ class SegmentWriter:
 
 def read_payload(fd: int, offset: int, dest: memoryview) -> bool:
     """Fill ``dest`` from ``offset``; False when the file is shorter (a lost tail)."""
+    return read_run(fd, offset, [dest]) == 1
+
+
+def read_run(fd: int, offset: int, dests: Sequence[memoryview]) -> int:
+    """Payloads of consecutive records (the first payload at ``offset``) in one ``preadv``, the
+    headers between them skipped; returns how many payloads were read whole."""
+    scratch = memoryview(bytearray(HEADER_BYTES * max(len(dests) - 1, 0)))
+    views: list[memoryview] = []
+    for k, dest in enumerate(dests):
+        if k:
+            views.append(scratch[(k - 1) * HEADER_BYTES:k * HEADER_BYTES])
+        views.append(dest)
     done = 0
-    while done < dest.nbytes:
-        n = os.preadv(fd, [dest[done:]], offset + done)
+    while views:
+        n = os.preadv(fd, views[:_IOV_MAX], offset + done)
         if n == 0:
-            return False
+            break
         done += n
-    return True
+        _advance(views, n)
+    whole, end = 0, 0
+    for k, dest in enumerate(dests):
+        end += (HEADER_BYTES if k else 0) + dest.nbytes
+        if end > done:
+            break
+        whole += 1
+    return whole
 
 
 def scan(path: Path) -> Iterator[tuple[RecordHeader, int]]:
@@ -193,13 +223,20 @@ def scan(path: Path) -> Iterator[tuple[RecordHeader, int]]:
 def _pwrite_all(fd: int, parts: list, offset: int) -> None:
     views = [memoryview(p).cast("B") for p in parts]
     while views:
-        n = os.pwritev(fd, views, offset)
+        n = os.pwritev(fd, views[:_IOV_MAX], offset)
         offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _advance(views, n)
+
+
+def _advance(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of a list of buffers, in place."""
+    done = 0
+    while done < len(views) and n >= views[done].nbytes:
+        n -= views[done].nbytes
+        done += 1
+    del views[:done]
+    if views and n:
+        views[0] = views[0][n:]
 
 
 def _fsync_dir(root: Path) -> None:

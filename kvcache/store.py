@@ -39,6 +39,7 @@ from dsi.kvcache.segments import (
     Written,
     payload_checksum,
     read_payload,
+    read_run,
     scan,
     segment_ids,
     segment_path,
@@ -177,13 +178,37 @@ class BlockStore:
     @staticmethod
     def read_one(plan: ReadPlan, i: int, dest: memoryview) -> int:
         """Any thread: block i into ``dest`` (exactly its size); OK, CORRUPT or MISSING."""
+        return BlockStore.read_run(plan, [i], [dest])[0]
+
+    @staticmethod
+    def read_run(plan: ReadPlan, idx: Sequence[int], dests: Sequence[memoryview]) -> list[int]:
+        """Any thread: blocks ``idx`` that lie back to back in one segment (see ``runs``), in
+        one read; a status per block."""
         try:
-            if not read_payload(plan.fds[i], int(plan.where.offset[i]), dest):
-                return MISSING
+            whole = read_run(plan.fds[idx[0]], int(plan.where.offset[idx[0]]), dests)
         except OSError:
-            return MISSING
-        key = plan.keys[i].tobytes()
-        return OK if payload_checksum(key, dest) == int(plan.where.checksum[i]) else CORRUPT
+            whole = 0
+        status = [MISSING] * len(idx)
+        for k in range(whole):
+            i = idx[k]
+            good = payload_checksum(plan.keys[i].tobytes(), dests[k]) == int(plan.where.checksum[i])
+            status[k] = OK if good else CORRUPT
+        return status
+
+    @staticmethod
+    def runs(plan: ReadPlan, idx: Sequence[int], longest: int) -> list[list[int]]:
+        """``idx`` cut into runs of at most ``longest`` blocks stored back to back."""
+        seg, off, size = plan.where.segment.tolist(), plan.where.offset.tolist(), plan.where.size.tolist()
+        out: list[list[int]] = []
+        for i in idx:
+            last = out[-1][-1] if out else -1
+            follows = (last >= 0 and len(out[-1]) < longest and seg[i] == seg[last]
+                       and off[i] == off[last] + size[last] + HEADER_BYTES)
+            if follows:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
 
     def read_finish(self, plan: ReadPlan, status: Sequence[int]) -> Delta:
         """``status[i]`` for each block read (ignored where ``slots[i] < 0``); unpins; drops failures."""
