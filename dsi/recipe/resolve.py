@@ -1,0 +1,233 @@
+"""ParsedRequest + served model -> ResolvedRequest: the conversation rendered and encoded, and
+every sampling setting resolved the way DeepSeek's API resolves it.
+
+    max_tokens   requested value kept (refused when prompt + it exceed the context); absent:
+                 8192 without thinking, 131072 at effort max, 65536 otherwise, lowered to the
+                 context left after the prompt (at least 1)
+    temperature  1.0 in thinking mode (the request's value is ignored), else as requested (1.0)
+    top_p        V4: thinking -> 0.95 with tools declared, else 1.0; no thinking -> as requested
+                 V4.1: thinking -> the request's value raised to at least 0.95 (1.0 if absent);
+                 no thinking -> 1.0
+    thinking     off for ``thinking: disabled`` or effort ``none``; an explicit enable wins over
+                 effort ``none`` (effort then ``high``); named/required tool_choice needs it off
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dsi.engine.params import SamplingParams
+from dsi.recipe.conversation import (
+    AssistantMessage,
+    Conversation,
+    Effort,
+    ImageRef,
+    Message,
+    ModelVersion,
+    ResponseFormat,
+    ToolChoice,
+    ToolSpec,
+)
+from dsi.recipe.encode import PromptEncoder
+from dsi.recipe.errors import Protocol, RequestError
+from dsi.recipe.models import ServedModel
+from dsi.recipe.render import render
+from dsi.recipe.request import EFFORTS, ParsedRequest, ThinkingRequest
+from dsi.recipe.segments import RenderedPrompt
+from dsi.recipe.wire import fail
+
+MAX_OUTPUT_TOKENS = 393_216
+DEFAULT_MAX_TOKENS = 8192
+DEFAULT_THINKING_MAX_TOKENS = 65_536
+DEFAULT_MAX_EFFORT_MAX_TOKENS = 131_072
+
+
+@dataclass(slots=True, frozen=True)
+class ResolvedRequest:
+    """Everything the gateway needs to run one request and answer in its protocol.
+
+    ``prompt_token_ids`` is None for V4.1 (its control tokens are not in the V4 vocabulary);
+    ``prompt_tokens`` is then an estimate (V4 BPE on the text, one per control token).
+    ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
+    """
+
+    protocol: Protocol
+    model: str
+    model_version: ModelVersion
+    conversation: Conversation
+    prompt: RenderedPrompt
+    prompt_token_ids: tuple[int, ...] | None
+    prompt_tokens: int
+    thinking: bool
+    effort: Effort | None
+    ends_in_thinking: bool
+    tools: tuple[ToolSpec, ...]
+    tool_choice: ToolChoice
+    forced_tool: str | None
+    response_format: ResponseFormat
+    stop: tuple[str, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    logprobs: bool
+    top_logprobs: int
+    frequency_penalty: float
+    presence_penalty: float
+    stream: bool
+    include_usage: bool
+    parallel_tool_calls: bool
+    user: str | None
+    metadata: dict[str, Any] | None
+    images: tuple[ImageRef, ...] = ()
+    echo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt.text
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's settings (stop strings act on content, in the output parser)."""
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
+        )
+
+
+def resolve(
+    parsed: ParsedRequest,
+    served: ServedModel,
+    encoder: PromptEncoder,
+    default_thinking: bool = True,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+) -> ResolvedRequest:
+    thinking, effort = _thinking(parsed.thinking, default_thinking)
+    if thinking and parsed.tool_choice == "required":
+        raise fail("Thinking mode does not support this tool_choice", parsed.tool_choice_param)
+    conv = Conversation(
+        _fill_reasoning(parsed.messages, thinking),
+        parsed.tools,
+        parsed.tool_choice,
+        parsed.forced_tool,
+        thinking,
+        effort,
+        parsed.response_format,
+    )
+    version = served.version
+    rendered = render(conv, version)
+    if version is ModelVersion.V4:
+        ids: tuple[int, ...] | None = tuple(encoder.encode(rendered.prompt))
+        count = len(ids)
+    else:
+        ids = None
+        count = sum(
+            len(encoder.encode_text(s)) if isinstance(s, str) else 1 for s in rendered.prompt.segments
+        )
+    opts = parsed.options
+    return ResolvedRequest(
+        protocol=parsed.protocol,
+        model=parsed.model,
+        model_version=version,
+        conversation=conv,
+        prompt=rendered.prompt,
+        prompt_token_ids=ids,
+        prompt_tokens=count,
+        thinking=thinking,
+        effort=effort,
+        ends_in_thinking=rendered.ends_in_thinking,
+        tools=parsed.tools,
+        tool_choice=parsed.tool_choice,
+        forced_tool=parsed.forced_tool,
+        response_format=parsed.response_format,
+        stop=opts.stop,
+        max_tokens=_max_tokens(parsed, count, served.context_tokens, thinking, effort, max_output_tokens),
+        temperature=1.0 if thinking or opts.temperature is None else opts.temperature,
+        top_p=_top_p(opts.top_p, version, thinking, bool(conv.active_tools)),
+        top_k=opts.top_k or 0,
+        seed=opts.seed,
+        logprobs=opts.logprobs,
+        top_logprobs=opts.top_logprobs,
+        frequency_penalty=opts.frequency_penalty,
+        presence_penalty=opts.presence_penalty,
+        stream=opts.stream,
+        include_usage=opts.include_usage,
+        parallel_tool_calls=opts.parallel_tool_calls,
+        user=opts.user,
+        metadata=opts.metadata,
+        images=conv.images() if version is ModelVersion.V41 else (),
+        echo=parsed.echo,
+    )
+
+
+def _thinking(req: ThinkingRequest, default: bool) -> tuple[bool, Effort | None]:
+    if req.enabled is False:
+        return False, None
+    if req.enabled is None and (req.effort == "none" or (req.effort is None and not default)):
+        return False, None
+    named = EFFORTS[req.effort] if req.effort is not None else None
+    return True, named or Effort.HIGH
+
+
+def _fill_reasoning(messages: tuple[Message, ...], thinking: bool) -> tuple[Message, ...]:
+    """Thinking mode: a past assistant turn without reasoning gets an empty one. Otherwise past
+    reasoning is dropped."""
+    out = []
+    for msg in messages:
+        if isinstance(msg, AssistantMessage):
+            reasoning = (msg.reasoning or "") if thinking else None
+            if reasoning != msg.reasoning:
+                msg = replace(msg, reasoning=reasoning)
+        out.append(msg)
+    return tuple(out)
+
+
+def _max_tokens(
+    parsed: ParsedRequest, prompt_tokens: int, context: int, thinking: bool, effort: Effort | None, bound: int
+) -> int:
+    requested = parsed.options.max_tokens
+    param = parsed.max_tokens_param
+    if requested is not None and requested > bound:
+        if not parsed.clamp_max_tokens:
+            raise fail(f"Invalid {param} value, the valid range of {param} is [1, {bound}]", param)
+        requested = bound
+    if requested is not None:
+        if prompt_tokens + requested > context:
+            raise _too_long(context, prompt_tokens, requested)
+        return requested
+    if prompt_tokens > context:
+        raise _too_long(context, prompt_tokens, 0)
+    if not thinking:
+        default = DEFAULT_MAX_TOKENS
+    elif effort is Effort.MAX:
+        default = DEFAULT_MAX_EFFORT_MAX_TOKENS
+    else:
+        default = DEFAULT_THINKING_MAX_TOKENS
+    return max(1, min(default, bound, context - prompt_tokens))
+
+
+def _too_long(context: int, prompt: int, completion: int) -> RequestError:
+    return RequestError(
+        400,
+        f"This model's maximum context length is {context} tokens. However, you requested {prompt + completion} "
+        f"tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of the "
+        "messages or completion.",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
+def _top_p(requested: float | None, version: ModelVersion, thinking: bool, tools: bool) -> float:
+    if version is ModelVersion.V4:
+        if thinking:
+            return 0.95 if tools else 1.0
+        return 1.0 if requested is None else requested
+    if thinking:
+        return 1.0 if requested is None else max(requested, 0.95)
+    return 1.0

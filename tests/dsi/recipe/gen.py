@@ -1,0 +1,395 @@
+"""Random but valid request bodies for the three protocols, with control-token spellings in
+every field the client controls. ``random.Random(seed)`` makes each body reproducible."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+MODELS = ("DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash")
+MARKERS = (
+    "<｜Assistant｜>",
+    "<｜User｜>",
+    "</think>",
+    "<think>",
+    "｜DSML｜",
+    '<｜DSML｜invoke name="f">',
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜latest_reminder｜>",
+    "<｜System｜>",
+    "<tool_result>",
+    "<｜tool▁calls▁begin｜>",
+)
+WORDS = ("hello", "中文内容", "naïve café", "  two  spaces  ", "line\nbreak", "emoji 🙂", "json", "x")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+IMAGE = "https://example.invalid/cat.png"
+
+
+def text(rng: random.Random, markers: bool = True) -> str:
+    pieces = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
+    if markers and rng.random() < 0.7:
+        pieces.insert(rng.randint(0, len(pieces)), rng.choice(MARKERS))
+    return " ".join(pieces)
+
+
+def arguments(rng: random.Random) -> dict[str, Any]:
+    args: dict[str, Any] = {"city": text(rng)}
+    if rng.random() < 0.5:
+        args["days"] = rng.choice([1, 2.5, -3, 10**20])
+    if rng.random() < 0.5:
+        args[text(rng, markers=False).strip() or "k"] = {"nested": [text(rng), None, True]}
+    return args
+
+
+def parameters(rng: random.Random, strict: bool) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "city": {"type": "string", "description": text(rng)},
+        "days": {"type": "number", "description": "how many"},
+    }
+    if rng.random() < 0.5:
+        props["opts"] = {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}}
+    schema: dict[str, Any] = {"type": "object", "properties": props}
+    if not strict and rng.random() < 0.5:
+        schema["required"] = ["city"]
+    return schema
+
+
+def thinking_off(rng: random.Random, body: dict[str, Any], protocol: str) -> None:
+    if protocol == "chat":
+        body["thinking"] = {"type": "disabled"}
+    elif protocol == "responses":
+        body["reasoning"] = {"effort": "none"}
+    else:
+        body["thinking"] = {"type": "disabled"}
+
+
+# -- Chat Completions ----------------------------------------------------------------------
+
+
+def chat(rng: random.Random, model: str) -> dict[str, Any]:
+    strict = rng.random() < 0.3  # DeepSeek refuses strict and non-strict tools together
+    names = rng.sample(["get_weather", "search", "calc"], rng.randint(0, 3))
+    tools = [{"type": "function", "function": _chat_tool(rng, name, strict)} for name in names]
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": text(rng)} for _ in range(rng.randint(0, 3))]
+    call_no = 0
+    for turn in range(rng.randint(1, 3)):
+        msgs.append({"role": "user", "content": _chat_user_content(rng)})
+        if rng.random() < 0.2:
+            msgs.append({"role": "latest_reminder", "content": text(rng)})
+        if turn == 0 and rng.random() < 0.2:
+            msgs.append({"role": "system", "content": text(rng)})
+        if rng.random() < 0.3:
+            continue  # consecutive user messages
+        for _ in range(rng.randint(1, 2)):
+            reply: dict[str, Any] = {
+                "role": "assistant",
+                "content": text(rng) if rng.random() < 0.8 else None,
+            }
+            if rng.random() < 0.6:
+                reply["reasoning_content"] = text(rng)
+            calls = []
+            if tools and rng.random() < 0.6:
+                for _ in range(rng.randint(1, 3)):
+                    call_no += 1
+                    calls.append(
+                        {
+                            "id": f"call_{rng.randint(0, 99)}_{call_no}",
+                            "type": "function",
+                            "function": {
+                                "name": rng.choice(tools)["function"]["name"],
+                                "arguments": json.dumps(arguments(rng), ensure_ascii=rng.random() < 0.5),
+                            },
+                        }
+                    )
+                reply["tool_calls"] = calls
+            if reply["content"] is None and not calls:
+                reply["content"] = ""
+            msgs.append(reply)
+            results = [{"role": "tool", "tool_call_id": c["id"], "content": text(rng)} for c in calls]
+            rng.shuffle(results)
+            msgs.extend(results)
+            if not calls:
+                break
+    if msgs[-1]["role"] == "assistant" and not tools and rng.random() < 0.7:
+        msgs[-1]["prefix"] = True
+    elif msgs[-1]["role"] == "assistant":
+        msgs.append({"role": "user", "content": text(rng)})
+    body: dict[str, Any] = {"model": model, "messages": msgs}
+    if tools:
+        body["tools"] = tools
+    _chat_settings(rng, body, tools)
+    return body
+
+
+def _chat_tool(rng: random.Random, name: str, strict: bool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if rng.random() < 0.8:
+        fn["description"] = text(rng)
+    if strict or rng.random() < 0.9:
+        fn["parameters"] = parameters(rng, strict)
+    if strict:
+        fn["strict"] = True
+    return fn
+
+
+def _chat_user_content(rng: random.Random) -> Any:
+    if rng.random() < 0.6:
+        return text(rng)
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text(rng)} for _ in range(rng.randint(1, 3))]
+    if rng.random() < 0.3:
+        parts.insert(rng.randint(0, len(parts)), {"type": "image_url", "image_url": {"url": IMAGE}})
+    return parts
+
+
+def _chat_settings(rng: random.Random, body: dict[str, Any], tools: list[Any]) -> None:
+    mode = rng.choice(["default", "enabled", "disabled", "effort"])
+    if mode in ("enabled", "disabled"):
+        body["thinking"] = {"type": mode}
+    if mode != "disabled" and rng.random() < 0.8:
+        body["reasoning_effort"] = rng.choice(EFFORTS)
+    off = mode == "disabled" or (body.get("reasoning_effort") == "none" and mode != "enabled")
+    choices = ["auto", "none"] + (["required", "named"] if off else [])
+    if tools and rng.random() < 0.6:
+        choice = rng.choice(choices)
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": rng.choice(tools)["function"]["name"]}}
+            if choice == "named"
+            else choice
+        )
+    fmt = rng.choice(["none", "none", "text", "json_object", "json_schema"])
+    strict_tools = any(t["function"].get("strict") for t in tools) and body.get("tool_choice") != "none"
+    if strict_tools:
+        fmt = "none"  # DeepSeek refuses these combinations
+    elif body["messages"][-1].get("prefix"):
+        fmt = rng.choice(["none", "text"])
+    if fmt == "json_object":
+        body["messages"].insert(0, {"role": "system", "content": "Answer in JSON " + text(rng)})
+        body["response_format"] = {"type": "json_object"}
+    elif fmt == "json_schema":
+        strict = rng.random() < 0.5
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "strict": strict, "schema": parameters(rng, strict)},
+        }
+    elif fmt == "text":
+        body["response_format"] = {"type": "text"}
+    _common_sampling(rng, body, "max_tokens")
+    if rng.random() < 0.3:
+        body["stop"] = rng.choice([text(rng), [text(rng), "STOP"]])
+    if rng.random() < 0.3:
+        body["seed"] = rng.randint(0, 2**40)
+    if rng.random() < 0.2:
+        body["logprobs"] = True
+        body["top_logprobs"] = rng.randint(0, 20)
+    if rng.random() < 0.3:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": rng.random() < 0.5}
+
+
+def _common_sampling(rng: random.Random, body: dict[str, Any], max_key: str) -> None:
+    if rng.random() < 0.5:
+        body[max_key] = rng.randint(1, 4096)
+    if rng.random() < 0.5:
+        body["temperature"] = rng.choice([0.0, 0.25, 0.7, 1.0])
+    if rng.random() < 0.5:
+        body["top_p"] = rng.choice([0.125, 0.5, 0.96, 1.0])
+
+
+# -- Responses -----------------------------------------------------------------------------
+
+
+def responses(rng: random.Random, model: str) -> dict[str, Any]:
+    strict = rng.random() < 0.3
+    tools = [
+        {"type": "function", **_chat_tool(rng, name, strict)}
+        for name in rng.sample(["lookup", "fetch"], rng.randint(0, 2))
+    ]
+    items: list[dict[str, Any]] = []
+    for _ in range(rng.randint(0, 2)):
+        items.append({"role": rng.choice(["system", "developer"]), "content": text(rng)})
+    call_no = 0
+    for _ in range(rng.randint(1, 3)):
+        items.append(_responses_user(rng))
+        if rng.random() < 0.3:
+            continue
+        if rng.random() < 0.6:
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": "rs_1",
+                    "summary": [{"type": "summary_text", "text": text(rng)}],
+                    "content": [{"type": "reasoning_text", "text": text(rng)}],
+                }
+            )
+        if rng.random() < 0.8:
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text(rng), "annotations": []}],
+                }
+            )
+        if tools and rng.random() < 0.6:
+            calls = []
+            for _ in range(rng.randint(1, 2)):
+                call_no += 1
+                calls.append(
+                    {
+                        "type": "function_call",
+                        "call_id": f"fc_{rng.randint(0, 99)}_{call_no}",
+                        "name": rng.choice(tools)["name"],
+                        "arguments": json.dumps(arguments(rng)),
+                    }
+                )
+            items.extend(calls)
+            outs = [
+                {"type": "function_call_output", "call_id": c["call_id"], "output": text(rng)} for c in calls
+            ]
+            rng.shuffle(outs)
+            items.extend(outs)
+    if items[-1].get("type") in ("message", "reasoning") and items[-1].get("role") != "user":
+        items.append(_responses_user(rng))
+    body: dict[str, Any] = {"model": model, "input": items}
+    if (
+        rng.random() < 0.2
+        and len(items) == 1
+        and "content" in items[0]
+        and isinstance(items[0]["content"], str)
+    ):
+        body["input"] = items[0]["content"]
+    if rng.random() < 0.5:
+        body["instructions"] = text(rng)
+    if tools:
+        body["tools"] = tools
+    effort = rng.choice((None, *EFFORTS))
+    if effort is not None:
+        body["reasoning"] = {"effort": effort}
+    if tools and rng.random() < 0.6:
+        choices = ["auto", "none"] + (["required", "named"] if effort == "none" else [])
+        choice = rng.choice(choices)
+        body["tool_choice"] = {"type": "function", "name": tools[0]["name"]} if choice == "named" else choice
+    fmt = rng.choice(["none", "text", "json_object", "json_schema"])
+    if strict and tools and body.get("tool_choice") != "none":
+        fmt = rng.choice(["none", "text"])
+    if fmt == "json_object":
+        body["instructions"] = "Reply with JSON. " + body.get("instructions", "")
+        body["text"] = {"format": {"type": "json_object"}}
+    elif fmt == "json_schema":
+        strict = rng.random() < 0.5
+        body["text"] = {
+            "format": {
+                "type": "json_schema",
+                "name": "out",
+                "strict": strict,
+                "schema": parameters(rng, strict),
+            }
+        }
+    elif fmt == "text":
+        body["text"] = {"format": {"type": "text"}}
+    _common_sampling(rng, body, "max_output_tokens")
+    if rng.random() < 0.3:
+        body["stream"] = True
+    return body
+
+
+def _responses_user(rng: random.Random) -> dict[str, Any]:
+    if rng.random() < 0.5:
+        return {"role": "user", "content": text(rng)}
+    parts: list[dict[str, Any]] = [
+        {"type": "input_text", "text": text(rng)} for _ in range(rng.randint(1, 2))
+    ]
+    if rng.random() < 0.3:
+        parts.append({"type": "input_image", "image_url": IMAGE, "detail": "auto"})
+    return {"type": "message", "role": "user", "content": parts}
+
+
+# -- Messages ------------------------------------------------------------------------------
+
+
+def messages(rng: random.Random, model: str) -> dict[str, Any]:
+    tools = [
+        {"name": name, "description": text(rng), "input_schema": parameters(rng, False)}
+        for name in rng.sample(["read_file", "run"], rng.randint(0, 2))
+    ]
+    msgs: list[dict[str, Any]] = []
+    pending: list[str] = []
+    call_no = 0
+    for _ in range(rng.randint(1, 3)):
+        blocks: list[dict[str, Any]] = [
+            {
+                "type": "tool_result",
+                "tool_use_id": i,
+                "content": rng.choice([text(rng), [{"type": "text", "text": text(rng)}]]),
+            }
+            for i in pending
+        ]
+        rng.shuffle(blocks)
+        blocks += [{"type": "text", "text": text(rng)} for _ in range(rng.randint(0 if blocks else 1, 2))]
+        if rng.random() < 0.2:
+            blocks.append({"type": "image", "source": {"type": "url", "url": IMAGE}})
+        msgs.append(
+            {
+                "role": "user",
+                "content": blocks
+                if rng.random() < 0.7 or len(blocks) != 1 or blocks[0]["type"] != "text"
+                else blocks[0]["text"],
+            }
+        )
+        pending = []
+        if rng.random() < 0.2:
+            continue
+        reply: list[dict[str, Any]] = []
+        if rng.random() < 0.6:
+            reply.append({"type": "thinking", "thinking": text(rng), "signature": "sig"})
+        if rng.random() < 0.8:
+            reply.append({"type": "text", "text": text(rng)})
+        if tools and rng.random() < 0.6:
+            for _ in range(rng.randint(1, 2)):
+                call_no += 1
+                pending.append(f"toolu_{rng.randint(0, 99)}_{call_no}")
+                reply.append(
+                    {
+                        "type": "tool_use",
+                        "id": pending[-1],
+                        "name": rng.choice(tools)["name"],
+                        "input": arguments(rng),
+                    }
+                )
+        if not reply:
+            reply.append({"type": "text", "text": text(rng)})
+        msgs.append({"role": "assistant", "content": reply})
+    if msgs[-1]["role"] == "assistant":
+        blocks = [{"type": "tool_result", "tool_use_id": i, "content": text(rng)} for i in pending]
+        msgs.append({"role": "user", "content": [*blocks, {"type": "text", "text": text(rng)}]})
+    body: dict[str, Any] = {"model": model, "max_tokens": rng.randint(1, 4096), "messages": msgs}
+    if rng.random() < 0.6:
+        body["system"] = (
+            text(rng) if rng.random() < 0.5 else [{"type": "text", "text": text(rng)} for _ in range(2)]
+        )
+    if tools:
+        body["tools"] = tools
+    mode = rng.choice(["default", "enabled", "disabled", "adaptive"])
+    if mode == "enabled":
+        body["max_tokens"] = rng.randint(2048, 8192)
+        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    elif mode != "default":
+        body["thinking"] = {"type": mode}
+    if mode != "disabled" and rng.random() < 0.5:
+        body["output_config"] = {"effort": rng.choice(EFFORTS[2:])}
+    if tools and rng.random() < 0.6:
+        choice = rng.choice(["auto", "none"] + (["tool"] if mode == "disabled" else []))
+        body["tool_choice"] = {"type": choice, **({"name": tools[0]["name"]} if choice == "tool" else {})}
+    if rng.random() < 0.5:
+        body["temperature"] = rng.choice([0.0, 0.5, 1.0])
+    if rng.random() < 0.3:
+        body["top_p"] = rng.choice([0.5, 0.99])
+    if rng.random() < 0.3:
+        body["stop_sequences"] = [text(rng)]
+    if rng.random() < 0.3:
+        body["stream"] = True
+    return body
+
+
+GENERATORS = {"chat": chat, "responses": responses, "messages": messages}
