@@ -6,7 +6,12 @@ import argparse
 import importlib
 
 # Benchmark modules; each has register(subparsers).
-_BENCHES = ("dsi.bench.rpc", "dsi.bench.engine", "dsi.bench.replay")
+_BENCHES = (
+    "dsi.bench.rpc",
+    "dsi.bench.engine",
+    "dsi.bench.replay",
+    "dsi.bench.recipe",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
