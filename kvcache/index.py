@@ -137,10 +137,10 @@ class BlockIndex:
 
     def all_keys(self) -> np.ndarray:
         """Every key held (expired ones included until ``expire`` runs), ``[n, 2]`` uint64."""
-        return self.keys[self._table.live_slots()]
+        return self.keys[self._live_slots()]
 
     def slots_in(self, segment: int) -> np.ndarray:
-        live = self._table.live_slots()
+        live = self._live_slots()
         return live[self.segment[live] == segment]
 
     # ---- updates -----------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class BlockIndex:
 
     def expire(self) -> Removed:
         """Drop every block past its TTL."""
-        live = self._table.live_slots()
+        live = self._live_slots()
         dead = live[self.created[live] + self.ttl[self.tclass[live]] <= self.clock()]
         self.expired += dead.size
         return self._drop(dead)
@@ -197,10 +197,13 @@ class BlockIndex:
         if n > self.capacity:
             raise ValueError(f"{n} blocks cannot fit a capacity of {self.capacity}")
         count = min(len(self), len(self) + n - self.capacity + self.slack)
-        live = self._table.live_slots()
+        live = self._live_slots()
         oldest = live[np.argpartition(self.tick[live], count - 1)[:count]] if count < live.size else live
         self.evicted += oldest.size
         return self._drop(oldest)
+
+    def _live_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.tick[:self._top])  # free slots have tick 0
 
     def _drop(self, slots: np.ndarray) -> Removed:
         removed = Removed(self.keys[slots], self.segment[slots], self.size[slots])

@@ -20,6 +20,8 @@ import numpy as np
 _EMPTY = 0
 _TOMB = -1
 _MIN_BITS = 10
+_WINDOW = 8
+_OFFSETS = np.arange(_WINDOW, dtype=np.int64)
 
 
 class KeyTable:
@@ -36,25 +38,36 @@ class KeyTable:
         return self._table.nbytes
 
     def lookup(self, keys: np.ndarray, store: np.ndarray) -> np.ndarray:
-        """``keys [n, 2] uint64`` -> ``slots [n] int64``, -1 where absent. ``store`` = keys by slot."""
+        """``keys [n, 2] uint64`` -> ``slots [n] int64``, -1 where absent. ``store`` = keys by slot.
+
+        The first probe is one gather per key (most keys end there); keys still unresolved
+        probe ``_WINDOW`` positions per pass, so a long cluster costs few numpy passes.
+        """
         n = len(keys)
         found = np.full(n, -1, dtype=np.int64)
         if n == 0 or self.live == 0:
             return found
         mask = len(self._table) - 1
         lo, hi = keys[:, 0], keys[:, 1]
-        active = np.arange(n)
         pos = (lo & np.uint64(mask)).astype(np.int64)
+        entry = self._table[pos]
+        slot = entry.astype(np.int64) - 1
+        hit = (entry > 0) & (store[np.maximum(slot, 0), 0] == lo) & (store[np.maximum(slot, 0), 1] == hi)
+        found[hit] = slot[hit]
+        active = np.flatnonzero(~hit & (entry != _EMPTY))
+        pos = pos[active] + 1
         while active.size:
-            entry = self._table[pos]
+            window = (pos[:, None] + _OFFSETS) & mask
+            entry = self._table[window]
             slot = entry.astype(np.int64) - 1
-            held = entry > 0
-            cand = np.where(held, slot, 0)
-            hit = held & (store[cand, 0] == lo[active]) & (store[cand, 1] == hi[active])
-            found[active[hit]] = slot[hit]
-            more = ~(hit | (entry == _EMPTY))
+            cand = np.maximum(slot, 0)
+            hit = (entry > 0) & (store[cand, 0] == lo[active, None]) & (store[cand, 1] == hi[active, None])
+            row_hit = hit.any(axis=1)
+            found[active[row_hit]] = slot[row_hit, hit[row_hit].argmax(axis=1)]
+            # A key never lies past an empty position of its probe sequence.
+            more = ~row_hit & ~(entry == _EMPTY).any(axis=1)
             active = active[more]
-            pos = (pos[more] + 1) & mask
+            pos = pos[more] + _WINDOW
         return found
 
     def insert(self, keys: np.ndarray, slots: np.ndarray, store: np.ndarray) -> None:
@@ -75,7 +88,7 @@ class KeyTable:
             self.live -= slots.size
 
     def live_slots(self) -> np.ndarray:
-        """Every slot in the table (unordered)."""
+        """Every slot in the table (unordered); scans the whole table."""
         entries = self._table[self._table > 0]
         return entries.astype(np.int64) - 1
 

@@ -127,6 +127,8 @@ class BlockStore:
             raise ValueError(f"{len(keys)} hashes for {len(payloads)} payloads")
         tclass = class_code(traffic_class)
         fresh = self.index.fresh(keys)
+        if self.index.capacity:
+            fresh = fresh[:self.index.capacity]  # a chain longer than the whole store keeps its head
         self.metrics.puts += len(keys)
         self.metrics.existed += len(keys) - fresh.size
         if fresh.size < len(keys):  # a re-put is a use

@@ -11,6 +11,8 @@ _BENCHES = (
     "dsi.bench.engine",
     "dsi.bench.replay",
     "dsi.bench.recipe",
+    "dsi.bench.kvstore",
+    "dsi.bench.trace_hits",
 )
 
 

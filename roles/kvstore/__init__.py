@@ -1,5 +1,6 @@
-"""The kvstore role: KV index and persistent block storage (index and storage to come)."""
+"""The kvstore role: KV index (TTL classes, LRU) and persistent block storage, served over RPC,
+with index deltas published for CHECK replicas (see dsi.kvcache.store, dsi.kvcache.replica)."""
 
-from dsi.roles.kvstore.actor import KvstoreActor
+from dsi.roles.kvstore.actor import TOPIC, KvstoreActor
 
-__all__ = ["KvstoreActor"]
+__all__ = ["TOPIC", "KvstoreActor"]
