@@ -90,6 +90,12 @@ class PromptEncoder:
                 raise RequestError(400, f"{seg.value} is not in the V4 vocabulary", code="unsupported_model")
         return ids
 
+    def count_tokens(self, prompt: RenderedPrompt) -> int:
+        """Prompt length in V4 tokens; for a V4.1 prompt an estimate (V4 BPE for the text, one
+        token per control token)."""
+        texts = [s for s in prompt.segments if isinstance(s, str)]
+        return sum(map(len, self.encode_texts(texts))) + len(prompt.segments) - len(texts)
+
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids, with no added vocabulary; long inputs in parallel chunks."""
         if sum(map(len, texts)) < PARALLEL_MIN_CHARS:

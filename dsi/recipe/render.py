@@ -51,6 +51,8 @@ class Rendered:
 
 
 def render(conv: Conversation, version: ModelVersion) -> Rendered:
+    """``conv`` as ``version``'s prompt: head, turns, then the generation prompt (unless the last
+    message is continued)."""
     v4 = version is ModelVersion.V4
     if any(isinstance(m, DeveloperMessage) for m in conv.messages):
         conv = replace(conv, messages=tuple(_developer(m, v4) for m in conv.messages))

@@ -127,9 +127,7 @@ def resolve(
         count = len(ids)
     else:
         ids = None
-        count = sum(
-            len(encoder.encode_text(s)) if isinstance(s, str) else 1 for s in rendered.prompt.segments
-        )
+        count = encoder.count_tokens(rendered.prompt)
     opts = parsed.options
     return ResolvedRequest(
         protocol=parsed.protocol,

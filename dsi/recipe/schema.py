@@ -9,6 +9,7 @@ keywords are written type first, in the order the DeepSeek templates use.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -197,8 +198,6 @@ def _at(where: str) -> str:
 
 
 def _show(value: Any) -> str:
-    import json
-
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
