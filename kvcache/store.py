@@ -20,8 +20,6 @@ gone, is a miss: it is dropped from the index and counted in ``metrics.corrupt``
 
 from __future__ import annotations
 
-import errno
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ import numpy as np
 
 from dsi.kvcache.hashchain import keys_of
 from dsi.kvcache.index import BlockIndex, Locations, Removed, class_code
+from dsi.kvcache.ledger import SegmentLedger
 from dsi.kvcache.segments import (
     HEADER_BYTES,
     FsyncPolicy,
@@ -111,11 +110,7 @@ class BlockStore:
         self.index = BlockIndex(capacity, ttls_s, clock)
         self.metrics = StoreMetrics()
         self.compact_below = compact_below
-        self._live: dict[int, int] = {}  # segment -> bytes of records the index points at
-        self._total: dict[int, int] = {}  # segment -> bytes of records written
-        self._fds: dict[int, int] = {}
-        self._pins: dict[int, int] = {}
-        self._retired: set[int] = set()
+        self.ledger = SegmentLedger(self.root)
         existing = segment_ids(self.root)
         self._rebuild(existing)
         self.writer = SegmentWriter(self.root, (existing[-1] + 1) if existing else 1, segment_bytes, fsync)
@@ -127,10 +122,10 @@ class BlockStore:
             raise ValueError(f"{len(keys)} hashes for {len(payloads)} payloads")
         tclass = class_code(traffic_class)
         fresh = self.index.fresh(keys)
-        if self.index.capacity:
-            fresh = fresh[:self.index.capacity]  # a chain longer than the whole store keeps its head
         self.metrics.puts += len(keys)
         self.metrics.existed += len(keys) - fresh.size
+        if self.index.capacity:
+            fresh = fresh[:self.index.capacity]  # a chain longer than the whole store keeps its head
         if fresh.size < len(keys):  # a re-put is a use
             slots = self.index.lookup(keys)
             self.index.touch(slots[slots >= 0])
@@ -143,14 +138,14 @@ class BlockStore:
         return self.writer.append(plan.records)
 
     def put_commit(self, plan: PutPlan, written: list[Written]) -> Delta:
-        self._account_written(written)
+        self.metrics.bytes_written += self.ledger.written(written)
         fresh = self.index.fresh(plan.keys)  # another put may have committed the same keys
         if fresh.size == 0:
             return Delta(plan.keys[:0], plan.keys[:0])
         where = _locations([written[i] for i in fresh.tolist()])
         created = np.array([plan.records[i][3] for i in fresh.tolist()], dtype=np.float64)
         removed = self.index.insert(plan.keys[fresh], where, plan.tclass, created)
-        self._add_live(where)
+        self.ledger.add_live(where.segment, where.size)
         self.metrics.stored += fresh.size
         return Delta(plan.keys[fresh], self._account_removed(removed))
 
@@ -169,7 +164,7 @@ class BlockStore:
         where = self.index.locate(np.maximum(slots, 0))
         plan = ReadPlan(keys, slots, where, [-1] * len(keys))
         for i in np.flatnonzero(slots >= 0).tolist():
-            fd = self._pin(int(where.segment[i]))
+            fd = self.ledger.pin(int(where.segment[i]))
             if fd < 0:
                 slots[i] = -2  # the segment file is gone
             else:
@@ -226,14 +221,15 @@ class BlockStore:
                 self.metrics.missing += code == MISSING
         self.metrics.hits += len(good)
         self.metrics.misses += len(plan.slots) - len(good)
-        self.index.touch(plan.slots[good])
+        held = self.index.lookup(plan.keys[good])  # slots may have been evicted and reused meanwhile
+        self.index.touch(held[held >= 0])
         removed = self.index.remove(plan.keys[gone]) if gone else self.index.remove(plan.keys[:0])
         return Delta(plan.keys[:0], self._account_removed(removed))
 
     def read_abort(self, plan: ReadPlan) -> None:
         """Give up a planned read without touching the index (the caller's request was bad)."""
         for seg in plan.segments:
-            self._unpin(seg)
+            self.ledger.unpin(seg)
         plan.segments = []
 
     def get(self, packed: bytes) -> list[bytes | None]:
@@ -255,13 +251,11 @@ class BlockStore:
 
     def compact_plan(self) -> CompactPlan | None:
         """The sealed segment with the smallest live fraction below ``compact_below``, if any."""
-        sealed = [s for s in self._total if s != self.writer.active]
-        ratios = {s: self._live.get(s, 0) / max(self._total[s], 1) for s in sealed}
-        worst = min(ratios, key=ratios.__getitem__, default=None)
-        if worst is None or ratios[worst] >= self.compact_below:
+        worst = self.ledger.most_dead(self.writer.active, self.compact_below)
+        if worst is None:
             return None
         slots = self.index.slots_in(worst)
-        fd = self._pin(worst) if slots.size else -1
+        fd = self.ledger.pin(worst) if slots.size else -1
         if slots.size and fd < 0:  # file gone: its blocks are lost
             self.metrics.missing += slots.size
             self._account_removed(self.index.remove(self.index.keys[slots]))
@@ -283,13 +277,13 @@ class BlockStore:
 
     def compact_abort(self, plan: CompactPlan) -> None:
         if plan.slots.size:
-            self._unpin(plan.segment)
+            self.ledger.unpin(plan.segment)
 
     def compact_commit(self, plan: CompactPlan, written: list[Written]) -> Delta:
-        self._account_written(written)
+        self.metrics.bytes_written += self.ledger.written(written)
         removed = plan.keys[:0]
         if plan.slots.size:
-            self._unpin(plan.segment)
+            self.ledger.unpin(plan.segment)
             kept = np.array(plan.copied, dtype=np.int64)
             # Blocks evicted or re-put elsewhere meanwhile keep their state; copies of them are dead.
             still = self.index.lookup(plan.keys[kept]) == plan.slots[kept]
@@ -297,12 +291,12 @@ class BlockStore:
             moved = _locations(written)
             sel = np.flatnonzero(still)
             self.index.move(plan.slots[kept[sel]], Locations(*(a[sel] for a in moved)))
-            self._add_live(Locations(*(a[sel] for a in moved)))
+            self.ledger.add_live(moved.segment[sel], moved.size[sel])
             lost = np.setdiff1d(np.arange(len(plan.slots)), kept)
             self.metrics.corrupt += lost.size
             removed = self._account_removed(self.index.remove(plan.keys[lost]))
             self.metrics.compacted_blocks += sel.size
-        self._retire(plan.segment)
+        self.ledger.retire(plan.segment)
         self.metrics.compacted_segments += 1
         return Delta(removed[:0], removed)
 
@@ -317,24 +311,24 @@ class BlockStore:
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
     def segments(self) -> int:
-        return len(self._total)
+        return len(self.ledger.total)
 
     @property
     def live_bytes(self) -> int:
-        return sum(self._live.values())
+        return self.ledger.live_bytes
 
     def close(self) -> None:
         self.writer.close()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self.ledger.close()
 
     # ---- internals ---------------------------------------------------------------------------
     def _rebuild(self, ids: list[int]) -> None:
         now = self.index.clock()
         for seg in ids:
             keys, where, tclass, created = [], [], [], []
+            end = 0
             for header, offset in scan(segment_path(self.root, seg)):
+                end = offset + header.size
                 keys.append(header.key)
                 where.append(Written(seg, offset, header.size, header.checksum))
                 tclass.append(header.tclass)
@@ -343,7 +337,8 @@ class BlockStore:
             if not size:
                 segment_path(self.root, seg).unlink()
                 continue
-            self._total[seg] = size  # a torn or corrupt tail counts as dead bytes
+            self.ledger.total[seg] = size  # a torn or corrupt tail counts as dead bytes
+            self.metrics.corrupt += end < size  # one bad record; what followed it is lost
             if not keys:
                 continue
             packed = b"".join(keys)
@@ -355,53 +350,11 @@ class BlockStore:
             fresh = fresh[cr[fresh] + self.index.ttl[tc[fresh]] > now]
             loc = _locations([where[i] for i in fresh.tolist()])
             self._account_removed(self.index.insert(arr[fresh], loc, tc[fresh], cr[fresh]))
-            self._add_live(loc)
-
-    def _account_written(self, written: Sequence[Written]) -> None:
-        for w in written:
-            self._total[w.segment] = self._total.get(w.segment, 0) + HEADER_BYTES + w.size
-            self.metrics.bytes_written += HEADER_BYTES + w.size
-
-    def _add_live(self, where: Locations) -> None:
-        for seg, nbytes in _per_segment(where.segment, where.size).items():
-            self._live[seg] = self._live.get(seg, 0) + nbytes
+            self.ledger.add_live(loc.segment, loc.size)
 
     def _account_removed(self, removed: Removed) -> np.ndarray:
-        for seg, nbytes in _per_segment(removed.segment, removed.size).items():
-            if seg in self._live:
-                self._live[seg] -= nbytes
+        self.ledger.remove_live(removed.segment, removed.size)
         return removed.keys
-
-    def _pin(self, seg: int) -> int:
-        fd = self._fds.get(seg)
-        if fd is None:
-            try:
-                fd = os.open(segment_path(self.root, seg), os.O_RDONLY)
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
-                return -1
-            self._fds[seg] = fd
-        self._pins[seg] = self._pins.get(seg, 0) + 1
-        return fd
-
-    def _unpin(self, seg: int) -> None:
-        self._pins[seg] -= 1
-        if not self._pins[seg]:
-            del self._pins[seg]
-            if seg in self._retired:
-                self._retired.discard(seg)
-                os.close(self._fds.pop(seg))
-
-    def _retire(self, seg: int) -> None:
-        """Unlink a segment now; its fd closes when no read holds it."""
-        segment_path(self.root, seg).unlink(missing_ok=True)
-        self._live.pop(seg, None)
-        self._total.pop(seg, None)
-        if seg in self._pins:
-            self._retired.add(seg)
-        elif seg in self._fds:
-            os.close(self._fds.pop(seg))
 
 
 def _locations(written: Sequence[Written]) -> Locations:
@@ -409,11 +362,3 @@ def _locations(written: Sequence[Written]) -> Locations:
                      np.array([w.offset for w in written], dtype=np.uint64),
                      np.array([w.size for w in written], dtype=np.uint32),
                      np.array([w.checksum for w in written], dtype=np.uint64))
-
-
-def _per_segment(segments: np.ndarray, sizes: np.ndarray) -> dict[int, int]:
-    if not len(segments):
-        return {}
-    ids, inverse = np.unique(segments, return_inverse=True)
-    totals = np.bincount(inverse, weights=sizes.astype(np.float64) + HEADER_BYTES)
-    return {int(s): int(t) for s, t in zip(ids, totals, strict=True)}

@@ -7,7 +7,7 @@ import pytest
 
 from dsi.kvcache.hashchain import HashChain, unpack
 from dsi.kvcache.segments import HEADER_BYTES, segment_ids, segment_path
-from dsi.kvcache.store import BlockStore
+from dsi.kvcache.store import OK, BlockStore
 
 DAY = 86400.0
 
@@ -129,7 +129,38 @@ def test_a_torn_tail_loses_only_the_torn_record(tmp_path, clock):
     os.truncate(path, path.stat().st_size - 10)
     again = open_store(tmp_path, clock)
     assert again.match(hashes) == 4 and again.get(hashes)[:4] == data[:4]
+    assert again.metrics.corrupt == 1
     again.close()
+
+
+def test_a_flipped_header_ends_its_segment_on_rebuild(tmp_path, clock):
+    store = open_store(tmp_path, clock, segment_bytes=1 << 20)
+    hashes, data = chain(5), payloads(5)
+    store.put(hashes, data)
+    header_at = store.index.record(unpack(hashes)[3]).offset - HEADER_BYTES
+    store.close()
+    path = segment_path(tmp_path, segment_ids(tmp_path)[-1])
+    with open(path, "r+b") as f:
+        f.seek(header_at + 30)
+        f.write(b"\xff")
+    again = open_store(tmp_path, clock)
+    assert again.match(hashes) == 3 and again.get(hashes) == [*data[:3], None, None]
+    assert again.metrics.corrupt == 1
+    again.close()
+
+
+def test_a_read_in_flight_survives_compaction_of_its_segment(tmp_path, clock):
+    store = open_store(tmp_path, clock, capacity=12, segment_bytes=8 * (3000 + HEADER_BYTES), compact_below=0.6)
+    first, second = chain(12, seed=1), chain(12, seed=2)
+    store.put(first, payloads(12, seed=1))
+    plan = store.read_plan(first[8 * 16:9 * 16])  # block 8 lies in the segment about to be compacted
+    store.put(second[:6 * 16], payloads(6, seed=2))
+    store.compact()
+    assert store.metrics.compacted_segments >= 1
+    dest = memoryview(bytearray(3000))
+    assert store.read_one(plan, 0, dest) == OK and bytes(dest) == payloads(12, seed=1)[8]
+    store.read_finish(plan, [OK])
+    store.close()
 
 
 def test_compaction_rewrites_mostly_dead_segments(tmp_path, clock):
