@@ -36,6 +36,7 @@ from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.transfer import RequestState
 from dsi.errors import InvalidRequest
+from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import ModelConfig
 from dsi.model.reference import consumer_start
 from dsi.structured import Rejecting, SpecError, TokenConstraint, default_compiler
@@ -49,6 +50,7 @@ class EngineConfig:
     max_running: int = 96
     replay: bool = True  # decoder-side bounded replay (consumer layers on the last `keep` tokens)
     async_scheduling: bool = True
+    root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
@@ -84,6 +86,7 @@ class Engine:
         self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
                                    c.max_running)
         self.requests: dict[str, Request] = {}
+        self.hash_chain = HashChain(self.config.root_seed, cfg.name)
         self.timings: list[StepTiming] = []
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if c.async_scheduling else None
         self._inflight: tuple[Step, Future] | None = None
@@ -262,9 +265,26 @@ class Engine:
             reason = s.finish or self._stop_reason(req, s.token)
             if reason:
                 self._finish(req, reason)
+        self._hash_full_pages(step)
         for req in step.to_free:
             self._release(req)
         return self._collect(touched.values())
+
+    def _hash_full_pages(self, step: Step) -> None:
+        """Give every page this step filled its content hash (chained over the pages before it)."""
+        size = self.cfg.block_size
+        for sl, req in zip(step.slices, step.requests, strict=True):
+            if (req.finished and not req.prefill_only) or req.slot < 0:
+                continue
+            full = min(sl.end, req.num_tokens) // size
+            known = len(req.block_hashes)
+            if full > known:
+                parent = req.block_hashes[-1] if known else None
+                packed = self.hash_chain.hashes(req.all_tokens[known * size:full * size], parent=parent)
+                req.block_hashes += [packed[i:i + 16] for i in range(0, len(packed), 16)]
+            for page in range(req.hashed_pages, min(full, len(req.block_table))):
+                self.runner.pool.set_hash(req.block_table[page], req.block_hashes[page])
+            req.hashed_pages = max(req.hashed_pages, min(full, len(req.block_table)))
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params

@@ -41,6 +41,8 @@ class Request:
     slot: int = -1
     finish_reason: str | None = None
     num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hash of each full page, in order
+    hashed_pages: int = 0  # pages of block_table already registered in the pool under their hash
     prefill_only: bool = False  # stop after the first token and keep the cache for export
     # Structured output (worker-owned once admitted): the constraint has accepted the first
     # ``constraint_pos`` output tokens; it is rebuilt from ``output`` after a preemption.

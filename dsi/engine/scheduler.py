@@ -139,6 +139,7 @@ class Scheduler:
         self.running.remove(req)
         self.free(req)
         req.num_computed = 0
+        req.hashed_pages = 0
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.preemptions += 1

@@ -135,3 +135,23 @@ def test_mid_decode_migration_matches_one_engine(tiny):
     target.import_request(state)
     assert _outputs(target)["r"].output == expected
     target.close()
+
+
+def test_full_pages_carry_their_chain_hash(tiny):
+    from dsi.kvcache.hashchain import HashChain
+
+    cfg, w = tiny
+    prompt = random_prompts([300], seed=41)[0]
+    engine = Engine(cfg, w, EngineConfig(max_batch_tokens=100))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=4, temperature=0))
+    req = engine.requests["r"]
+    while not req.output:
+        engine.step()
+    expected = HashChain(0, cfg.name).hashes(prompt)
+    assert b"".join(req.block_hashes) == expected and len(req.block_hashes) == 2
+    pool = engine.runner.pool
+    assert [pool.hash_of(b) for b in req.block_table[:2]] == req.block_hashes
+    engine.run_until_done()
+    engine.close()
+    # Freed pages keep their hash (findable for reuse) until they are allocated again.
+    assert pool.lookup(req.block_hashes[0]) is not None
