@@ -67,6 +67,8 @@ class Peer:
         keep_receive_buffers()
         self._connected = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._rehellos: set[asyncio.Task] = set()
+        self._hellos = 0  # Hello calls in flight
         self._closed = False
 
     async def connect(self, timeout: float | None = None) -> Welcome:
@@ -183,7 +185,11 @@ class Peer:
 
     # ---- background tasks --------------------------------------------------------------------
     async def _hello(self, timeout: float) -> None:
-        reply = await self._call(Kind.HELLO, Hello(PROTOCOL_VERSION, self.peer_id, self.role), timeout)
+        self._hellos += 1
+        try:
+            reply = await self._call(Kind.HELLO, Hello(PROTOCOL_VERSION, self.peer_id, self.role), timeout)
+        finally:
+            self._hellos -= 1
         if reply.version != PROTOCOL_VERSION:
             raise VersionMismatch(f"{self.address} speaks protocol {reply.version}")
         self.welcome = reply
@@ -239,8 +245,11 @@ class Peer:
                     self._fail_all(PeerLost(f"{self.address} went away"))
                 live = False
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                if seen_connection:
-                    asyncio.get_running_loop().create_task(self._rehello())
+                # A reconnect, or a first connection whose Hello already timed out in connect().
+                if seen_connection or (self.welcome is None and not self._hellos):
+                    task = asyncio.get_running_loop().create_task(self._rehello())
+                    self._rehellos.add(task)
+                    task.add_done_callback(self._rehellos.discard)
                 seen_connection = live = True
 
     async def _rehello(self) -> None:

@@ -7,9 +7,9 @@ import zmq.asyncio
 
 from dsi.errors import ActorStopped, AskTimeout, HandlerError, InvalidRequest, PeerLost
 from dsi.messages.blob import Blob
-from tests.transport.echo import ECHO_TYPES, Boom, Count, Echo, EchoActor, Note, Sleep
 from dsi.transport.client import Peer
 from dsi.transport.server import ActorServer
+from tests.transport.echo import ECHO_TYPES, Boom, Count, Echo, EchoActor, Note, Sleep
 
 
 @pytest.fixture
@@ -119,4 +119,28 @@ async def test_closed_peer_fails_calls():
     await peer.close()
     with pytest.raises(PeerLost):
         await peer.ask(Echo("x"))
+    ctx.term()
+
+
+async def test_first_hello_timing_out_is_repeated_when_the_server_appears():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    ctx = zmq.asyncio.Context()
+    peer = Peer(address, ctx, types=ECHO_TYPES, timeout=0.3)
+    with pytest.raises(AskTimeout):
+        await peer.connect()
+    server = ActorServer(EchoActor(), address, ctx, role="late")
+    await server.start()
+    for _ in range(100):
+        if peer.welcome is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert peer.welcome is not None and peer.welcome.role == "late"
+    assert await peer.ask(Echo("hi"), timeout=5) == Echo("hi")
+    await peer.close()
+    await server.stop()
     ctx.term()
