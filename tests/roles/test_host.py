@@ -6,12 +6,12 @@ import socket
 import aiohttp
 import pytest
 import zmq.asyncio
-from dsi.roles.host import RoleHost, RoleStartError, advertised
-from dsi.transport.client import Peer
 
 from dsi.config import NodeConfig, parse_config
 from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances, Load
+from dsi.roles.host import RoleHost, RoleStartError, advertised
+from dsi.transport.client import Peer
 
 INTERVAL = 0.1
 

@@ -3,11 +3,10 @@
 import json
 import re
 
-from dsi.transport.security import generate_keys
-
 from dsi.cli.main import main
 from dsi.cli.status import format_table, table_json
 from dsi.messages.control import InstanceInfo, InstanceTable, Load
+from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
 
 INFO = InstanceInfo(

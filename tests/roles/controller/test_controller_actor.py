@@ -1,8 +1,7 @@
-from dsi.roles.controller import ControllerActor
-
 from dsi.actor import LocalRef
 from dsi.config import ClusterConfig
 from dsi.messages.control import Goodbye, Heartbeat, InstanceTable, ListInstances, Load
+from dsi.roles.controller import ControllerActor
 
 
 class FakeClock:

@@ -1,7 +1,7 @@
 import pytest
-from dsi.roles.controller.registry import InstanceRegistry
 
 from dsi.messages.control import Heartbeat, Load
+from dsi.roles.controller.registry import InstanceRegistry
 
 INTERVAL = 1.0
 TIMEOUT = 5.0
