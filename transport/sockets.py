@@ -67,6 +67,11 @@ def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+# Small bytes frames (headers, msgpack bodies) are sent with copy=True: a zero-copy send builds a
+# zmq.Frame with a release callback, which costs far more than copying a few hundred bytes.
+_ZERO_COPY_MIN = 64 * 1024
+
+
 class FramePump:
     """Moves whole multipart messages between one socket and the event loop, one callback each.
 
@@ -178,8 +183,10 @@ class FramePump:
         """
         send, last = self._send_frame, len(frames) - 1
         for i in range(last):
-            send(frames[i], _MORE_NOBLOCK, copy=False)
-        send(frames[last], _NOBLOCK, copy=False)
+            frame = frames[i]
+            send(frame, _MORE_NOBLOCK, copy=type(frame) is bytes and len(frame) < _ZERO_COPY_MIN)
+        frame = frames[last]
+        send(frame, _NOBLOCK, copy=type(frame) is bytes and len(frame) < _ZERO_COPY_MIN)
 
     def _flush(self) -> None:
         while self._outbox:
