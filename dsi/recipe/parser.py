@@ -282,27 +282,15 @@ class OutputParser:
             self._block.text(text)
 
     def _reasoning(self, text: str) -> None:
-        if not self._started:
-            text = text.lstrip("\n")
-            if not text:
-                return
-            self._started = True
-        text = self._held + text
-        hold = _trailing(text, "\n")
-        if hold:
-            self._held = text[-hold:]
-            text = text[:-hold]
-        else:
-            self._held = ""
-        self._emit_text(ReasoningDelta, text)
+        text = self._begin(text)
+        if text is None:
+            return
+        self._release(ReasoningDelta, text, _trailing(text, "\n"))
 
     def _content(self, text: str) -> None:
-        if not self._started:
-            text = text.lstrip("\n")
-            if not text:
-                return
-            self._started = True
-        text = self._held + text
+        text = self._begin(text)
+        if text is None:
+            return
         if self._stop and self._match_stop(text):
             return
         hold = 0
@@ -311,12 +299,25 @@ class OutputParser:
             hold = lt + _trailing(text[: len(text) - lt], "\n")
         if self._stop:
             hold = max(hold, self._stop_prefix(text))
+        self._release(ContentDelta, text, hold)
+
+    def _begin(self, text: str) -> str | None:
+        """Held-back text plus ``text``; leading newlines of the section are dropped (None: all were)."""
+        if not self._started:
+            text = text.lstrip("\n")
+            if not text:
+                return None
+            self._started = True
+        return self._held + text
+
+    def _release(self, kind: type, text: str, hold: int) -> None:
+        """Emit ``text`` but its last ``hold`` characters, which wait for the next step."""
         if hold:
             self._held = text[-hold:]
             text = text[:-hold]
         else:
             self._held = ""
-        self._emit_text(ContentDelta, text)
+        self._emit_text(kind, text)
 
     def _match_stop(self, text: str) -> bool:
         # The stop string that completes first wins (then the one that starts first): the
