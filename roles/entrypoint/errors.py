@@ -1,40 +1,28 @@
-"""HTTP errors in the shape of the protocol the client speaks.
+"""HTTP errors of the gateway itself (auth, limits, routing) in the shape of the client's protocol.
 
-    OpenAI (chat, responses):  {"error": {"message", "type", "param", "code"}}
-    Anthropic (messages):      {"type": "error", "error": {"type", "message"}}
+The bodies come from the recipe's ``error_body``, so a refused request and a gateway error look
+the same to a client; this module only adds the OpenAI error types of the gateway's statuses.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-# status -> (OpenAI type, Anthropic type)
-_TYPES = {
-    400: ("invalid_request_error", "invalid_request_error"),
-    401: ("authentication_error", "authentication_error"),
-    403: ("permission_error", "permission_error"),
-    404: ("not_found_error", "not_found_error"),
-    405: ("invalid_request_error", "invalid_request_error"),
-    413: ("invalid_request_error", "request_too_large"),
-    422: ("invalid_request_error", "invalid_request_error"),
-    429: ("rate_limit_error", "rate_limit_error"),
-    500: ("server_error", "api_error"),
-    503: ("server_error", "overloaded_error"),
-    504: ("server_error", "api_error"),
-}
+from dsi.recipe.errors import RequestError
+from dsi.recipe.errors import error_body as recipe_error_body
+
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                 429: "rate_limit_error"}
 
 
 def protocol_of(path: str) -> str:
     return "messages" if path.startswith("/v1/messages") else "responses" if path.startswith("/v1/responses") else "chat"
 
 
-def error_body(protocol: str, status: int, message: str, *, param: str | None = None, code: str | None = None,
-               kind: str | None = None) -> dict:
-    openai_type, anthropic_type = _TYPES.get(status, ("invalid_request_error" if status < 500 else "server_error",
-                                                      "invalid_request_error" if status < 500 else "api_error"))
-    if protocol == "messages":
-        return {"type": "error", "error": {"type": kind or anthropic_type, "message": message}}
-    return {"error": {"message": message, "type": kind or openai_type, "param": param, "code": code}}
+def error_body(protocol: str, status: int, message: str, *, param: str | None = None,
+               code: str | None = None) -> dict:
+    kind = _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return recipe_error_body(RequestError(status, message, param=param, code=code, type=kind), protocol)
 
 
 def error_response(protocol: str, status: int, message: str, **extra: str | None) -> web.Response:

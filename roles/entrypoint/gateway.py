@@ -52,7 +52,7 @@ class Gateway:
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
         caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
         if caller is None:
-            return self._error(protocol, 401, "missing or invalid API key", kind=None)
+            return self._error(protocol, 401, "missing or invalid API key")
         try:
             self.keys.acquire(caller)
         except TooManyRequests as exc:
