@@ -1,54 +1,19 @@
 """Two hosts in network namespaces joined by a veth pair: a controller on one, a prefill on the
 other, talking over 10.200.x.0/24 addresses that exist only inside the namespaces."""
 
-import os
-import shutil
-import subprocess
-
 import pytest
 
 from tests.dsi.cli.procs import Procs, instances, python_module, wait_until
+from tests.netns import two_hosts
 
 pytestmark = pytest.mark.netns
-
-
-def ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture
 def namespaces():
     """(controller namespace, prefill namespace, subnet prefix); deleted again on teardown."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        pytest.skip("the ip command (iproute2) is not installed")
-    pid = os.getpid()
-    ns = (f"dsi{pid}c", f"dsi{pid}p")
-    veth = (f"dsiv{pid}c", f"dsiv{pid}p")
-    net = f"10.200.{pid % 250 + 1}"
-    created: list[str] = []
-    try:
-        for name in ns:
-            done = ip("netns", "add", name)
-            if done.returncode != 0:
-                pytest.skip(f"ip netns add failed: {done.stderr.strip()}")
-            created.append(name)
-        steps = [
-            ("link", "add", veth[0], "type", "veth", "peer", "name", veth[1]),
-            *[("link", "set", veth[i], "netns", ns[i]) for i in (0, 1)],
-            *[("-n", ns[i], "addr", "add", f"{net}.{i + 1}/24", "dev", veth[i]) for i in (0, 1)],
-            *[("-n", ns[i], "link", "set", dev, "up") for i in (0, 1) for dev in (veth[i], "lo")],
-        ]
-        for step in steps:
-            done = ip(*step)
-            if done.returncode != 0:
-                pytest.skip(f"ip {' '.join(step)} failed: {done.stderr.strip()}")
-        yield ns[0], ns[1], net
-    finally:
-        for name in created:  # deleting a namespace deletes its end of the veth pair, and so both
-            ip("netns", "del", name)
-        ip("link", "del", veth[0])  # only exists if moving it into a namespace failed
+    with two_hosts() as hosts:
+        yield hosts
 
 
 @pytest.fixture
