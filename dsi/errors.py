@@ -90,6 +90,18 @@ class InvalidRequest(DsiError):
     code = "invalid_request"
 
 
+class TransferFailed(DsiError):
+    """A KV data-plane transfer failed: refused, unknown transfer id, or the other side went away."""
+
+    code = "transfer_failed"
+
+
+class TransferTimeout(DsiError):
+    """A KV data-plane transfer did not complete within its timeout."""
+
+    code = "transfer_timeout"
+
+
 _BY_CODE: dict[str, type[DsiError]] = {
     cls.code: cls
     for cls in (
@@ -104,6 +116,8 @@ _BY_CODE: dict[str, type[DsiError]] = {
         PeerLost,
         Cancelled,
         InvalidRequest,
+        TransferFailed,
+        TransferTimeout,
     )
 }
 

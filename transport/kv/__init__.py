@@ -1,0 +1,15 @@
+"""The KV data plane: bulk transfer of KV blocks and request state between prefill and decode.
+
+Receiver-registered memory: ``plane.expect(id, nbytes, timeout_s)`` on the receiver, its
+``inbound.target`` handed to the sender over the control plane, ``await plane.send(target, parts,
+timeout_s)`` on the sender, ``await inbound.wait()`` then ``inbound.release()`` on the receiver.
+Backends: tcp (ZeroMQ), shm (same host, /dev/shm), rdma (RC queue pairs, one-sided writes).
+"""
+
+from dsi.errors import TransferFailed, TransferTimeout
+from dsi.transport.kv.factory import make_data_plane
+from dsi.transport.kv.inbound import Inbound, PlaneStats
+from dsi.transport.kv.plane import DataPlane
+from dsi.transport.kv.target import KvTarget
+
+__all__ = ["DataPlane", "Inbound", "KvTarget", "PlaneStats", "TransferFailed", "TransferTimeout", "make_data_plane"]
