@@ -29,6 +29,7 @@ class Generate(Message):
     sampling: Sampling = Sampling()
     cache_salt: str = ""
     traffic_class: str = "chatbot"  # chatbot | agent (selects the KV TTL)
+    cached_tokens: int = 0  # leading prompt tokens the kvstore holds, per the entrypoint's CHECK replica
 
 
 class TokenChunk(Message):

@@ -1,7 +1,9 @@
 """EntrypointActor: the API gateway role.
 
 On start it loads the recipe (tokenizer, model table), learns the engine instances from the
-controller, and serves the HTTP API on its ``http`` address (see dsi.roles.entrypoint.app).
+controller, starts following the kvstore's index (a CHECK replica, for prefix hits; see
+dsi.roles.entrypoint.prefix) and serves the HTTP API on its ``http`` address (see
+dsi.roles.entrypoint.app).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from dsi.config import EntrypointOptions, NodeConfig
+from dsi.kvcache.hashchain import HashChain
 from dsi.messages.control import Load
 from dsi.model.config import get_config
 from dsi.recipe import ModelVersion, Recipe
@@ -19,6 +22,7 @@ from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.backends import DecodePool
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
+from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
 from dsi.roles.role import RoleActor
 
@@ -39,10 +43,15 @@ class EntrypointActor(RoleActor):
         self._ctx = zmq.asyncio.Context()
         pool = DecodePool(node.cluster.controller, self._ctx, keys=client_keys(node.security), peer_id=self.name)
         await pool.start()
+        shape = get_config(node.model.config)
+        # The engine's page hashes: HashChain(cluster.root_seed, its model config's name).
+        prefix = PrefixLookup(HashChain(node.cluster.root_seed, shape.name), node.cluster.controller, self._ctx,
+                              keys=client_keys(node.security), peer_id=self.name)
+        await prefix.start()
         recipe = Recipe({node.model.name: ModelVersion.V4})
-        preparer = Preparer(recipe, get_config(node.model.config).max_context)
+        preparer = Preparer(recipe, shape.max_context)
         keys = ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key)
-        self.gateway = Gateway(pool, keys, Metrics(), preparer)
+        self.gateway = Gateway(pool, keys, Metrics(), preparer, prefix)
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes)
         self._runner = await start_http(app, self.http_host, self.http_port)
         await super().on_start()
@@ -54,6 +63,8 @@ class EntrypointActor(RoleActor):
             self._runner = None
         if self.gateway is not None:
             await self.gateway.pool.close()
+            if self.gateway.prefix is not None:
+                await self.gateway.prefix.close()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
 

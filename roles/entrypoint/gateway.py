@@ -1,6 +1,7 @@
 """Gateway: one HTTP request of any protocol -> an engine request -> the protocol's response.
 
     body --recipe (parse, render, encode)--> Prepared(token ids, Sampling, OutputOptions)
+         --PrefixLookup (CHECK replica, no I/O)--> cached tokens, in Generate and in usage
          --DecodePool.generate--> TokenChunk per engine step
          --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -26,9 +27,12 @@ from dsi.roles.entrypoint.auth import ApiKeys, Caller, TooManyRequests
 from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from dsi.roles.entrypoint.errors import error_response
 from dsi.roles.entrypoint.metrics import Metrics
+from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.sse import ClientGone, open_sse, send
 
 log = logging.getLogger(__name__)
+
+TRAFFIC_CLASS_HEADER = "x-dsi-traffic-class"  # overrides the API key's class for one request
 
 
 @dataclass(slots=True)
@@ -40,14 +44,19 @@ class Prepared:
     sampling: Sampling
     options: OutputOptions
     stream: bool
+    traffic_class: str = "chatbot"
 
 
 class Gateway:
-    def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer) -> None:
+    def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer,
+                 prefix: PrefixLookup | None = None) -> None:
         self.pool = pool
         self.keys = keys
         self.metrics = metrics
         self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
+        self.prefix = prefix  # None: no kvstore, every prompt is a miss
+        if prefix is not None:
+            metrics.sources.append(prefix.metric_lines)
 
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
         caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
@@ -70,16 +79,27 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge as exc:
             return self._error(protocol, 413, exc.text or "request body too large")
         try:
-            prep = self.prepare(protocol, body, caller.entry.traffic_class)
+            prep = self.prepare(protocol, body, request.headers.get(TRAFFIC_CLASS_HEADER, caller.entry.traffic_class))
         except RequestError as exc:
             self.metrics.request_done(protocol, exc.status)
             self.metrics.error(f"http_{exc.status}")
             return web.json_response(error_body(exc, protocol), status=exc.status)
         self.metrics.prompt_tokens += len(prep.token_ids)
-        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, traffic_class=caller.entry.traffic_class)
+        cached = self._cached_tokens(prep.token_ids)
+        if cached:
+            prep.options = replace(prep.options, cached_tokens=cached)
+        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, traffic_class=prep.traffic_class,
+                       cached_tokens=cached)
         if prep.stream:
             return await self._stream(request, protocol, prep, msg)
         return await self._complete(protocol, prep, msg)
+
+    def _cached_tokens(self, token_ids: list[int]) -> int:
+        """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path)."""
+        hit = self.prefix.cached_tokens(token_ids) if self.prefix is not None else 0
+        self.metrics.prefix_lookup_tokens += len(token_ids)
+        self.metrics.prefix_hit_tokens += hit
+        return hit
 
     async def _complete(self, protocol: str, prep: Prepared, msg: Generate) -> web.Response:
         out = OutputStream(prep.options)

@@ -6,12 +6,16 @@
     dsi_ttft_seconds (histogram)               time to first token
     dsi_itl_seconds (histogram)                inter-token latency (per engine step's chunk)
     dsi_requests_in_flight (gauge)
+    dsi_prefix_lookup_tokens_total / dsi_prefix_hit_tokens_total   prompt tokens looked up in the
+                                               CHECK replica, and those it holds (hit ratio)
+    + the lines of each ``sources`` callable (the replica's gauges, see PrefixLookup)
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -48,6 +52,9 @@ class Metrics:
     in_flight: int = 0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
+    prefix_lookup_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    sources: list[Callable[[], list[str]]] = field(default_factory=list)
 
     def request_done(self, protocol: str, status: int) -> None:
         self.requests[(protocol, status)] += 1
@@ -64,5 +71,10 @@ class Metrics:
                   "# TYPE dsi_generated_tokens_total counter", f"dsi_generated_tokens_total {self.generated_tokens}",
                   "# TYPE dsi_requests_in_flight gauge", f"dsi_requests_in_flight {self.in_flight}",
                   "# TYPE dsi_ttft_seconds histogram", *self.ttft.lines("dsi_ttft_seconds"),
-                  "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds")]
+                  "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds"),
+                  "# TYPE dsi_prefix_lookup_tokens_total counter",
+                  f"dsi_prefix_lookup_tokens_total {self.prefix_lookup_tokens}",
+                  "# TYPE dsi_prefix_hit_tokens_total counter", f"dsi_prefix_hit_tokens_total {self.prefix_hit_tokens}"]
+        for source in self.sources:
+            lines += source()
         return "\n".join(lines) + "\n"

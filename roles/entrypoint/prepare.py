@@ -1,5 +1,6 @@
 """From a protocol request body to what the gateway runs: token ids, engine sampling settings
-(with the structured-output constraint the request implies) and the emitter's options."""
+(with the structured-output constraint the request implies), the emitter's options and the
+traffic class (the request's ``metadata.traffic_class``, else the header's or the key's)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dsi.structured.spec import StructuredSpec
 
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "messages": "msg_"}
 _OPENER = "<｜DSML｜tool_calls>\n"
+TRAFFIC_CLASSES = ("agent", "chatbot")
 
 
 class Preparer:
@@ -51,13 +53,24 @@ class Preparer:
             tool_names=tuple(t.name for t in req.conversation.active_tools), stop=req.stop,
             include_usage=req.include_usage, prompt_tokens=len(ids), response_fields=req.echo,
             prefill_ids=tuple(prefill))
-        return Prepared(request_id, ids, sampling, options, req.stream)
+        return Prepared(request_id, ids, sampling, options, req.stream, _traffic_class(req, traffic_class))
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:
         """The tool-call opener the renderer put at the end of the prompt, as ids."""
         if req.tool_choice == "required" and req.prompt_text.endswith(_OPENER):
             return _opener_ids(self.recipe)
         return []
+
+
+def _traffic_class(req: ResolvedRequest, default: str) -> str:
+    """``metadata.traffic_class`` of the request, else ``default`` (the header's or the key's)."""
+    in_body = "traffic_class" in (req.metadata or {})
+    chosen = req.metadata["traffic_class"] if in_body else default  # type: ignore[index]
+    if chosen not in TRAFFIC_CLASSES:
+        where = "metadata.traffic_class" if in_body else "the x-dsi-traffic-class header"
+        raise RequestError(400, f"{where}: {chosen!r} is not one of {', '.join(TRAFFIC_CLASSES)}",
+                           param="metadata.traffic_class" if in_body else None, code="invalid_traffic_class")
+    return chosen
 
 
 def _opener_ids(recipe: Recipe) -> list[int]:

@@ -2,5 +2,6 @@
 with index deltas published for CHECK replicas (see dsi.kvcache.store, dsi.kvcache.replica)."""
 
 from dsi.roles.kvstore.actor import TOPIC, KvstoreActor
+from dsi.roles.kvstore.client import FetchedBlocks, KvstoreClient, find_kvstore
 
-__all__ = ["TOPIC", "KvstoreActor"]
+__all__ = ["TOPIC", "FetchedBlocks", "KvstoreActor", "KvstoreClient", "find_kvstore"]

@@ -1,0 +1,191 @@
+"""Prefix hits in the gateway: blocks put into a real kvstore reach the entrypoint's CHECK replica,
+and a request with that prefix reports them (Generate, usage of each protocol, metrics); the
+kvstore is found through the controller; with no kvstore the gateway serves with hit 0."""
+
+import asyncio
+
+import pytest
+import zmq.asyncio
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from dsi.config import ClusterConfig
+from dsi.kvcache.hashchain import HashChain
+from dsi.messages import ALL
+from dsi.messages.control import Heartbeat
+from dsi.messages.kvstore import GetIndexInfo
+from dsi.recipe import ModelVersion, Recipe
+from dsi.roles.controller import ControllerActor
+from dsi.roles.entrypoint.app import make_app
+from dsi.roles.entrypoint.auth import ApiKeys
+from dsi.roles.entrypoint.gateway import Gateway
+from dsi.roles.entrypoint.metrics import Metrics
+from dsi.roles.entrypoint.prefix import PrefixLookup
+from dsi.roles.entrypoint.prepare import Preparer
+from dsi.transport.client import Peer
+from dsi.transport.server import ActorServer
+from tests.roles.entrypoint.fakes import FakePool
+from tests.roles.kvstore.conftest import Clock, Kvstores, block_bytes, put_msg
+from tests.transport.procs import free_address
+
+CHAIN = HashChain(root_seed=5, model="tiny")
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks
+BODIES = {  # each its own prompt (the three protocols render the same text alike)
+    "chat": {"model": "dsi-tiny", "messages": [{"role": "user", "content": "chat " + LONG}], "max_tokens": 2},
+    "responses": {"model": "dsi-tiny", "input": "responses " + LONG, "max_output_tokens": 2},
+    "messages": {"model": "dsi-tiny", "messages": [{"role": "user", "content": "messages " + LONG}],
+                 "max_tokens": 2},
+}
+
+
+def cached_in_usage(protocol: str, body: dict) -> int:
+    usage = body["usage"]
+    if protocol == "chat":
+        return usage["prompt_tokens_details"]["cached_tokens"]
+    if protocol == "responses":
+        return usage["input_tokens_details"]["cached_tokens"]
+    return usage["cache_read_input_tokens"]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return Recipe({"dsi-tiny": ModelVersion.V4})
+
+
+@pytest.fixture
+async def ctx():
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+async def kvstores(tmp_path, ctx):
+    group = Kvstores(ctx, tmp_path / "store", Clock())
+    yield group
+    await group.stop_all()
+
+
+async def _gateway(recipe, prefix: PrefixLookup | None, pool: FakePool):
+    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384), prefix)
+    server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+async def _synced(prefix: PrefixLookup, peer: Peer) -> None:
+    info = await peer.ask(GetIndexInfo())
+    async with asyncio.timeout(20):
+        while prefix.replica is None:
+            await asyncio.sleep(0.02)
+    await prefix.replica.wait_seq(info.epoch, info.seq)
+
+
+async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvstores, ctx):
+    run = await kvstores.start(publish_interval_s=0.2)
+    prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
+    await prefix.start()
+    pool = FakePool()
+    server = await _gateway(recipe, prefix, pool)
+    try:
+        async with ClientSession() as http:
+            for protocol, body in BODIES.items():
+                async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                    assert resp.status == 200 and cached_in_usage(protocol, await resp.json()) == 0
+                ids = pool.requests[-1].token_ids
+                assert len(ids) >= 3 * 128 and pool.requests[-1].cached_tokens == 0
+                hashes = CHAIN.hashes(ids)
+                await run.peer.ask(put_msg(hashes[:2 * 16], block_bytes(2)))  # the first two blocks
+                await _synced(prefix, run.peer)
+                async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                    answer = await resp.json()
+                    assert resp.status == 200 and cached_in_usage(protocol, answer) == 256, answer
+                assert pool.requests[-1].cached_tokens == 256
+            # a stream reports it too (chat with include_usage)
+            body = {**BODIES["chat"], "stream": True, "stream_options": {"include_usage": True}}
+            async with http.post(server.make_url(PATHS["chat"]), json=body) as resp:
+                assert '"cached_tokens":256' in (await resp.text()).replace(" ", "")
+            async with http.get(server.make_url("/metrics")) as resp:
+                text = await resp.text()
+        lookups = sum(len(r.token_ids) for r in pool.requests)
+        assert f"dsi_prefix_lookup_tokens_total {lookups}" in text
+        assert "dsi_prefix_hit_tokens_total 1024" in text  # 3 protocols + the stream, 256 each
+        assert "dsi_kv_replica_blocks 6" in text and "dsi_kv_replica_synced 1" in text
+        assert "dsi_kv_replica_resyncs_total 1" in text
+    finally:
+        await server.close()
+        await prefix.close()
+
+
+async def test_the_kvstore_is_found_through_the_controller(kvstores, ctx):
+    run = await kvstores.start()
+    controller = ControllerActor("controller-t", ClusterConfig(controller="tcp://127.0.0.1:1"))
+    server = ActorServer(controller, "tcp://127.0.0.1:*", ctx, role="controller")
+    await server.start()
+    beats = Peer(server.address, ctx, types=ALL)
+    prefix = PrefixLookup(CHAIN, server.address, ctx, refresh_s=0.1)
+    try:
+        await beats.connect()
+        await prefix.start()
+        await asyncio.sleep(0.3)
+        assert prefix.replica is None  # no kvstore registered yet: off, every lookup a miss
+        beats.tell(Heartbeat("kvstore-0", "kvstore", "127.0.0.1", 1, run.address))
+        ids = list(range(1000, 1000 + 3 * 128 + 5))
+        await run.peer.ask(put_msg(CHAIN.hashes(ids), block_bytes(3)))
+        await _synced(prefix, run.peer)
+        assert prefix.address == run.address
+        assert prefix.cached_tokens(ids) == 384
+        assert prefix.cached_tokens(ids[:200]) == 128 and prefix.cached_tokens(ids[:100]) == 0
+        assert prefix.cached_tokens(ids[:256]) == 128  # the last token is always computed
+        assert prefix.cached_tokens(ids[:257]) == 256
+        assert prefix.cached_tokens([7, *ids[1:]]) == 0  # another first block: another chain
+    finally:
+        await prefix.close()
+        await beats.close()
+        await server.stop()
+
+
+async def test_the_gateway_serves_with_hit_zero_when_the_kvstore_is_down(recipe, ctx):
+    prefix = PrefixLookup(CHAIN, None, ctx, address=free_address(), refresh_s=0.1, timeout=0.2)
+    await prefix.start()
+    pool = FakePool()
+    server = await _gateway(recipe, prefix, pool)
+    try:
+        async with ClientSession() as http:
+            for protocol, body in BODIES.items():
+                async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                    assert resp.status == 200 and cached_in_usage(protocol, await resp.json()) == 0
+            async with http.get(server.make_url("/metrics")) as resp:
+                text = await resp.text()
+        assert "dsi_prefix_hit_tokens_total 0" in text and "dsi_kv_replica_synced 0" in text
+        assert [r.cached_tokens for r in pool.requests] == [0, 0, 0]
+    finally:
+        await server.close()
+        await prefix.close()
+
+
+async def test_traffic_class_from_the_key_the_header_or_the_metadata(recipe, tmp_path):
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text('[[keys]]\nkey = "k1"\nname = "team"\ntraffic_class = "agent"\n')
+    pool = FakePool()
+    gateway = Gateway(pool, ApiKeys.load(keys_file), Metrics(), Preparer(recipe, 16_384))
+    server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    auth = {"Authorization": "Bearer k1"}
+    chat = {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        async with ClientSession() as http:
+            url = server.make_url(PATHS["chat"])
+            async with http.post(url, json=chat, headers=auth) as resp:
+                assert resp.status == 200
+            async with http.post(url, json=chat, headers={**auth, "x-dsi-traffic-class": "chatbot"}) as resp:
+                assert resp.status == 200
+            body = {**chat, "metadata": {"traffic_class": "chatbot"}}
+            async with http.post(url, json=body, headers=auth) as resp:
+                assert resp.status == 200
+            async with http.post(url, json=chat, headers={**auth, "x-dsi-traffic-class": "batch"}) as resp:
+                assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_traffic_class"
+        assert [r.traffic_class for r in pool.requests] == ["agent", "chatbot", "chatbot"]
+    finally:
+        await server.close()
