@@ -173,7 +173,7 @@ class KvstoreClient:
             reply = await peer.ask(MatchPrefix(list(hashes)), timeout=self.match_timeout_s)
         except DsiError as exc:
             self.stats.match_errors += 1
-            self._failed("match", exc)
+            self._failed(peer, "match", exc)
             return 0
         self.stats.matches += 1
         return reply.hit_blocks
@@ -194,7 +194,7 @@ class KvstoreClient:
             except DsiError as exc:
                 self._shm.discard(buf)
                 self.stats.fetch_errors += 1
-                self._failed("fetch", exc)
+                self._failed(peer, "fetch", exc)
                 return FetchedBlocks.empty(block_bytes)
             except BaseException:  # cancelled: the kvstore may still be writing into it
                 self._shm.discard(buf)
@@ -225,7 +225,7 @@ class KvstoreClient:
                 reply: Stored = await peer.ask(msg, timeout=self.timeout_s)
             except DsiError as exc:
                 self.stats.put_errors += 1
-                self._failed("put", exc)
+                self._failed(peer, "put", exc)
                 break
             self.stats.puts += 1
             self.stats.put_blocks += end - start
@@ -278,8 +278,8 @@ class KvstoreClient:
             self._spawn(self._resolve())
         return None
 
-    def _failed(self, what: str, exc: DsiError) -> None:
-        if not isinstance(exc, _UNREACHABLE):
+    def _failed(self, peer: Peer, what: str, exc: DsiError) -> None:
+        if not isinstance(exc, _UNREACHABLE) or peer is not self._peer:  # not the kvstore in use now
             log.debug("kvstore client: %s failed: %s", what, exc)
             return
         loop = asyncio.get_running_loop()
