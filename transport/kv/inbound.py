@@ -109,6 +109,7 @@ class ReceiveTable:
         self.grace_s = grace_s  # seconds a failed region stays quarantined while its sender may write
         self._open: dict[str, Inbound] = {}
         self._live: set[Inbound] = set()  # not yet freed
+        self._quarantined: dict[str, Inbound] = {}  # failed while a sender may still write
 
     def expect(self, make_target: Callable[[Region], KvTarget], transfer_id: str, nbytes: int,
                timeout_s: float) -> Inbound:
@@ -165,14 +166,21 @@ class ReceiveTable:
         writing = inbound.state is State.WRITING
         inbound.settle(error)
         if writing:
-            asyncio.get_running_loop().call_later(self.grace_s, inbound.free_region)
+            self._quarantined[inbound.target.transfer_id] = inbound
+            asyncio.get_running_loop().call_later(self.grace_s, self._unquarantine, inbound)
         else:
             inbound.free_region()
 
-    def stopped(self, inbound: Inbound) -> None:
+    def stopped(self, transfer_id: str) -> None:
         """The sender of a failed transfer says it no longer writes: a quarantined region is freed."""
-        if inbound.state is State.FAILED:
-            inbound.free_region()
+        inbound = self._quarantined.get(transfer_id)
+        if inbound is not None:
+            self._unquarantine(inbound)
+
+    def _unquarantine(self, inbound: Inbound) -> None:
+        if self._quarantined.get(inbound.target.transfer_id) is inbound:
+            del self._quarantined[inbound.target.transfer_id]
+        inbound.free_region()
 
     def cancel(self, transfer_id: str) -> None:
         inbound = self._open.get(transfer_id)
@@ -187,6 +195,7 @@ class ReceiveTable:
         """Fail every open transfer and free every region (the pool's slabs go too)."""
         for inbound in list(self._open.values()):
             self.fail(inbound, TransferFailed(f"transfer {inbound.target.transfer_id!r}: receiver closed"))
+        self._quarantined.clear()
         for inbound in list(self._live):
             inbound.free_region()
         self.pool.close()

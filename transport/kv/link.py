@@ -9,6 +9,7 @@ transfer waiting on that receiver, instead of a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,12 @@ class Outgoing:
     def send(self, msg: wire.ToReceiver, payload: list[Any] = ()) -> None:  # type: ignore[assignment]
         self._dialer.pump(self.address).send([wire.encode(msg), *payload])
 
+    def abort(self) -> None:
+        """Tell the receiver this sender gave up (best effort: the channel may be gone already)."""
+        if not self.refused:
+            with contextlib.suppress(zmq.ZMQError, TransferFailed):
+                self.send(wire.Abort(self.transfer_id))
+
     async def reply(self) -> wire.Ack:
         """The next Ack; raises the receiver's error (TransferFailed) or a lost connection's."""
         got = await self._replies.get()
@@ -97,6 +104,7 @@ class Dialer:
         self._sockets: list[zmq.Socket] = []
         self._monitors: dict[int, tuple[zmq.Socket, str]] = {}
         self._outgoing: dict[str, Outgoing] = {}
+        self._closed = False
 
     def open(self, address: str, transfer_id: str) -> Outgoing:
         if transfer_id in self._outgoing:
@@ -112,6 +120,8 @@ class Dialer:
     def pump(self, address: str) -> FramePump:
         pump = self._pumps.get(address)
         if pump is None:
+            if self._closed:
+                raise TransferFailed("data plane closed")
             sock = self._ctx.socket(zmq.DEALER)
             tune(sock)
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -122,6 +132,7 @@ class Dialer:
             fd = monitor.getsockopt(zmq.FD)
             self._monitors[fd] = (monitor, address)
             asyncio.get_running_loop().add_reader(fd, self._on_monitor, fd)
+            self._on_monitor(fd)  # ZMQ_FD is edge-triggered: it signals only after a read found nothing
         return pump
 
     def fail_all(self, error: DsiError) -> None:
@@ -129,6 +140,7 @@ class Dialer:
             out.deliver(error)
 
     def close(self) -> None:
+        self._closed = True
         self.fail_all(TransferFailed("data plane closed"))
         loop = asyncio.get_running_loop()
         for fd, (monitor, _) in self._monitors.items():

@@ -72,8 +72,7 @@ class TcpDataPlane(DataPlane):
                 await self._stream(out, target, chunks(views, self.chunk_bytes))
         except BaseException as error:
             self._counters.failed += 1
-            if not out.refused:
-                out.send(wire.Abort(target.transfer_id))
+            out.abort()
             if isinstance(error, TimeoutError):
                 self._counters.timed_out += 1
                 raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
