@@ -12,7 +12,8 @@ class StepSlice:
     Positions ``[start, start + len(tokens))`` are computed; earlier positions are in the cache
     (pages of ``block_table`` and state slot ``slot``). Consumer layers skip positions below
     ``consumer_start`` (decoder-side bounded replay). ``sample`` asks for the logits of the
-    last position.
+    last position. With a prefix hit, producer SWA keys start at ``producer_start`` (R) and the
+    page entries of positions below ``cached_end`` (H) hold loaded latents that are never written.
     """
 
     slot: int
@@ -21,6 +22,8 @@ class StepSlice:
     tokens: list[int]
     consumer_start: int
     sample: bool
+    producer_start: int = 0
+    cached_end: int = 0
 
     @property
     def end(self) -> int:

@@ -12,6 +12,12 @@ pages and slot are freed only once N+1 has run. A step that could only be schedu
 preempting waits until nothing is in flight, so preemption never races the worker. On CUDA the
 worker is a stream; on the CPU it is one thread (torch releases the GIL inside kernels).
 
+Prefix hits (``add_request(..., cached=CachedPrefix)``): the hit's pages are loaded on
+admission and the request computes only positions >= R (the bounded SWA replay and the
+uncached tokens), with the semantics that :func:`dsi.model.reference.reference_logits` defines
+for ``hit = H``. A preempted hit request keeps its CachedPrefix and is admitted the same way
+again, so its output stays that of the reference with the hit.
+
 Structured output: a request's constraint is built on admission and from then on touched only by
 the worker, in step order (sampling runs there). It has accepted every token the worker sampled
 for the request, including one the CPU has not appended yet; a request that finishes by
@@ -29,16 +35,18 @@ from dataclasses import dataclass
 
 import torch
 
+from dsi.engine.full_pages import FullPages
 from dsi.engine.params import EOS_ID, SamplingParams
+from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage
 from dsi.engine.request import Request, Status
 from dsi.engine.runner import ModelRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
-from dsi.engine.transfer import RequestState
+from dsi.engine.transfer import RequestState, Reservation, StateLayout
 from dsi.errors import InvalidRequest
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import ModelConfig
-from dsi.model.reference import consumer_start
+from dsi.model.reference import consumer_start, max_hit, replay_start
 from dsi.structured import Rejecting, SpecError, TokenConstraint, default_compiler
 
 
@@ -51,6 +59,7 @@ class EngineConfig:
     replay: bool = True  # decoder-side bounded replay (consumer layers on the last `keep` tokens)
     async_scheduling: bool = True
     root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
+    collect_full_pages: bool = False  # queue a FullPage copy of every page that fills (decode persistence)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
@@ -87,6 +96,8 @@ class Engine:
                                    c.max_running)
         self.requests: dict[str, Request] = {}
         self.hash_chain = HashChain(self.config.root_seed, cfg.name)
+        self.full_pages = FullPages(self.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
+        self.stats = EngineStats()
         self.timings: list[StepTiming] = []
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if c.async_scheduling else None
         self._inflight: tuple[Step, Future] | None = None
@@ -94,27 +105,58 @@ class Engine:
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
 
     # ---- requests ------------------------------------------------------------------------------
+    @property
+    def page_elems(self) -> int:
+        """fp32 values in one Block KV page."""
+        return self.runner.layout.elems
+
+    @property
+    def page_bytes(self) -> int:
+        return self.runner.layout.elems * self.runner.pool.pages.element_size()
+
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams,
-                    prefill_only: bool = False) -> None:
-        """Validate and queue; raises InvalidRequest and changes nothing on bad input."""
+                    prefill_only: bool = False, cached: CachedPrefix | None = None) -> None:
+        """Validate and queue; raises InvalidRequest and changes nothing on bad input.
+        ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         self._validate(prompt, params)
+        if cached is not None:
+            self._validate_cached(cached, len(prompt))
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         keep = self.cfg.keep if self.config.replay else None
-        req = Request(request_id, list(prompt), params, consumer_start(len(prompt), keep), seed,
-                      arrival=time.monotonic(), prefill_only=prefill_only)
+        start = consumer_start(len(prompt), keep)
+        req = Request(request_id, list(prompt), params, start, seed, arrival=time.monotonic(),
+                      prefill_only=prefill_only)
+        if cached is not None and cached.num_tokens:
+            req.cached, req.num_cached = cached, cached.num_tokens
+            req.replay_start = replay_start(cached.num_tokens, start, self.cfg.window)
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.cached_tokens += req.num_cached
+        req.stats.cached_tokens = req.num_cached
         self.requests[request_id] = req
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
+        """Stop a request; a prefill-only request that is done gives its kept cache back."""
         req = self.requests.get(request_id)
-        if req is None or req.finished:
+        if req is None:
             return False
+        if req.finished:
+            if not (req.prefill_only and req.slot >= 0):
+                return False
+            self._drain()
+            self._release(req)
+            del self.requests[request_id]
+            return True
         self._finish(req, "abort")
         return True
+
+    def take_full_pages(self) -> list[FullPage]:
+        """Pages that filled since the last call (``collect_full_pages``); any thread may call it."""
+        return self.full_pages.take()
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting or self._inflight)
@@ -168,25 +210,62 @@ class Engine:
         state = RequestState(req.request_id, list(req.prompt), list(req.output), req.params, req.seed,
                              req.consumer_start, req.num_computed, pages,
                              self.runner.slots.rings[req.slot].clone(), self.runner.slots.partial[req.slot].clone(),
-                             list(req.logprobs))
+                             list(req.logprobs), req.num_cached, req.replay_start)
         if not req.finished:
             self.scheduler.finish(req, "migrated")
-        self.scheduler.free(req)
+        self._release(req)
         del self.requests[request_id]
         return state
 
-    def import_request(self, state: RequestState) -> None:
-        """Admit a request with imported cache; it continues from ``num_computed``."""
+    def state_layout(self, num_blocks: int) -> StateLayout:
+        """Where pages, rings and partial state lie in a flat state buffer with ``num_blocks`` pages."""
+        return StateLayout.of(self.cfg, num_blocks)
+
+    def state_nbytes(self, num_blocks: int) -> int:
+        """Bytes of a RequestState with ``num_blocks`` pages (what a lease must receive)."""
+        return self.state_layout(num_blocks).nbytes
+
+    def reserve(self, num_blocks: int) -> Reservation:
+        """Take ``num_blocks`` pages and a state slot out of the scheduler's reach (for an import)."""
+        pool, slots = self.runner.pool, self.runner.slots
+        if num_blocks < 0 or num_blocks > pool.num_free or not slots.num_free:
+            raise InvalidRequest(f"cannot reserve {num_blocks} pages and a state slot: "
+                                 f"{pool.num_free} pages and {slots.num_free} slots are free")
+        return Reservation(pool.allocate(num_blocks), slots.allocate())
+
+    def release(self, res: Reservation) -> None:
+        """Give a reservation's pages and slot back; a no-op once released or imported."""
+        if not res.active:
+            return
+        res.active = False
+        self.runner.pool.free(res.blocks)
+        self.runner.slots.free(res.slot)
+
+    def write_reservation(self, state: RequestState, res: Reservation) -> None:
+        """Copy a state's buffers into a reservation's pages and slot. The memory is reserved, so
+        this may run on any thread while the engine steps; ``import_request`` then copies nothing."""
+        self._check_buffers(state)
+        n = state.pages.shape[0]
+        if not res.active or n > len(res.blocks):
+            raise InvalidRequest(f"the reservation cannot hold {n} pages (active={res.active}, "
+                                 f"{len(res.blocks)} pages)")
+        self.runner.pool.pages[torch.tensor(res.blocks[:n], dtype=torch.long)] = state.pages
+        self.runner.slots.rings[res.slot] = state.rings
+        self.runner.slots.partial[res.slot] = state.partial
+        res.filled = True
+
+    def import_request(self, state: RequestState, reservation: Reservation | None = None) -> None:
+        """Admit a request with imported cache; it continues from ``num_computed``. With a
+        reservation its pages and slot are used (extra pages go back to the pool); on an error
+        the reservation stays held for the caller to release."""
         self._drain()
         if state.request_id in self.requests:
             raise InvalidRequest(f"request id {state.request_id!r} is already in use")
-        expected = (self.runner.layout.elems,)
-        if tuple(state.pages.shape[1:]) != expected or state.rings.shape != self.runner.slots.rings.shape[1:]:
-            raise InvalidRequest("imported buffers do not match this engine's model shape")
+        self._check_buffers(state)
         params = state.params
         self._validate(state.prompt, params)
         n = state.pages.shape[0]
-        if n > self.runner.pool.num_free or not self.runner.slots.num_free:
+        if reservation is None and (n > self.runner.pool.num_free or not self.runner.slots.num_free):
             raise InvalidRequest("not enough free pages or state slots to import the request")
         req = Request(state.request_id, list(state.prompt), params, state.consumer_start, state.seed,
                       arrival=time.monotonic(), output=list(state.output), logprobs=list(state.logprobs))
@@ -196,15 +275,30 @@ class Engine:
             except SpecError as exc:
                 raise InvalidRequest(f"imported request: {exc}") from None
             req.constraint_pos = len(req.output)
-        req.block_table = self.runner.pool.allocate(n)
-        req.slot = self.runner.slots.allocate()
-        self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = state.pages
-        self.runner.slots.rings[req.slot] = state.rings
-        self.runner.slots.partial[req.slot] = state.partial
+        if reservation is not None:
+            if not reservation.active:
+                raise InvalidRequest("the reservation was released")
+            if not reservation.filled:
+                self.write_reservation(state, reservation)
+            reservation.active = False
+            req.block_table, req.slot = reservation.blocks[:n], reservation.slot
+            self.runner.pool.free(reservation.blocks[n:])
+        else:
+            req.block_table = self.runner.pool.allocate(n)
+            req.slot = self.runner.slots.allocate()
+            self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = state.pages
+            self.runner.slots.rings[req.slot] = state.rings
+            self.runner.slots.partial[req.slot] = state.partial
+        if state.num_cached:  # kept so that a preemption here recomputes with the same hit
+            blocks = state.num_cached // self.cfg.block_size
+            pages = self.runner.pool.pages[torch.tensor(req.block_table[:blocks], dtype=torch.long)].clone()
+            req.cached, req.num_cached, req.replay_start = CachedPrefix(state.num_cached, pages), \
+                state.num_cached, state.replay_start
         req.num_computed = state.num_computed
         req.status = Status.RUNNING
         self.requests[req.request_id] = req
         self.scheduler.running.append(req)
+        self.full_pages.update(req, req.num_computed)
 
     # ---- internals ---------------------------------------------------------------------------------
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
@@ -219,6 +313,29 @@ class Engine:
         if -(-len(prompt) // self.cfg.block_size) > self.config.num_blocks - 1 and pages:
             raise InvalidRequest("the prompt does not fit in this engine's KV cache")
         params.validate(vocab)
+
+    def _validate_cached(self, cached: CachedPrefix, prompt_len: int) -> None:
+        h, bs, pages = cached.num_tokens, self.cfg.block_size, cached.pages
+        if not isinstance(h, int) or h < 0 or h % bs:
+            raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
+        if h > max_hit(prompt_len, bs):
+            raise InvalidRequest(f"a cached prefix of {h} tokens leaves no prompt token to compute "
+                                 f"(prompt of {prompt_len})")
+        if h // bs > self.config.num_blocks - 1:
+            raise InvalidRequest("the cached prefix does not fit in this engine's KV cache")
+        if not isinstance(pages, torch.Tensor) or pages.dtype != torch.float32 or \
+                tuple(pages.shape) != (h // bs, self.page_elems):
+            shape = tuple(pages.shape) if isinstance(pages, torch.Tensor) else type(pages).__name__
+            raise InvalidRequest(f"cached pages must be float32 [{h // bs}, {self.page_elems}], got {shape}")
+
+    def _check_buffers(self, state: RequestState) -> None:
+        expected = self.state_layout(state.pages.shape[0] if state.pages.dim() == 2 else 0)
+        got = state.layout()
+        if got != expected:
+            raise InvalidRequest("imported buffers do not match this engine's model shape")
+        bs = self.cfg.block_size
+        if state.num_cached % bs or state.num_cached // bs > state.pages.shape[0]:
+            raise InvalidRequest("the imported state's cached prefix does not match its pages")
 
     def _execute(self, step: Step) -> list[Sampled]:
         """Runs on the worker: fill placeholders from the previous step, forward, sample."""
@@ -252,6 +369,8 @@ class Engine:
         return req.constraint
 
     def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
+        self._count(step)
+        self._hash_full_pages(step)  # before finishing: a finishing request's pages are freed below
         touched: dict[int, tuple[Request, list[Sampled]]] = {}
         chosen = [req for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         for req, s in zip(chosen, sampled, strict=True):
@@ -265,26 +384,26 @@ class Engine:
             reason = s.finish or self._stop_reason(req, s.token)
             if reason:
                 self._finish(req, reason)
-        self._hash_full_pages(step)
         for req in step.to_free:
             self._release(req)
         return self._collect(touched.values())
 
     def _hash_full_pages(self, step: Step) -> None:
-        """Give every page this step filled its content hash (chained over the pages before it)."""
-        size = self.cfg.block_size
+        """Give every page this step filled its chain hash (and queue a copy when collecting)."""
         for sl, req in zip(step.slices, step.requests, strict=True):
             if (req.finished and not req.prefill_only) or req.slot < 0:
                 continue
-            full = min(sl.end, req.num_tokens) // size
-            known = len(req.block_hashes)
-            if full > known:
-                parent = req.block_hashes[-1] if known else None
-                packed = self.hash_chain.hashes(req.all_tokens[known * size:full * size], parent=parent)
-                req.block_hashes += [packed[i:i + 16] for i in range(0, len(packed), 16)]
-            for page in range(req.hashed_pages, min(full, len(req.block_table))):
-                self.runner.pool.set_hash(req.block_table[page], req.block_hashes[page])
-            req.hashed_pages = max(req.hashed_pages, min(full, len(req.block_table)))
+            self.full_pages.update(req, min(sl.end, req.num_tokens))
+
+    def _count(self, step: Step) -> None:
+        """Prompt positions this step computed, and which of them only rebuilt SWA rings."""
+        for sl, req in zip(step.slices, step.requests, strict=True):
+            computed = max(0, min(sl.end, len(req.prompt)) - sl.start)
+            replayed = max(0, min(sl.end, req.num_cached) - max(sl.start, req.replay_start))
+            req.stats.computed_prompt_tokens += computed
+            req.stats.replay_tokens += replayed
+            self.stats.computed_prompt_tokens += computed
+            self.stats.replay_tokens += replayed
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
@@ -299,6 +418,7 @@ class Engine:
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)
         if req.prefill_only and reason == "prefilled":
+            req.cached = None  # never preempted from here on: the caller's buffer is not needed
             return  # keeps its cache until export_request
         if self._inflight is not None and req in self._inflight[0].requests:
             self._inflight[0].to_free.append(req)
@@ -308,6 +428,8 @@ class Engine:
     def _release(self, req: Request) -> None:
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
+        req.cached = None  # the caller's buffer is not needed any more
+        self.stats.record(req.request_id, req.stats)
 
     def _collect(self, touched: Iterable[tuple[Request, list[Sampled]]]) -> list[RequestOutput]:
         outs, self._pending = self._pending, []

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dsi.engine.params import SamplingParams
+from dsi.engine.prefix import RequestStats
 
 if TYPE_CHECKING:
+    from dsi.engine.prefix import CachedPrefix
     from dsi.structured import TokenConstraint
 
 
@@ -44,6 +46,13 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chain hash of each full page, in order
     hashed_pages: int = 0  # pages of block_table already registered in the pool under their hash
     prefill_only: bool = False  # stop after the first token and keep the cache for export
+    # Prefix hit: pages of positions < num_cached are loaded from ``cached`` on admission (again
+    # after a preemption) and computing starts at replay_start (R), the producer SWA start.
+    cached: CachedPrefix | None = None
+    num_cached: int = 0
+    replay_start: int = 0
+    collected_pages: int = 0  # full pages already queued as FullPage (not reset by preemption)
+    stats: RequestStats = field(default_factory=RequestStats)
     # Structured output (worker-owned once admitted): the constraint has accepted the first
     # ``constraint_pos`` output tokens; it is rebuilt from ``output`` after a preemption.
     constraint: TokenConstraint | None = None

@@ -45,15 +45,17 @@ class ModelRunner:
             if dec is None or len(s.tokens) != 1:
                 self._write_global(s, g[a:b])
         if dec is not None:
+            new = dec.pos >= dec.protect  # loaded (cached) entries stay as they are
             page = dec.tables.gather(1, (dec.pos // cfg.block_size)[:, None])[:, 0]
-            self._glob_view[page, dec.pos % cfg.block_size] = g[dec.rows]
+            self._glob_view[page[new], dec.pos[new] % cfg.block_size] = g[dec.rows[new]]
         # Consumer half: only positions >= consumer_start of each slice.
         keep_rows, c_batch, c_spans, offset = [], [], [], 0
         for s, (a, _b) in zip(batch, spans, strict=True):
             skip = min(max(0, s.consumer_start - s.start), len(s.tokens))
             keep_rows.append(torch.arange(a + skip, a + len(s.tokens)))
             n = len(s.tokens) - skip
-            c_batch.append(StepSlice(s.slot, s.block_table, s.start + skip, s.tokens[skip:], s.consumer_start, s.sample))
+            c_batch.append(StepSlice(s.slot, s.block_table, s.start + skip, s.tokens[skip:], s.consumer_start, s.sample,
+                                     s.producer_start, s.cached_end))
             c_spans.append((offset, offset + n))
             offset += n
         rows = torch.cat(keep_rows)
@@ -97,7 +99,7 @@ class ModelRunner:
             keys, vals, kpos = self._swa_keys(s, i, k_rot[a:b], v[a:b], consumer)
             lat, last = self._latents(s, i, consumer)
             out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos,
-                              s.consumer_start if consumer else 0, lat, last, cfg.window)
+                              s.consumer_start if consumer else s.producer_start, lat, last, cfg.window)
             self._write_ring(s, i, k_rot[a:b], v[a:b])
         x = x + out @ w[p + "wo"]
         x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
@@ -110,7 +112,8 @@ class ModelRunner:
         if not one:
             return None
         return build_index(self.cfg, [a for _, a in one], [s.slot for s, _ in one], [s.start for s, _ in one],
-                           [s.consumer_start if consumer else 0 for s, _ in one], [s.block_table for s, _ in one])
+                           [s.consumer_start if consumer else s.producer_start for s, _ in one],
+                           [s.block_table for s, _ in one], [s.cached_end for s, _ in one])
 
     def _attend_decode(self, i: int, dec: DecodeIndex, q: torch.Tensor, q_rot: torch.Tensor, k_rot: torch.Tensor,
                        v: torch.Tensor, consumer: bool) -> torch.Tensor:
@@ -130,16 +133,16 @@ class ModelRunner:
     def _compress_decode(self, dec: DecodeIndex, src: int, xn: torch.Tensor, wc0: torch.Tensor,
                          wc1: torch.Tensor) -> None:
         """Odd positions close a pair (latent written); even ones open it (partial state)."""
-        odd = dec.pos % 2 == 1
         partial = self.slots.partial[:, src]
-        if bool(odd.any()):
-            slots, pos = dec.slots[odd], dec.pos[odd]
-            latents = partial[slots] + xn[odd] @ wc1
+        closes = (dec.pos % 2 == 1) & (dec.pos - 1 >= dec.protect)  # a loaded pair keeps its cached latent
+        if bool(closes.any()):
+            slots, pos = dec.slots[closes], dec.pos[closes]
+            latents = partial[slots] + xn[closes] @ wc1
             j = (pos - 1) // 2
             per = self.layout.per_block_compressed
-            page = dec.tables[odd].gather(1, (j // per)[:, None])[:, 0]
+            page = dec.tables[closes].gather(1, (j // per)[:, None])[:, 0]
             self._src_views[src][page, j % per] = latents
-        even = ~odd
+        even = dec.pos % 2 == 0
         if bool(even.any()):
             partial[dec.slots[even]] = xn[even] @ wc0
 
@@ -148,7 +151,7 @@ class ModelRunner:
                   consumer: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ring keys of the window before this slice, then the slice's own keys."""
         cfg = self.cfg
-        lo = max(s.consumer_start if consumer else 0, s.start - cfg.window + 1)
+        lo = max(s.consumer_start if consumer else s.producer_start, s.start - cfg.window + 1)
         prev = torch.arange(lo, s.start)
         ring = self.slots.rings[s.slot, layer]
         idx = prev % cfg.ring
@@ -178,12 +181,15 @@ class ModelRunner:
             partial.copy_(rows[-1] @ wc0)
         if lat:
             latents = torch.cat([t.reshape(-1, self.cfg.head_dim) for t in lat])
-            j0 = (s.start + 1) // 2 if s.start % 2 == 0 else (s.start - 1) // 2
-            self._scatter(self._src_views[src], s.block_table, torch.arange(j0, j0 + latents.shape[0]),
-                          self.layout.per_block_compressed, latents)
+            j0 = s.start // 2  # the pair of position `start` (closed here when start is odd)
+            skip = min(max(0, s.cached_end // 2 - j0), latents.shape[0])  # loaded pairs keep their latents
+            self._scatter(self._src_views[src], s.block_table, torch.arange(j0 + skip, j0 + latents.shape[0]),
+                          self.layout.per_block_compressed, latents[skip:])
 
     def _write_global(self, s: StepSlice, g: torch.Tensor) -> None:
-        self._scatter(self._glob_view, s.block_table, torch.arange(s.start, s.end), self.cfg.block_size, g)
+        skip = min(max(0, s.cached_end - s.start), len(s.tokens))  # loaded entries stay as they are
+        self._scatter(self._glob_view, s.block_table, torch.arange(s.start + skip, s.end), self.cfg.block_size,
+                      g[skip:])
 
     def _latents(self, s: StepSlice, layer: int, consumer: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         cfg = self.cfg

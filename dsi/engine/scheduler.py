@@ -9,12 +9,18 @@ whose input token is still being sampled carries a placeholder that the runner f
 Preemption by recompute: when a running request needs a page and none is free, the running
 request with the longest output gives its pages and slot back and returns to the head of the
 queue with ``num_computed = 0``.
+
+A request with a prefix hit (``cached``) gets its cached pages on admission, loaded right away
+(they are fresh pages no step in flight can touch), and starts computing at ``replay_start``.
+A preempted hit request is admitted the same way again, so it keeps the hit semantics.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+import torch
 
 from dsi.engine.batch import StepSlice
 from dsi.engine.request import Request, Status
@@ -66,13 +72,17 @@ class Scheduler:
             budget -= self._add_slice(step, req, n)
         while self.waiting and budget > 0 and len(self.running) < self.max_running and self.slots.num_free:
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed, budget)
-            if self._pages_needed(req, n) > self.pool.num_free:
+            start = req.replay_start if req.cached is not None else req.num_computed
+            n = min(req.num_tokens - start, budget)
+            held = req.num_cached // self.block_size if req.cached is not None else 0
+            if max(held, -(-(start + n) // self.block_size)) > self.pool.num_free:
                 break
             self.waiting.popleft()
             req.slot = self.slots.allocate()
             req.status = Status.RUNNING
             self.running.append(req)
+            if req.cached is not None:
+                self._load_cached(req)
             self._reserve(req, n, False, step)
             budget -= self._add_slice(step, req, n)
         return step
@@ -107,13 +117,20 @@ class Scheduler:
         fill = len(known) < n  # the last input token is still being sampled
         tokens = known + [PLACEHOLDER] * (n - len(known))
         sample = start + n == req.num_tokens + req.in_flight
-        step.slices.append(StepSlice(req.slot, req.block_table, start, tokens, req.consumer_start, sample))
+        step.slices.append(StepSlice(req.slot, req.block_table, start, tokens, req.consumer_start, sample,
+                                     req.replay_start, req.num_cached))
         step.requests.append(req)
         step.fills.append(fill)
         req.num_computed += n
         if sample:
             req.in_flight += 1
         return n
+
+    def _load_cached(self, req: Request) -> None:
+        assert req.cached is not None
+        req.block_table = self.pool.allocate(req.num_cached // self.block_size)
+        self.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = req.cached.pages
+        req.num_computed = req.replay_start
 
     def _pages_needed(self, req: Request, n: int) -> int:
         return max(0, -(-(req.num_computed + n) // self.block_size) - len(req.block_table))

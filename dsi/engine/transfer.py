@@ -1,6 +1,6 @@
 """RequestState: everything needed to continue a request in another engine instance.
 
-Buffers (engine format, fp32, C-contiguous)::
+Buffers (engine format, fp32, C-contiguous), in this order in one flat state buffer::
 
     pages    [num_blocks, page_elems]                       Block KV pages, in block-table order
     rings    [n_layers, 2, window + rollback, n_kv_heads, D] SWA rings (slot = position % ring)
@@ -9,15 +9,74 @@ Buffers (engine format, fp32, C-contiguous)::
 ``pages`` covers positions [0, num_computed); ``rings`` / ``partial`` are the state after
 ``num_computed`` positions. Output tokens past ``num_computed`` are known but not yet run
 through the model (normally exactly one: the token the decode engine feeds next).
+
+On the data plane a state travels as ``to_parts()`` (flat byte views, no copy); the receiver
+rebuilds views over the one buffer it received with ``from_buffer`` and a ``StateLayout``
+(a msgspec header, or derived from the receiving engine's model shape and the buffer size).
+
+A ``Reservation`` holds pages and a state slot of a decode engine out of its scheduler's reach
+until a state is imported into them (or it is released).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import msgspec
 import torch
 
 from dsi.engine.params import SamplingParams
+from dsi.kvcache.layout import BlockLayout
+from dsi.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from dsi.engine.engine import Engine
+
+
+class BufferSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix
+    offset: int  # bytes from the start of the state buffer
+    nbytes: int
+
+
+class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Where each buffer of a RequestState lies inside one flat state buffer."""
+
+    buffers: tuple[BufferSpec, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, num_blocks: int) -> StateLayout:
+        shapes = (("pages", (num_blocks, BlockLayout(cfg).elems)),
+                  ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
+                  ("partial", (len(cfg.kv_sources), cfg.head_dim)))
+        return cls._packed([(name, shape, "float32", 4) for name, shape in shapes])
+
+    @classmethod
+    def for_bytes(cls, cfg: ModelConfig, nbytes: int) -> StateLayout:
+        """The layout of a state buffer of ``nbytes`` (the page count follows from the size)."""
+        fixed, page = cls.of(cfg, 0).nbytes, BlockLayout(cfg).elems * 4
+        if nbytes < fixed or (nbytes - fixed) % page:
+            raise ValueError(f"{nbytes} bytes is not a request state of model {cfg.name!r}")
+        return cls.of(cfg, (nbytes - fixed) // page)
+
+    @classmethod
+    def _packed(cls, parts: list[tuple[str, tuple[int, ...], str, int]]) -> StateLayout:
+        specs, offset = [], 0
+        for name, shape, dtype, size in parts:
+            n = size
+            for d in shape:
+                n *= d
+            specs.append(BufferSpec(name, tuple(shape), dtype, offset, n))
+            offset += n
+        return cls(tuple(specs))
 
 
 @dataclass(slots=True)
@@ -33,12 +92,59 @@ class RequestState:
     rings: torch.Tensor
     partial: torch.Tensor
     logprobs: list[float]
+    num_cached: int = 0  # H of a prefix hit (pages[: H // block_size] came from the store)
+    replay_start: int = 0  # R: producer SWA keys start here (0 without a hit)
 
     def buffers(self) -> dict[str, tuple[tuple[int, ...], str, int]]:
         """name -> (shape, dtype, bytes) of each buffer."""
         return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
-                for name, t in (("pages", self.pages), ("rings", self.rings), ("partial", self.partial))}
+                for name, t in self._tensors()}
 
     @property
     def nbytes(self) -> int:
         return sum(b for _, _, b in self.buffers().values())
+
+    def layout(self) -> StateLayout:
+        return StateLayout._packed([(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.element_size())
+                                    for name, t in self._tensors()])
+
+    def to_parts(self) -> list[memoryview]:
+        """Flat byte views of pages, rings, partial (in ``layout()`` order), sharing memory with them."""
+        return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors()]
+
+    @classmethod
+    def from_buffer(cls, layout: StateLayout | Engine, buf: memoryview | bytes | bytearray, request_id: str,
+                    prompt: list[int], output: list[int], params: SamplingParams, seed: int, consumer_start: int,
+                    num_computed: int, logprobs: list[float], num_cached: int = 0,
+                    replay_start: int = 0) -> RequestState:
+        """Views (no copy) over one received state buffer. ``layout``: the sender's header, or
+        the receiving engine (the page count then follows from the buffer size). A read-only
+        buffer gives read-only tensors: import copies them into the engine and never writes."""
+        view = memoryview(buf).cast("B")
+        if not isinstance(layout, StateLayout):
+            layout = StateLayout.for_bytes(layout.cfg, view.nbytes)
+        if layout.nbytes != view.nbytes:
+            raise ValueError(f"the state buffer has {view.nbytes} bytes; its layout says {layout.nbytes}")
+        t = {}
+        with warnings.catch_warnings():  # torch warns about read-only buffers; we never write them
+            warnings.simplefilter("ignore", UserWarning)
+            for b in layout.buffers:
+                dtype = getattr(torch, b.dtype)
+                count = b.nbytes // torch.empty((), dtype=dtype).element_size()
+                t[b.name] = (torch.frombuffer(view, dtype=dtype, count=count, offset=b.offset).view(b.shape)
+                             if count else torch.empty(b.shape, dtype=dtype))
+        return cls(request_id, list(prompt), list(output), params, seed, consumer_start, num_computed, t["pages"],
+                   t["rings"], t["partial"], list(logprobs), num_cached, replay_start)
+
+    def _tensors(self) -> tuple[tuple[str, torch.Tensor], ...]:
+        return ("pages", self.pages), ("rings", self.rings), ("partial", self.partial)
+
+
+@dataclass(slots=True, eq=False)
+class Reservation:
+    """Pages and a state slot held for one incoming request (see ``Engine.reserve``)."""
+
+    blocks: list[int]
+    slot: int
+    active: bool = True  # False once released or consumed by an import
+    filled: bool = False  # a RequestState has been written into the pages and slot
