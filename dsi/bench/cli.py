@@ -13,6 +13,7 @@ _BENCHES = (
     "dsi.bench.recipe",
     "dsi.bench.kvstore",
     "dsi.bench.trace_hits",
+    "dsi.bench.kv_transfer",
 )
 
 
