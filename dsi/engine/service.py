@@ -1,33 +1,43 @@
 """EngineService: an Engine driven from asyncio.
 
 The engine is not thread-safe and its ``step`` blocks, so one task owns it: between steps (on the
-event loop) it applies queued adds and aborts; each step runs on a dedicated thread. Callers
-stream a request's outputs with ``generate``; leaving the stream early (a cancelled task, a
-client that went away) aborts the request in the engine.
+event loop) it applies queued admissions, aborts and calls; each step runs on a dedicated
+thread. Callers stream a request's outputs with ``generate`` (or ``import_request``); leaving the
+stream early (a cancelled task, a client that went away) aborts the request in the engine.
 
     caller --add--> pending --(between steps)--> engine.add_request --> outputs --> caller's queue
+    caller --call(fn)--> calls --(between steps)--> fn(engine) --> caller's future
+
+Disaggregation: ``reserve`` / ``release`` hold pages and a slot for an incoming state;
+``import_request(state, reservation)`` copies the state into the reserved memory at once (so the
+receive buffer may be reused as soon as it returns) and streams the continuation;
+``generate(..., prefill_only=True)`` yields the first token, after which ``export`` takes the
+request out. ``take_full_pages`` drains the engine's FullPage queue from any task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from dsi.engine.engine import Engine, RequestOutput
 from dsi.engine.params import SamplingParams
+from dsi.engine.prefix import CachedPrefix, FullPage
+from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import ActorStopped, DsiError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
 class _Pending:
     request_id: str
-    prompt: list[int]
-    params: SamplingParams
+    admit: Callable[[Engine], None]  # adds the request to the engine; raises DsiError to refuse
     admitted: asyncio.Future
     outputs: asyncio.Queue
 
@@ -36,6 +46,7 @@ class EngineService:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._pending: list[_Pending] = []
+        self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
@@ -58,19 +69,69 @@ class EngineService:
         for p in self._pending:
             if not p.admitted.done():
                 p.admitted.set_exception(stopped)
+        for _, future in self._calls:
+            if not future.done():
+                future.set_exception(stopped)
+        self._calls.clear()
         for queue in self._streams.values():
             queue.put_nowait(stopped)
         self._streams.clear()
         await asyncio.get_running_loop().run_in_executor(self._thread, self.engine.close)
         self._thread.shutdown(wait=True)
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams
+    def generate(self, request_id: str, prompt: list[int], params: SamplingParams, prefill_only: bool = False,
+                 cached: CachedPrefix | None = None) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request until it finishes; raises InvalidRequest if it is refused.
+        ``cached`` pages must stay valid until the stream ends (the engine reads them again
+        after a preemption)."""
+        return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached))
+
+    def import_request(self, state: RequestState, reservation: Reservation | None = None
                        ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request until it finishes; raises InvalidRequest if it is refused."""
+        """Continue an exported request here; streams like ``generate``. With a reservation the
+        state's buffers are copied into it before this returns (InvalidRequest on a mismatch),
+        and a refused import releases it; without one the buffers are read when the engine
+        admits the request (keep them until the first output)."""
+        if reservation is not None:
+            self.engine.write_reservation(state, reservation)  # reserved memory: safe while a step runs
+
+        def admit(engine: Engine) -> None:
+            try:
+                engine.import_request(state, reservation)
+            except DsiError:
+                if reservation is not None:
+                    engine.release(reservation)
+                raise
+
+        return self._stream(state.request_id, admit)
+
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` between two steps and return its result (or raise its error)."""
+        if self._task is None:
+            raise ActorStopped("the engine service is not running")
+        future = asyncio.get_running_loop().create_future()
+        self._calls.append((fn, future))
+        self._wake.set()
+        return await future
+
+    async def reserve(self, num_blocks: int) -> Reservation:
+        return await self.call(lambda e: e.reserve(num_blocks))
+
+    async def release(self, reservation: Reservation) -> None:
+        await self.call(lambda e: e.release(reservation))
+
+    async def export(self, request_id: str) -> RequestState:
+        """Take a (prefilled or running) request out of the engine with its cache."""
+        return await self.call(lambda e: e.export_request(request_id))
+
+    def take_full_pages(self) -> list[FullPage]:
+        return self.engine.take_full_pages()
+
+    async def _stream(self, request_id: str, admit: Callable[[Engine], None]) -> AsyncIterator[RequestOutput]:
         if self._task is None:
             raise ActorStopped("the engine service is not running")
         loop = asyncio.get_running_loop()
-        pending = _Pending(request_id, prompt, params, loop.create_future(), asyncio.Queue())
+        pending = _Pending(request_id, admit, loop.create_future(), asyncio.Queue())
         self._pending.append(pending)
         self._wake.set()
         await pending.admitted
@@ -96,7 +157,7 @@ class EngineService:
         loop = asyncio.get_running_loop()
         while True:
             self._apply()
-            if not self.engine.has_unfinished():
+            if not self.engine.has_unfinished() and not self._calls and not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -120,7 +181,7 @@ class EngineService:
             if p.admitted.done():  # the caller went away before admission
                 continue
             try:
-                self.engine.add_request(p.request_id, p.prompt, p.params)
+                p.admit(self.engine)
             except DsiError as exc:
                 p.admitted.set_exception(exc)
                 continue
@@ -129,6 +190,14 @@ class EngineService:
         aborts, self._aborts = self._aborts, []
         for request_id in aborts:
             self.engine.abort(request_id)
+        calls, self._calls = self._calls, []
+        for fn, future in calls:
+            if future.done():
+                continue
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # the caller gets the error; the engine goes on
+                future.set_exception(exc)
 
     def _fail_all(self, err: DsiError) -> None:
         for request_id, queue in list(self._streams.items()):

@@ -18,8 +18,8 @@ async def service(tiny):
     await svc.close()
 
 
-async def _collect(svc, rid, prompt, params):
-    return [o async for o in svc.generate(rid, prompt, params)]
+async def _collect(svc, rid, prompt, params, **kw):
+    return [o async for o in svc.generate(rid, prompt, params, **kw)]
 
 
 async def test_concurrent_streams_match_offline_engine(service, tiny):
@@ -55,3 +55,67 @@ async def test_leaving_the_stream_aborts_and_frees(service):
         await asyncio.sleep(0.02)
     pool = service.engine.runner.pool
     assert not service.engine.has_unfinished() and pool.num_free == pool.num_blocks - 1
+
+
+async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
+    from dsi.engine import RequestState
+
+    cfg, w = tiny
+    prompt = random_prompts([300], seed=33)[0]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    offline = Engine(cfg, w)
+    offline.add_request("r", prompt, params)
+    expected = next(o for o in offline.run_until_done() if o.finished).output
+    offline.close()
+    prefill = EngineService(Engine(cfg, w))
+    decode = EngineService(Engine(cfg, w, EngineConfig(collect_full_pages=True)))
+    prefill.start()
+    decode.start()
+    try:
+        first = await _collect(prefill, "r", prompt, params, prefill_only=True)
+        assert [o.finish_reason for o in first] == ["prefilled"] and first[0].output == expected[:1]
+        state = await prefill.export("r")
+        base = await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free))
+        res = await decode.reserve(3)
+        buf = bytearray(b"".join(bytes(p) for p in state.to_parts()))
+        received = RequestState.from_buffer(decode.engine, buf, "r", prompt, state.output, params, state.seed,
+                                            state.consumer_start, state.num_computed, state.logprobs)
+        stream = decode.import_request(received, res)
+        buf[:] = bytes(len(buf))  # the receive buffer is reused as soon as import_request returns
+        outs = [o async for o in stream]
+        assert outs[-1].output == expected
+        assert [p.index for p in decode.take_full_pages()] == [0, 1]
+        assert await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free)) == base
+        free = await prefill.call(lambda e: e.runner.pool.num_free)
+        assert free == prefill.engine.runner.pool.num_blocks - 1
+    finally:
+        await prefill.close()
+        await decode.close()
+
+
+async def test_call_returns_results_and_errors_and_refused_imports_release(service):
+    assert await service.call(lambda e: e.cfg.name) == "tiny"
+    with pytest.raises(InvalidRequest, match="cannot reserve"):
+        await service.reserve(10**6)
+    with pytest.raises(InvalidRequest, match="no cache"):
+        await service.export("nobody")
+    base = await service.call(lambda e: e.runner.pool.num_free)
+    await _collect(service, "dup", [5, 6, 7], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+                   prefill_only=True)
+    state = await service.export("dup")
+    service_gen = service.generate("dup", [1, 2, 3], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    first = await service_gen.__anext__()  # "dup" is running: an import under the same id is refused
+    res = await service.reserve(1)
+    with pytest.raises(InvalidRequest, match="already in use"):
+        await _collect_stream(service.import_request(state, res))
+    assert not res.active
+    assert first.new_tokens
+    await service_gen.aclose()
+    for _ in range(100):
+        if await service.call(lambda e: e.runner.pool.num_free) == base:
+            break
+    assert await service.call(lambda e: e.runner.pool.num_free) == base
+
+
+async def _collect_stream(stream):
+    return [o async for o in stream]
