@@ -128,6 +128,10 @@ class ReceiveTable:
         """The transfer if it can still receive bytes."""
         return self._open.get(transfer_id)
 
+    def writable(self, transfer_id: str) -> bool:
+        """Whether a sender may still write into the transfer's region (open or quarantined)."""
+        return transfer_id in self._open or transfer_id in self._quarantined
+
     def begin(self, transfer_id: str, nbytes: int, holder: object) -> Inbound:
         """A sender claims the region before writing into it; TransferFailed if it may not."""
         inbound = self._open.get(transfer_id)

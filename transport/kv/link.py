@@ -39,7 +39,7 @@ class Listener:
         self._pump = FramePump(self._sock, self._on_message, copied=2, name=name)
         self._pump.start()
 
-    def reply(self, rid: bytes, msg: wire.Ack | wire.Refuse) -> None:
+    def reply(self, rid: bytes, msg: wire.ToSender) -> None:
         self._pump.send([rid, wire.encode(msg)])
 
     def refuse(self, rid: bytes, transfer_id: str, error: DsiError) -> None:
@@ -67,7 +67,7 @@ class Outgoing:
         self.address = address
         self.transfer_id = transfer_id
         self._dialer = dialer
-        self._replies: asyncio.Queue[wire.Ack | DsiError] = asyncio.Queue()
+        self._replies: asyncio.Queue[wire.Ack | wire.Connected | DsiError] = asyncio.Queue()
         self.refused = False
 
     def send(self, msg: wire.ToReceiver, payload: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -79,15 +79,15 @@ class Outgoing:
             with contextlib.suppress(zmq.ZMQError, TransferFailed):
                 self.send(wire.Abort(self.transfer_id))
 
-    async def reply(self) -> wire.Ack:
-        """The next Ack; raises the receiver's error (TransferFailed) or a lost connection's."""
+    async def reply(self) -> Any:
+        """The next Ack (or Connected); raises the receiver's error (TransferFailed) or a lost connection's."""
         got = await self._replies.get()
         if isinstance(got, DsiError):
             self.refused = True
             raise got
         return got
 
-    def deliver(self, reply: wire.Ack | DsiError) -> None:
+    def deliver(self, reply: wire.Ack | wire.Connected | DsiError) -> None:
         self._replies.put_nowait(reply)
 
     def close(self) -> None:

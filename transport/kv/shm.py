@@ -167,7 +167,7 @@ class ShmDataPlane(DataPlane):
             self._listener.reply(rid, wire.Ack(tid, -1, True))
         elif isinstance(msg, wire.Abort):
             inbound = table.get(tid)
-            if inbound is not None and inbound.holder == rid:
+            if inbound is not None and inbound.holder in (None, rid):
                 table.fail(inbound, TransferFailed(f"transfer {tid!r}: the sender aborted"))
             table.stopped(tid)
         else:

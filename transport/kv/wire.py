@@ -8,6 +8,7 @@ Sender -> receiver (DEALER -> ROUTER)::
     Abort  [header]                     the sender gave up (cancelled, timed out)
 
 Receiver -> sender: ``Ack`` (a chunk, a begin or the whole transfer when ``done``) or ``Refuse``.
+rdma exchanges queue pairs first: ``Connect`` -> ``Connected``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ class Abort(msgspec.Struct, array_like=True, tag="a", gc=False):
     transfer_id: str
 
 
+class Connect(msgspec.Struct, array_like=True, tag="q", gc=False):
+    """rdma: the sender's queue pair, sent with its first transfer to a receiver."""
+
+    transfer_id: str
+    qpn: int
+    lid: int
+    gid: bytes
+
+
 class Ack(msgspec.Struct, array_like=True, tag="k", gc=False):
     transfer_id: str
     seq: int  # the chunk acknowledged; -1 for a Begin or Done
@@ -49,8 +59,17 @@ class Refuse(msgspec.Struct, array_like=True, tag="r", gc=False):
     error: ErrorInfo
 
 
-ToReceiver = Chunk | Begin | Done | Abort
-ToSender = Ack | Refuse
+class Connected(msgspec.Struct, array_like=True, tag="Q", gc=False):
+    """rdma: the receiver's queue pair for this sender, connected to the sender's."""
+
+    transfer_id: str
+    qpn: int
+    lid: int
+    gid: bytes
+
+
+ToReceiver = Chunk | Begin | Done | Abort | Connect
+ToSender = Ack | Refuse | Connected
 
 encode = msgspec.msgpack.Encoder().encode
 decode_request = msgspec.msgpack.Decoder(ToReceiver).decode

@@ -1,0 +1,331 @@
+"""RdmaDataPlane: one-sided RDMA WRITE WITH IMMEDIATE into the receiver's registered regions.
+
+::
+
+    sender                                              receiver (ROUTER tcp://host:port, RC QP per sender)
+    Connect(qpn, lid, gid)        first time only ───►  create + connect a QP, post receives
+                                                  ◄───  Connected(qpn, lid, gid)
+    Begin(id, nbytes)                             ───►  claim the region (unknown id: Refuse)
+                                                  ◄───  Ack
+    copy parts into a registered staging region
+    WRITE_WITH_IMM chunk i -> addr + i*chunk_bytes ═══►  recv completion: imm = slot|i, count bytes
+      (at most ``send_depth`` outstanding)               all bytes in: Inbound completes
+                                                  ◄───  Ack(done)
+    returns once the Ack and every write completion are in
+
+Receive regions come from a RegionPool of registered slabs; the descriptor (``RdmaRegion``) names
+address, rkey, slot and chunk size. Parts are staged through a registered send pool (one memcpy):
+KV pools and GPU tensors would be registered once instead (GPU memory through dma-buf, see
+``pyverbs_device``), which this interface leaves to a later ``register`` option.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import zmq
+
+from dsi.errors import TransferFailed, TransferTimeout
+from dsi.transport.kv import wire
+from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable, State
+from dsi.transport.kv.link import Dialer, Listener, Outgoing
+from dsi.transport.kv.parts import Buffer, byte_views
+from dsi.transport.kv.plane import DataPlane
+from dsi.transport.kv.rdma import protocol
+from dsi.transport.kv.rdma.verbs import MemoryRegion, QpInfo, Verbs
+from dsi.transport.kv.regions import Region, RegionPool
+
+CHUNK_BYTES = 1 << 20
+SLAB_BYTES = 256 << 20
+RECV_DEPTH = 1024  # receives kept posted per queue pair
+COPY_SLICE = 8 << 20  # bytes staged per event-loop turn
+
+
+class _RegisteredSlab:
+    def __init__(self, verbs: Verbs, nbytes: int) -> None:
+        self.verbs = verbs
+        self.mr: MemoryRegion = verbs.register(nbytes)
+        self.view = self.mr.view
+
+    def close(self) -> None:
+        self.verbs.deregister(self.mr)
+
+
+@dataclass(slots=True)
+class _Writes:
+    """One transfer's writes in flight: the protocol's bookkeeping plus this plane's callbacks."""
+
+    number: int  # high bits of every work request id of this transfer
+    batch: protocol.WriteBatch
+    written: asyncio.Future[None]
+    post: Callable[[], None]
+    on_idle: Callable[[], None] | None = None  # frees the staging region once nothing is outstanding
+
+
+class RdmaDataPlane(DataPlane):
+    backend = "rdma"
+
+    def __init__(self, host: str = "127.0.0.1", *, verbs: Verbs | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 slab_bytes: int = SLAB_BYTES, ctx: zmq.Context | None = None, grace_s: float = 5.0) -> None:
+        if verbs is None:
+            from dsi.transport.kv.rdma.pyverbs_device import open_device
+
+            verbs = open_device()
+        self.verbs = verbs
+        super().__init__(ReceiveTable(RegionPool(self._slab, slab_bytes), PlaneStats(), grace_s))
+        self.host = host
+        self.chunk_bytes = chunk_bytes
+        self._send_pool = RegionPool(self._slab, slab_bytes)
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
+        self._listener: Listener | None = None
+        self._dialer = Dialer(self._ctx, "kv-rdma")
+        self._slots = protocol.SlotTable()
+        self._slot_of: dict[str, int] = {}
+        self._qp_of_sender: dict[bytes, int] = {}  # receiver side: routing id -> local qpn
+        self._sender_of_qp: dict[int, bytes] = {}
+        self._peers: dict[str, asyncio.Future[int]] = {}  # sender side: address -> local qpn
+        self._writes: dict[int, _Writes] = {}
+        self._pending_id = ""  # the id expect() is allocating a region for
+        self._batch_ids = itertools.count(1)
+
+    def _slab(self, nbytes: int) -> _RegisteredSlab:
+        return _RegisteredSlab(self.verbs, nbytes)
+
+    async def start(self) -> None:
+        self._listener = Listener(self._ctx, self.host, self._on_request, "kv-rdma")
+        self.address = self._listener.address
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.verbs.fileno(), self._on_completions)
+
+    async def close(self) -> None:
+        if self._listener is None:
+            return
+        self._table.close()
+        self._dialer.close()
+        for writes in self._writes.values():
+            if not writes.written.done():
+                writes.written.set_exception(TransferFailed("data plane closed"))
+        asyncio.get_running_loop().remove_reader(self.verbs.fileno())
+        for qpn in [*self._qp_of_sender.values(), *(p.result() for p in self._peers.values() if p.done()
+                                                    and not p.exception())]:
+            self.verbs.destroy_qp(qpn)
+        self._send_pool.close()
+        self.verbs.close()
+        self._listener.close()
+        self._listener = None
+        if self._own_ctx:
+            self._ctx.term()
+
+    def region_descriptor(self, region: Region) -> bytes:
+        transfer_id = self._pending_id
+        slot = self._slots.take(transfer_id, self._table.writable)
+        self._slot_of[transfer_id] = slot
+        addr = rkey = 0
+        if region.slab >= 0:
+            slab: Any = self._table.pool.slabs[region.slab]
+            addr, rkey = slab.mr.addr + region.offset, slab.mr.rkey
+        chunk = protocol.chunk_size(region.nbytes, self.chunk_bytes, self.verbs.max_msg_bytes)
+        return wire.encode(protocol.RdmaRegion(addr, rkey, slot, chunk))
+
+    def expect(self, transfer_id: str, nbytes: int, timeout_s: float) -> Inbound:
+        self._pending_id = transfer_id  # region_descriptor needs the id for the slot
+        return super().expect(transfer_id, nbytes, timeout_s)
+
+    # ---- sender -----------------------------------------------------------------------------
+    async def send(self, target: Any, parts: Sequence[Buffer], timeout_s: float) -> None:
+        self._check_target(target)
+        views = byte_views(parts, target.nbytes)
+        where = msgspec.msgpack.decode(target.region, type=protocol.RdmaRegion)
+        out = self._dialer.open(target.address, target.transfer_id)
+        staging: Region | None = None
+        writes: _Writes | None = None
+        begun = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                begun = True  # an abort from here on fails the receiver's inbound at once
+                qpn = await self._connect(out)
+                out.send(wire.Begin(target.transfer_id, target.nbytes))
+                ack = await out.reply()
+                if not ack.done:
+                    staging = self._send_pool.alloc(target.nbytes)
+                    await _copy(views, self._send_pool.view(staging))
+                    writes = self._write(qpn, staging, target.nbytes, where)
+                    await out.reply()
+                    await writes.written
+        except BaseException as error:
+            self._counters.failed += 1
+            if begun:
+                out.abort()
+            if isinstance(error, TimeoutError):
+                self._counters.timed_out += 1
+                raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
+                                      f"not confirmed in {timeout_s}s") from None
+            raise
+        finally:
+            out.close()
+            if staging is not None:
+                self._free_staging(staging, writes)
+        self._counters.transfers_out += 1
+        self._counters.bytes_out += target.nbytes
+
+    async def _connect(self, out: Outgoing) -> int:
+        """The local queue pair connected to the receiver at ``out.address`` (set up on first use)."""
+        peer = self._peers.get(out.address)
+        if peer is None:
+            peer = self._peers[out.address] = asyncio.get_running_loop().create_future()
+            info = self.verbs.create_qp()
+            try:
+                out.send(wire.Connect(out.transfer_id, info.qpn, info.lid, info.gid))
+                remote = await out.reply()
+                self.verbs.connect(info.qpn, QpInfo(remote.qpn, remote.lid, remote.gid))
+            except BaseException as error:
+                del self._peers[out.address]
+                self.verbs.destroy_qp(info.qpn)
+                peer.set_exception(error if isinstance(error, TransferFailed) else TransferFailed(str(error)))
+                peer.exception()
+                raise
+            peer.set_result(info.qpn)
+        return await asyncio.shield(peer)
+
+    def _write(self, qpn: int, staging: Region, nbytes: int, where: protocol.RdmaRegion) -> _Writes:
+        """Post the chunks (at most ``send_depth`` outstanding; completions post the rest)."""
+        mr = self._send_pool.slabs[staging.slab].mr  # type: ignore[attr-defined]
+        batch = protocol.WriteBatch(protocol.chunk_plan(nbytes, where.chunk_bytes), self.verbs.send_depth)
+        number = next(self._batch_ids)
+
+        def post() -> None:
+            for index in batch.to_post():
+                offset, length = batch.plan[index]
+                self.verbs.post_write_imm(qpn, number << protocol.CHUNK_BITS | index, mr, staging.offset + offset,
+                                          length, where.addr + offset, where.rkey,
+                                          protocol.encode_imm(where.slot, index))
+
+        writes = self._writes[number] = _Writes(number, batch, asyncio.get_running_loop().create_future(),
+                                                   post)
+        writes.written.add_done_callback(_retrieve)
+        post()
+        return writes
+
+    def _free_staging(self, staging: Region, writes: _Writes | None) -> None:
+        if writes is not None and not writes.batch.error and not writes.batch.finished:
+            writes.batch.error = "abandoned by the sender"  # post nothing more
+        if writes is None or writes.batch.outstanding == 0:
+            if writes is not None:
+                self._writes.pop(writes.number, None)
+            self._send_pool.free(staging)
+        else:  # the device may still read it: free once the last completion is in
+            writes.on_idle = lambda: self._send_pool.free(staging)
+
+    # ---- completions ------------------------------------------------------------------------
+    def _on_completions(self) -> None:
+        self.verbs.arm()
+        while completions := self.verbs.poll():
+            for completion in completions:
+                if completion.recv:
+                    self._on_recv(completion)
+                else:
+                    self._on_written(completion)
+
+    def _on_written(self, completion: Any) -> None:
+        number = completion.wr_id >> protocol.CHUNK_BITS
+        writes = self._writes.get(number)
+        if writes is None:
+            return
+        batch = writes.batch
+        batch.completed(completion.ok, completion.error)
+        if not writes.written.done():
+            writes.post()
+        if not batch.finished:
+            return
+        if batch.outstanding == 0:
+            del self._writes[number]
+            if writes.on_idle is not None:
+                writes.on_idle()
+        if not writes.written.done():
+            if batch.error:
+                writes.written.set_exception(TransferFailed(f"rdma write failed: {batch.error}"))
+            else:
+                writes.written.set_result(None)
+
+    def _on_recv(self, completion: Any) -> None:
+        rid = self._sender_of_qp.get(completion.qpn)
+        if not completion.ok or rid is None:
+            return  # flushed by a closing queue pair
+        self.verbs.post_recv(completion.qpn, 0)
+        slot, index = protocol.decode_imm(completion.imm)
+        transfer_id = self._slots.owner(slot)
+        inbound = self._table.get(transfer_id) if transfer_id is not None else None
+        if inbound is None or inbound.state is not State.WRITING or inbound.holder != rid:
+            return  # a late write into a failed transfer's (quarantined) region
+        nbytes = inbound.target.nbytes
+        chunk = protocol.chunk_size(nbytes, self.chunk_bytes, self.verbs.max_msg_bytes)
+        if self._table.received(inbound, protocol.chunk_length(nbytes, chunk, index)):
+            assert self._listener is not None
+            self._listener.reply(rid, wire.Ack(transfer_id, index, True))
+
+    # ---- receiver requests ------------------------------------------------------------------
+    def _on_request(self, rid: bytes, msg: Any, payload: list[Any]) -> None:
+        assert self._listener is not None
+        table, tid = self._table, msg.transfer_id
+        if isinstance(msg, wire.Connect):
+            self._accept(rid, msg)
+        elif isinstance(msg, wire.Begin):
+            if rid not in self._qp_of_sender:
+                self._listener.refuse(rid, tid, TransferFailed("Begin before Connect"))
+                return
+            try:
+                inbound = table.begin(tid, msg.nbytes, rid)
+            except TransferFailed as error:
+                self._listener.refuse(rid, tid, error)
+                return
+            done = inbound.target.nbytes == 0
+            if done:
+                table.complete(inbound)
+            self._listener.reply(rid, wire.Ack(tid, -1, done))
+        elif isinstance(msg, wire.Abort):
+            inbound = table.get(tid)
+            if inbound is not None and inbound.holder in (None, rid):
+                table.fail(inbound, TransferFailed(f"transfer {tid!r}: the sender aborted"))
+            table.stopped(tid)
+        else:
+            self._listener.refuse(rid, tid, TransferFailed("the rdma data plane takes no chunks"))
+
+    def _accept(self, rid: bytes, msg: wire.Connect) -> None:
+        """A new sender: a queue pair of our own, connected to its, with receives posted."""
+        assert self._listener is not None
+        old = self._qp_of_sender.pop(rid, None)
+        if old is not None:
+            self._sender_of_qp.pop(old, None)
+            self.verbs.destroy_qp(old)
+        info = self.verbs.create_qp()
+        self.verbs.connect(info.qpn, QpInfo(msg.qpn, msg.lid, msg.gid))
+        for _ in range(RECV_DEPTH):
+            self.verbs.post_recv(info.qpn, 0)
+        self._qp_of_sender[rid] = info.qpn
+        self._sender_of_qp[info.qpn] = rid
+        self._listener.reply(rid, wire.Connected(msg.transfer_id, info.qpn, info.lid, info.gid))
+
+
+async def _copy(views: list[memoryview], region: memoryview) -> None:
+    """Stage the parts back to back, yielding to the loop every ``COPY_SLICE`` bytes."""
+    at = since_yield = 0
+    for view in views:
+        for start in range(0, view.nbytes, COPY_SLICE):
+            piece = view[start : start + COPY_SLICE]
+            region[at : at + piece.nbytes] = piece
+            at += piece.nbytes
+            since_yield += piece.nbytes
+            if since_yield >= COPY_SLICE:
+                since_yield = 0
+                await asyncio.sleep(0)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
