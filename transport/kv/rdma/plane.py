@@ -156,8 +156,8 @@ class RdmaDataPlane(DataPlane):
                     staging = self._send_pool.alloc(target.nbytes)
                     await _copy(views, self._send_pool.view(staging))
                     writes = self._write(qpn, staging, target.nbytes, where)
-                    await out.reply()
-                    await writes.written
+                    await writes.written  # every write placed (RC), or the first failure
+                    await out.reply()  # the receiver counted them all
         except BaseException as error:
             self._counters.failed += 1
             if begun:

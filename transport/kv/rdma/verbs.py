@@ -18,7 +18,7 @@ class QpInfo:
 
     qpn: int
     lid: int
-    gid: bytes  # 16 bytes; RoCE routes by GID
+    gid: bytes  # RoCE routes by GID; opaque to the protocol (pyverbs: its text form, ASCII)
 
 
 @dataclass(slots=True)
