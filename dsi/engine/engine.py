@@ -35,7 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
+from dsi.engine.leases import Leases
 from dsi.engine.params import EOS_ID, SamplingParams
 from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage
 from dsi.engine.request import Request, Status
@@ -46,7 +48,7 @@ from dsi.engine.transfer import RequestState, Reservation, StateLayout
 from dsi.errors import InvalidRequest
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import ModelConfig
-from dsi.model.reference import consumer_start, max_hit, replay_start
+from dsi.model.reference import consumer_start, replay_start
 from dsi.structured import Rejecting, SpecError, TokenConstraint, default_compiler
 
 
@@ -96,6 +98,7 @@ class Engine:
                                    c.max_running)
         self.requests: dict[str, Request] = {}
         self.hash_chain = HashChain(self.config.root_seed, cfg.name)
+        self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
         self.full_pages = FullPages(self.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
@@ -120,9 +123,9 @@ class Engine:
         ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
-        self._validate(prompt, params)
+        check_prompt(self.cfg, self.config.num_blocks, prompt, params)
         if cached is not None:
-            self._validate_cached(cached, len(prompt))
+            check_cached(self.cfg, self.config.num_blocks, cached, len(prompt))
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         keep = self.cfg.keep if self.config.replay else None
         start = consumer_start(len(prompt), keep)
@@ -227,32 +230,16 @@ class Engine:
 
     def reserve(self, num_blocks: int) -> Reservation:
         """Take ``num_blocks`` pages and a state slot out of the scheduler's reach (for an import)."""
-        pool, slots = self.runner.pool, self.runner.slots
-        if num_blocks < 0 or num_blocks > pool.num_free or not slots.num_free:
-            raise InvalidRequest(f"cannot reserve {num_blocks} pages and a state slot: "
-                                 f"{pool.num_free} pages and {slots.num_free} slots are free")
-        return Reservation(pool.allocate(num_blocks), slots.allocate())
+        return self.leases.reserve(num_blocks)
 
     def release(self, res: Reservation) -> None:
         """Give a reservation's pages and slot back; a no-op once released or imported."""
-        if not res.active:
-            return
-        res.active = False
-        self.runner.pool.free(res.blocks)
-        self.runner.slots.free(res.slot)
+        self.leases.release(res)
 
     def write_reservation(self, state: RequestState, res: Reservation) -> None:
         """Copy a state's buffers into a reservation's pages and slot. The memory is reserved, so
         this may run on any thread while the engine steps; ``import_request`` then copies nothing."""
-        self._check_buffers(state)
-        n = state.pages.shape[0]
-        if not res.active or n > len(res.blocks):
-            raise InvalidRequest(f"the reservation cannot hold {n} pages (active={res.active}, "
-                                 f"{len(res.blocks)} pages)")
-        self.runner.pool.pages[torch.tensor(res.blocks[:n], dtype=torch.long)] = state.pages
-        self.runner.slots.rings[res.slot] = state.rings
-        self.runner.slots.partial[res.slot] = state.partial
-        res.filled = True
+        self.leases.write(state, res)
 
     def import_request(self, state: RequestState, reservation: Reservation | None = None) -> None:
         """Admit a request with imported cache; it continues from ``num_computed``. With a
@@ -261,12 +248,14 @@ class Engine:
         self._drain()
         if state.request_id in self.requests:
             raise InvalidRequest(f"request id {state.request_id!r} is already in use")
-        self._check_buffers(state)
+        check_state(self.cfg, state)
         params = state.params
-        self._validate(state.prompt, params)
+        check_prompt(self.cfg, self.config.num_blocks, state.prompt, params)
         n = state.pages.shape[0]
         if reservation is None and (n > self.runner.pool.num_free or not self.runner.slots.num_free):
             raise InvalidRequest("not enough free pages or state slots to import the request")
+        if reservation is not None and not reservation.active:
+            raise InvalidRequest("the reservation was released")
         req = Request(state.request_id, list(state.prompt), params, state.consumer_start, state.seed,
                       arrival=time.monotonic(), output=list(state.output), logprobs=list(state.logprobs))
         if params.structured is not None:
@@ -275,20 +264,7 @@ class Engine:
             except SpecError as exc:
                 raise InvalidRequest(f"imported request: {exc}") from None
             req.constraint_pos = len(req.output)
-        if reservation is not None:
-            if not reservation.active:
-                raise InvalidRequest("the reservation was released")
-            if not reservation.filled:
-                self.write_reservation(state, reservation)
-            reservation.active = False
-            req.block_table, req.slot = reservation.blocks[:n], reservation.slot
-            self.runner.pool.free(reservation.blocks[n:])
-        else:
-            req.block_table = self.runner.pool.allocate(n)
-            req.slot = self.runner.slots.allocate()
-            self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = state.pages
-            self.runner.slots.rings[req.slot] = state.rings
-            self.runner.slots.partial[req.slot] = state.partial
+        req.block_table, req.slot = self.leases.take(state, reservation or self.reserve(n))
         if state.num_cached:  # kept so that a preemption here recomputes with the same hit
             blocks = state.num_cached // self.cfg.block_size
             pages = self.runner.pool.pages[torch.tensor(req.block_table[:blocks], dtype=torch.long)].clone()
@@ -301,42 +277,6 @@ class Engine:
         self.full_pages.update(req, req.num_computed)
 
     # ---- internals ---------------------------------------------------------------------------------
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise InvalidRequest("the prompt is empty")
-        vocab = self.cfg.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
-        if len(prompt) >= self.cfg.max_context:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the context limit is {self.cfg.max_context}")
-        pages = -(-self.cfg.max_context // self.cfg.block_size)
-        if -(-len(prompt) // self.cfg.block_size) > self.config.num_blocks - 1 and pages:
-            raise InvalidRequest("the prompt does not fit in this engine's KV cache")
-        params.validate(vocab)
-
-    def _validate_cached(self, cached: CachedPrefix, prompt_len: int) -> None:
-        h, bs, pages = cached.num_tokens, self.cfg.block_size, cached.pages
-        if not isinstance(h, int) or h < 0 or h % bs:
-            raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
-        if h > max_hit(prompt_len, bs):
-            raise InvalidRequest(f"a cached prefix of {h} tokens leaves no prompt token to compute "
-                                 f"(prompt of {prompt_len})")
-        if h // bs > self.config.num_blocks - 1:
-            raise InvalidRequest("the cached prefix does not fit in this engine's KV cache")
-        if not isinstance(pages, torch.Tensor) or pages.dtype != torch.float32 or \
-                tuple(pages.shape) != (h // bs, self.page_elems):
-            shape = tuple(pages.shape) if isinstance(pages, torch.Tensor) else type(pages).__name__
-            raise InvalidRequest(f"cached pages must be float32 [{h // bs}, {self.page_elems}], got {shape}")
-
-    def _check_buffers(self, state: RequestState) -> None:
-        expected = self.state_layout(state.pages.shape[0] if state.pages.dim() == 2 else 0)
-        got = state.layout()
-        if got != expected:
-            raise InvalidRequest("imported buffers do not match this engine's model shape")
-        bs = self.cfg.block_size
-        if state.num_cached % bs or state.num_cached // bs > state.pages.shape[0]:
-            raise InvalidRequest("the imported state's cached prefix does not match its pages")
-
     def _execute(self, step: Step) -> list[Sampled]:
         """Runs on the worker: fill placeholders from the previous step, forward, sample."""
         t0 = time.perf_counter()

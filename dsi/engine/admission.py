@@ -1,0 +1,55 @@
+"""What the engine checks before it admits a request: prompt, cached prefix, imported state.
+
+Each check raises InvalidRequest naming the problem, before anything in the engine changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsi.engine.params import SamplingParams
+from dsi.engine.prefix import CachedPrefix
+from dsi.engine.transfer import RequestState, StateLayout
+from dsi.errors import InvalidRequest
+from dsi.kvcache.layout import BlockLayout
+from dsi.model.config import ModelConfig
+from dsi.model.reference import max_hit
+
+
+def check_prompt(cfg: ModelConfig, num_blocks: int, prompt: list[int], params: SamplingParams) -> None:
+    if not prompt:
+        raise InvalidRequest("the prompt is empty")
+    vocab = cfg.vocab_size
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
+        raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
+    if len(prompt) >= cfg.max_context:
+        raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the context limit is {cfg.max_context}")
+    if -(-len(prompt) // cfg.block_size) > num_blocks - 1:
+        raise InvalidRequest("the prompt does not fit in this engine's KV cache")
+    params.validate(vocab)
+
+
+def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt_len: int) -> None:
+    """A hit covers whole blocks, leaves the last prompt token to compute, and has pages
+    ``float32 [H / block_size, page_elems]``."""
+    h, bs, pages, elems = cached.num_tokens, cfg.block_size, cached.pages, BlockLayout(cfg).elems
+    if not isinstance(h, int) or h < 0 or h % bs:
+        raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
+    if h > max_hit(prompt_len, bs):
+        raise InvalidRequest(f"a cached prefix of {h} tokens leaves no prompt token to compute "
+                             f"(prompt of {prompt_len})")
+    if h // bs > num_blocks - 1:
+        raise InvalidRequest("the cached prefix does not fit in this engine's KV cache")
+    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.float32 or tuple(pages.shape) != (h // bs, elems):
+        shape = tuple(pages.shape) if isinstance(pages, torch.Tensor) else type(pages).__name__
+        raise InvalidRequest(f"cached pages must be float32 [{h // bs}, {elems}], got {shape}")
+
+
+def check_state(cfg: ModelConfig, state: RequestState) -> None:
+    """Buffers of this model's shape (fp32), and a cached prefix that lies inside the pages."""
+    n = state.pages.shape[0] if state.pages.dim() == 2 else 0
+    if state.layout() != StateLayout.of(cfg, n):
+        raise InvalidRequest("imported buffers do not match this engine's model shape")
+    bs = cfg.block_size
+    if state.num_cached % bs or state.num_cached // bs > n or not 0 <= state.replay_start <= state.num_cached:
+        raise InvalidRequest("the imported state's cached prefix does not match its pages")
