@@ -162,7 +162,7 @@ class Engine:
         return self.full_pages.take()
 
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting or self._inflight)
+        return bool(self.scheduler.running or self.scheduler.waiting or self._inflight or self._pending)
 
     # ---- stepping ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -395,4 +395,5 @@ class Engine:
         if self._inflight is not None:
             step, future = self._inflight
             self._inflight = None
-            self._pending += self._update(step, future.result())
+            # _update's outputs already include the earlier pending ones (and it empties the list)
+            self._pending = self._update(step, future.result())
