@@ -14,6 +14,7 @@ from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
 from dsi.roles.decode import DecodeActor
 from dsi.roles.encoder import EncoderActor
+from dsi.roles.engine_role import EngineRoleSettings
 from dsi.roles.entrypoint import EntrypointActor
 from dsi.roles.kvstore import KvstoreActor
 from dsi.roles.prefill import PrefillActor
@@ -29,9 +30,9 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):
-            return PrefillActor(role.id, options)
+            return PrefillActor(role.id, EngineRoleSettings.of(role, node))
         case "decode" if isinstance(options, EngineOptions):
-            return DecodeActor(role.id, options, node.model)
+            return DecodeActor(role.id, EngineRoleSettings.of(role, node))
         case "encoder":
             return EncoderActor(role.id)
         case "kvstore" if isinstance(options, KvstoreOptions):

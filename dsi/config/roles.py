@@ -73,6 +73,7 @@ class EngineOptions:
 
     max_batch_tokens: int = field(default=8192, metadata=spec(checks=(greater(0),)))
     max_running: int = field(default=64, metadata=spec(checks=(greater(0),)))
+    num_blocks: int = field(default=1024, metadata=spec(checks=(greater(1),)))  # Block KV pages, null page included
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -1,48 +1,100 @@
-"""Prefill <-> decode: leases for KV blocks and state slots, and the handoff itself.
+"""Entrypoint -> decode -> prefill: the disaggregated request, its KV lease and the handoff.
 
-    prefill                      decode
-      |-- ReserveKv ------------->|   reserve blocks + a state slot under a lease
-      |<------------- KvLease ----|   where to write (data-plane address, block ids)
-      |== data plane: blocks + state ==>
-      |-- KvWritten ------------->|   decode admits the request, streams tokens
-      |<----------------- Ack ----|
-    a lease not completed within ``lease_timeout_s`` expires and frees both sides.
+The entrypoint picks a prefill and a decode instance and streams from the decode; the decode
+holds the lease, so the memory a transfer lands in always belongs to the side that reserves it::
+
+    entrypoint                 decode                                   prefill
+      |-- Handoff ------------->|  reserve pages + a state slot, expect a transfer (a lease)
+      |                         |-- PrefillTo(request, KvLease) -------->|  store hits, prefill, export
+      |                         |<========= data plane: pages + state ====|  written into the lease
+      |                         |<------------------------- Prefilled ----|  first token, counters
+      |<-- TokenChunk* ---------|  import into the reserved pages, decode, stream
+
+A lease not completed within ``expires_in_s`` is released (pages, slot, receive region), so a
+dead prefill never strands decode memory; the prefill frees its copy when the send ends either
+way, so a dead decode never strands prefill memory. A failed prefill reaches the entrypoint as
+``PrefillLost`` before any token, and it retries on another prefill instance.
 """
 
 from __future__ import annotations
 
+from dsi.errors import DsiError, register_error
 from dsi.messages.base import Message
 from dsi.messages.gateway import Generate
 
 
-class ReserveKv(Message):
-    request_id: str
-    num_blocks: int
-    state_bytes: int
-    prompt_tokens: int
-
-
 class KvLease(Message):
-    lease_id: str
-    block_ids: list[int]
-    state_slot: int
-    data_address: str  # data-plane endpoint to write into
+    """Where the prefill writes: a receive region on the decode's data plane, valid for a while."""
+
+    lease_id: str  # also the data-plane transfer id
+    backend: str  # tcp | shm | rdma
+    address: str  # the decode's data-plane endpoint
+    nbytes: int  # exactly the RequestState bytes of ``num_blocks`` pages
+    num_blocks: int
     expires_in_s: float
+    region: bytes = b""  # backend-specific descriptor of the receive region
 
 
-class KvWritten(Message):
-    """Sent after the data-plane transfer completed; carries the request to continue."""
+class Handoff(Message):
+    """Entrypoint -> decode: serve ``request`` with its prompt prefilled on ``prefill``."""
 
-    lease_id: str
     request: Generate
-    first_token: int
-    transfer_id: str = ""
+    prefill: str  # control-plane address of the chosen prefill instance
+    prefill_id: str = ""
 
 
-class ReleaseLease(Message):
+class PrefillTo(Message):
+    """Decode -> prefill: prefill ``request`` and write its KV + state into ``lease``."""
+
+    request: Generate
+    lease: KvLease
+
+
+class Prefilled(Message):
+    """Prefill -> decode, after the data-plane write completed: how to continue the request."""
+
     lease_id: str
-    reason: str = ""
+    output: list[int]  # sampled tokens (normally just the first one)
+    logprobs: list[float]
+    seed: int  # the effective sampling seed
+    consumer_start: int
+    num_computed: int  # prompt positions whose cache the lease now holds
+    cached_tokens: int = 0  # positions loaded from the store (H)
+    replay_tokens: int = 0  # positions recomputed only to rebuild SWA rings
+    replay_start: int = 0  # R: where the producer SWA keys of a hit start (engine semantics)
+    finish: str = ""  # set when the first token already ended the request: nothing was written
 
 
-HandoffMsg = ReserveKv | KvLease | KvWritten | ReleaseLease
-HANDOFF = (ReserveKv, KvLease, KvWritten, ReleaseLease)
+class GetEngineStats(Message):
+    pass
+
+
+class EngineStats(Message):
+    """Memory an engine role holds, for operators and for tests that check nothing leaks."""
+
+    total_blocks: int = 0
+    free_blocks: int = 0
+    total_slots: int = 0
+    free_slots: int = 0
+    running: int = 0
+    leases: int = 0  # live decode leases
+    regions: int = 0  # live data-plane receive regions
+    cached_tokens: int = 0  # prompt positions loaded from the store, since start
+    replay_tokens: int = 0
+    computed_prompt_tokens: int = 0
+    persisted_blocks: int = 0  # full pages sent to the store
+    prefills: int = 0
+    handoffs: int = 0
+    failed_handoffs: int = 0
+
+
+class PrefillLost(DsiError):
+    """The prefill instance failed or vanished before the KV arrived; retry on another one."""
+
+    code = "prefill_lost"
+
+
+register_error(PrefillLost)
+
+HandoffMsg = KvLease | Handoff | PrefillTo | Prefilled | GetEngineStats | EngineStats
+HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, GetEngineStats, EngineStats)

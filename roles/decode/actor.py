@@ -1,80 +1,207 @@
-"""DecodeActor: one decode instance, running the engine.
+"""DecodeActor: continuous batching over requests prefilled elsewhere (or here), KV persistence.
 
-Until prefill/decode disaggregation lands, a decode instance serves whole requests: prompt and
-continuation on its own engine. ``Generate`` is a streaming call answered with TokenChunk items
-(one per engine step that produced tokens); leaving the stream, or an ``Abort`` tell, aborts the
-request in the engine.
+Two ways in, both streams of TokenChunk:
+
+- ``Handoff`` (disaggregated): reserve pages + a state slot and a data-plane receive region under
+  a lease, ask the chosen prefill to fill it (``PrefillTo``), import the state into the reserved
+  pages and decode. Whatever goes wrong before the import - the prefill dies, times out, or the
+  lease expires - releases the lease and answers ``PrefillLost`` so the entrypoint retries on
+  another prefill; a prefill's ``InvalidRequest`` passes through unchanged (never retried).
+- ``Generate`` (colocated): prompt and continuation on this engine, for clusters without prefill
+  instances.
+
+Every page of a request that fills up (prompt pages arriving in a handoff included) is persisted
+to the kvstore in the background under its chain hash and the request's traffic class; a store
+that is down drops puts (counted), never requests. Leaving a stream early, or an ``Abort`` tell,
+aborts the request in the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from dsi.actor import handles
-from dsi.config import EngineOptions, ModelConfig
-from dsi.engine.engine import Engine, EngineConfig
-from dsi.engine.params import SamplingParams
-from dsi.engine.service import EngineService
-from dsi.messages.control import Load
-from dsi.messages.gateway import Abort, Generate, Sampling, TokenChunk
-from dsi.roles.role import RoleActor
+from dsi.engine.engine import RequestOutput
+from dsi.engine.transfer import RequestState, Reservation
+from dsi.errors import AskTimeout, DsiError, InvalidRequest, Overloaded
+from dsi.messages import ALL
+from dsi.messages.gateway import Abort, Generate, TokenChunk
+from dsi.messages.handoff import Handoff, KvLease, Prefilled, PrefillLost, PrefillTo
+from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
+from dsi.roles.kvstore.client import KvstoreClient
+from dsi.transport.client import Peer
 
 log = logging.getLogger(__name__)
 
 
-def sampling_params(s: Sampling) -> SamplingParams:
-    return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                          min_p=s.min_p, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids),
-                          ignore_eos=s.ignore_eos, logprobs=s.logprobs > 0, top_logprobs=s.logprobs,
-                          structured=s.structured)
+@dataclass(slots=True)
+class _Meta:
+    traffic_class: str
+    cache_salt: str
 
 
-class DecodeActor(RoleActor):
-    def __init__(self, name: str, options: EngineOptions, model: ModelConfig) -> None:
-        super().__init__(name)
-        self.options = options
-        self.model = model
-        self.service: EngineService | None = None
+class DecodeActor(EngineRole):
+    collect_full_pages = True
+
+    def __init__(self, name: str, settings: EngineRoleSettings) -> None:
+        super().__init__(name, settings)
+        self.kvstore: KvstoreClient | None = None
+        self._prefills: dict[str, Peer] = {}
+        self._meta: dict[str, _Meta] = {}  # engine request id -> how its pages are persisted
+        self._persist_task: asyncio.Task | None = None
 
     async def on_start(self) -> None:
-        self.service = EngineService(await asyncio.get_running_loop().run_in_executor(None, self._build_engine))
-        self.service.start()
         await super().on_start()
+        if self.settings.controller:
+            assert self.ctx is not None
+            self.kvstore = KvstoreClient(self.settings.controller, self.ctx, keys=self.settings.keys,
+                                         peer_id=self.name)
+            await self.kvstore.start()
+        self._persist_task = asyncio.get_running_loop().create_task(self._persist_forever())
 
     async def on_stop(self) -> None:
+        if self._persist_task is not None:
+            self._persist_task.cancel()
+            await asyncio.gather(self._persist_task, return_exceptions=True)
+        for peer in self._prefills.values():
+            await peer.close()
+        if self.kvstore is not None:
+            await self.kvstore.close()
         await super().on_stop()
-        if self.service is not None:
-            await self.service.close()
 
-    def _build_engine(self) -> Engine:
-        from dsi.model.prepare import ensure_model
-        from dsi.model.weights import load_model
-
-        shape, weights = load_model(ensure_model(self.model.dir, self.model.config))
-        cfg = EngineConfig(max_batch_tokens=self.options.max_batch_tokens, max_running=self.options.max_running,
-                           num_slots=self.options.max_running)
-        log.info("%s: engine ready (%s, %d pages)", self.name, shape.name, cfg.num_blocks)
-        return Engine(shape, weights, cfg)
-
-    def load(self) -> Load:
-        if self.service is None:
-            return super().load()
-        engine = self.service.engine
-        kv = sum(r.num_computed for r in list(engine.scheduler.running))
-        return Load(running=len(engine.scheduler.running), queued=len(engine.scheduler.waiting), kv_tokens=kv,
-                    inbox=self.inbox_depth)
-
+    # ---- colocated -------------------------------------------------------------------------
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         assert self.service is not None
+        self._meta[msg.request_id] = _Meta(msg.traffic_class, msg.cache_salt)
         prompt_tokens = len(msg.token_ids)
-        async for out in self.service.generate(msg.request_id, list(msg.token_ids), sampling_params(msg.sampling)):
-            yield TokenChunk(msg.request_id, out.new_tokens, out.finish_reason or "" if out.finished else "",
-                             prompt_tokens, 0, out.new_logprobs)
+        try:
+            async for out in self.service.generate(msg.request_id, list(msg.token_ids),
+                                                    sampling_params(msg.sampling)):
+                yield _chunk(msg.request_id, out, prompt_tokens)
+        finally:
+            self._forget(msg.request_id)
+
+    # ---- disaggregated -----------------------------------------------------------------------
+    @handles
+    async def handoff(self, msg: Handoff) -> AsyncIterator[TokenChunk]:
+        assert self.service is not None and self.data is not None
+        req = msg.request
+        engine = self.engine
+        if not req.token_ids:
+            raise InvalidRequest("the prompt is empty")
+        num_blocks = -(-len(req.token_ids) // engine.cfg.block_size)
+        nbytes = engine.state_nbytes(num_blocks)
+        reservation = await self._reserve(num_blocks)
+        lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
+        timeout = self.settings.lease_timeout_s
+        inbound = self.data.expect(lease_id, nbytes, timeout)
+        self.counters.leases += 1
+        try:
+            lease = KvLease(lease_id, self.data.backend, self.data.address, nbytes, num_blocks, timeout,
+                            inbound.target.region)
+            done = await self._prefill(msg, PrefillTo(req, lease), timeout)
+            if done.finish:  # the first token ended it: nothing was written
+                yield TokenChunk(req.request_id, done.output, done.finish, len(req.token_ids), done.cached_tokens,
+                                 done.logprobs)
+                return
+            try:
+                buf = await inbound.wait()
+            except DsiError as exc:
+                raise PrefillLost(f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}") from None
+            state = RequestState.from_buffer(engine, buf, req.request_id, list(req.token_ids), list(done.output),
+                                             sampling_params(req.sampling), done.seed, done.consumer_start,
+                                             done.num_computed, list(done.logprobs), done.cached_tokens,
+                                             done.replay_start)
+            self._meta[req.request_id] = _Meta(req.traffic_class, req.cache_salt)
+            stream = self.service.import_request(state, reservation)
+            inbound.release()  # the engine copied the state into the reserved pages
+            yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
+                             list(done.logprobs))
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    yield _chunk(req.request_id, out, len(req.token_ids), done.cached_tokens)
+        finally:
+            self.counters.leases -= 1
+            inbound.release()
+            await self.service.release(reservation)  # a no-op once the import took it
+            self._forget(req.request_id)
+
+    async def _reserve(self, num_blocks: int) -> Reservation:
+        """Pages + a slot; a caller cancelled meanwhile does not strand them."""
+        assert self.service is not None
+        service = self.service
+        call = asyncio.ensure_future(service.reserve(num_blocks))
+        try:
+            return await asyncio.shield(call)
+        except InvalidRequest as exc:  # no room here now: the entrypoint tries another decode
+            raise Overloaded(f"{self.name}: {exc.message}") from None
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda f: None if f.cancelled() or f.exception() else
+                                   asyncio.ensure_future(service.release(f.result())))
+            raise
+
+    async def _prefill(self, msg: Handoff, call: PrefillTo, timeout: float) -> Prefilled:
+        peer = await self._prefill_peer(msg.prefill)
+        try:
+            return await peer.ask(call, timeout=timeout)
+        except InvalidRequest:
+            raise
+        except (AskTimeout, DsiError) as exc:
+            self.counters.failed_handoffs += 1
+            raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}") from None
+
+    async def _prefill_peer(self, address: str) -> Peer:
+        peer = self._prefills.get(address)
+        if peer is None:
+            assert self.ctx is not None
+            peer = Peer(address, self.ctx, types=ALL, peer_id=self.name, role="decode", keys=self.settings.keys,
+                        timeout=self.settings.lease_timeout_s)
+            self._prefills[address] = peer
+            try:
+                await peer.connect()
+            except DsiError as exc:
+                self._prefills.pop(address, None)
+                await peer.close()
+                raise PrefillLost(f"prefill at {address} is unreachable: {exc.message}") from None
+        return peer
 
     @handles
     async def abort(self, msg: Abort) -> None:
         if self.service is not None:
             self.service.abort(msg.request_id)
+
+    # ---- persistence ---------------------------------------------------------------------------
+    def _forget(self, request_id: str) -> None:
+        # Pages that filled in the request's last step are taken after it; keep the meta briefly.
+        asyncio.get_running_loop().call_later(5.0, self._meta.pop, request_id, None)
+
+    async def _persist_forever(self, interval_s: float = 0.05) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.service is None:
+                continue
+            pages = self.service.take_full_pages()
+            if not pages or self.kvstore is None:
+                continue
+            by_class: dict[str, tuple[list[bytes], list]] = {}
+            for page in pages:
+                meta = self._meta.get(page.request_id)
+                if meta is None or meta.cache_salt:  # salted chains are hashed by the entrypoint only
+                    continue
+                hashes, blocks = by_class.setdefault(meta.traffic_class, ([], []))
+                hashes.append(page.block_hash)
+                blocks.append(page.data.numpy())
+            for traffic_class, (hashes, blocks) in by_class.items():
+                self.kvstore.put_background(hashes, blocks, traffic_class)
+                self.counters.persisted_blocks += len(hashes)
+
+
+def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0) -> TokenChunk:
+    return TokenChunk(request_id, out.new_tokens, out.finish_reason or "" if out.finished else "", prompt_tokens,
+                      cached_tokens, out.new_logprobs)

@@ -1,25 +1,39 @@
-"""DecodePool: which engine instance serves a request, and the connections to them.
+"""Where a request runs: the prefill and decode instances, and the connections to them.
 
-The pool learns the instances from the controller (``ListInstances``, refreshed every
-``refresh_s``) and keeps one Peer per instance. It picks the ready instance with the fewest
-requests, counting both the load the instance last reported and what this gateway sent it
-since. A request whose instance is lost before the first token is retried on another one.
+``InstancePool`` learns one role's instances from the controller (``ListInstances``, refreshed
+every ``refresh_s``) and keeps one Peer per instance. It picks the ready instance with the fewest
+requests, counting both the load the instance last reported and what this gateway sent it since.
+
+``DecodePool`` routes a request: with prefill instances in the cluster it picks one of each and
+streams ``Handoff`` from the decode (which has the prefill write the KV into its lease); without
+any it streams a colocated ``Generate``. Failures are retried on other instances:
+
+- a prefill that failed or vanished (``PrefillLost``, always before the first token): another prefill;
+- a decode lost or overloaded: another decode. If tokens were already delivered, the request is
+  re-run from its prompt with the same seed and the tokens the client already has are skipped
+  (sampling is keyed by (seed, position), so a re-run reproduces them); the entrypoint fixes the
+  seed of every request for this reason.
+
+Each wait for a stream item is bounded, so a client sees a complete stream or a clean error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import msgspec
 import zmq.asyncio
 
-from dsi.errors import DsiError, Overloaded, PeerLost
+from dsi.errors import AskTimeout, DsiError, Overloaded, PeerLost
 from dsi.messages import ALL
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
 from dsi.messages.gateway import Generate, TokenChunk
+from dsi.messages.handoff import Handoff, PrefillLost
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
@@ -37,7 +51,7 @@ class _Instance:
     sent: int = 0  # requests this gateway has in flight there
 
 
-class DecodePool:
+class InstancePool:
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, role: str = "decode",
                  keys: CurveKeys | None = None, refresh_s: float = 1.0, peer_id: str = "entrypoint") -> None:
         self._ctx, self._keys, self._role, self._peer_id = ctx, keys, role, peer_id
@@ -100,25 +114,86 @@ class DecodePool:
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
                                             inst.info.load.kv_tokens))
 
-    async def generate(self, msg: Generate, first_token_timeout: float = 120.0) -> AsyncIterator[TokenChunk]:
-        """Stream a request; retried elsewhere if its instance is lost before the first chunk."""
-        if not self._instances:
+
+
+class DecodePool:
+    """The gateway's view of the engine instances (both roles)."""
+
+    max_attempts = 4
+
+    def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
+                 refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0) -> None:
+        self.decode = InstancePool(controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id)
+        self.prefill = InstancePool(controller, ctx, role="prefill", keys=keys, refresh_s=refresh_s,
+                                    peer_id=peer_id)
+        self.item_timeout_s = item_timeout_s
+        self.retries = 0
+
+    async def start(self) -> None:
+        await self.decode.start()
+        await self.prefill.start()
+
+    async def close(self) -> None:
+        await self.prefill.close()
+        await self.decode.close()
+
+    @property
+    def ready(self) -> list[str]:
+        return self.decode.ready
+
+    def pick(self, exclude: set[str] = frozenset()) -> _Instance:
+        return self.decode.pick(exclude)
+
+    async def refresh(self) -> None:
+        await self.decode.refresh()
+        await self.prefill.refresh()
+
+    async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
+        """Stream a request, retried on other instances as the module docstring says."""
+        if not self.decode._instances:
             await self.refresh()
-        tried: set[str] = set()
-        while True:
-            inst = self.pick(tried)
-            tried.add(inst.info.instance_id)
+        if msg.sampling.seed is None:  # a retry must reproduce the tokens already delivered
+            sampling = msgspec.structs.replace(msg.sampling, seed=random.getrandbits(63))
+            msg = msgspec.structs.replace(msg, sampling=sampling)
+        bad_decodes: set[str] = set()
+        bad_prefills: set[str] = set()
+        delivered = 0  # tokens the caller already has
+        for attempt in range(self.max_attempts):
+            inst = self.decode.pick(bad_decodes)
+            pre = self.prefill.pick(bad_prefills) if self.prefill.ready else None
+            call = msg if pre is None else Handoff(msg, pre.info.address, pre.info.instance_id)
+            skip = delivered
             inst.sent += 1
-            started = False
+            if pre is not None:
+                pre.sent += 1
             try:
-                async for chunk in inst.peer.stream(msg, timeout=first_token_timeout):
-                    started = True
+                async for chunk in inst.peer.stream(call, timeout=self.item_timeout_s):
+                    if skip:
+                        n = min(skip, len(chunk.token_ids))
+                        skip -= n
+                        if n == len(chunk.token_ids) and not chunk.finish:
+                            continue
+                        chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
+                                                        logprobs=chunk.logprobs[n:])
+                    delivered += len(chunk.token_ids)
                     yield chunk
                 return
-            except (PeerLost, Overloaded) as exc:
-                if started:
-                    raise
-                log.warning("%s on %s before the first token; trying another instance", exc.code,
-                            inst.info.instance_id)
+            except PrefillLost as exc:
+                assert pre is not None
+                bad_prefills.add(pre.info.instance_id)
+                reason = exc
+            except (PeerLost, Overloaded, AskTimeout) as exc:
+                bad_decodes.add(inst.info.instance_id)
+                reason = exc
             finally:
                 inst.sent -= 1
+                if pre is not None:
+                    pre.sent -= 1
+            if attempt + 1 == self.max_attempts:
+                raise reason
+            self.retries += 1
+            log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
+                        inst.info.instance_id, delivered)
+            if len(bad_prefills) >= len(self.prefill.ready):
+                bad_prefills.clear()
+        raise NoInstance("no instance could serve the request")

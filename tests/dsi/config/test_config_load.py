@@ -73,7 +73,7 @@ def test_defaults_fill_every_absent_section_and_key(tmp_path: Path) -> None:
     assert (cfg.model.name, cfg.model.config) == ("dsi-tiny", "tiny")
     assert cfg.model.dir == tmp_path / "run" / "models" / "tiny"
     assert (cfg.data_plane.backend, cfg.data_plane.lease_timeout_s) == ("tcp", 30.0)
-    assert cfg.roles[0].options == EngineOptions(max_batch_tokens=8192, max_running=64)
+    assert cfg.roles[0].options == EngineOptions(max_batch_tokens=8192, max_running=64, num_blocks=1024)
 
 
 def test_option_defaults_of_each_kind(tmp_path: Path) -> None:

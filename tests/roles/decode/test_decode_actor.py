@@ -13,6 +13,7 @@ from dsi.messages.gateway import Generate, Sampling
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.roles.decode import DecodeActor
+from dsi.roles.engine_role import EngineRoleSettings
 from dsi.transport.client import Peer
 from dsi.transport.server import ActorServer
 from tests.dsi.cli.procs import SHARED_MODEL_DIR
@@ -26,8 +27,9 @@ def model_dir():
 @pytest.fixture
 async def decode(model_dir):
     ctx = zmq.asyncio.Context()
-    actor = DecodeActor("decode-t", EngineOptions(max_batch_tokens=512, max_running=8),
-                        ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"))
+    settings = EngineRoleSettings(EngineOptions(max_batch_tokens=512, max_running=8),
+                                  ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"))
+    actor = DecodeActor("decode-t", settings)
     server = ActorServer(actor, "tcp://127.0.0.1:*", ctx, role="decode")
     await server.start()
     peer = Peer(server.address, ctx, types=ALL, timeout=30)
