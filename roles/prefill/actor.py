@@ -53,7 +53,7 @@ class PrefillActor(EngineRole):
             await self.kvstore.close()
         await super().on_stop()
 
-    @handles
+    @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
         assert self.service is not None and self.data is not None
         req, lease = msg.request, msg.lease

@@ -38,6 +38,14 @@ async def assert_no_leaks(client: Client, roles: tuple[str, ...]) -> None:
     raise AssertionError(f"memory not returned: {stats}")
 
 
+async def until_running(client: Client, role: str) -> None:
+    for _ in range(500):
+        if (await client.stats(role)).running:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{role} never had a request")
+
+
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
 async def test_64_concurrent_streams_match_one_engine(procs, tmp_path, backend):
     cluster = Cluster(cluster_config(tmp_path, backend=backend, keep=("controller-0", *ENGINES)), procs)
@@ -61,10 +69,7 @@ async def test_killed_prefill_is_retried_elsewhere(procs, tmp_path):
     expected = reference_outputs(batch, max_tokens=8)
     async with Client(cluster) as client:
         tasks = [asyncio.create_task(client.generate(f"k{i}", p, 8)) for i, p in enumerate(batch)]
-        for _ in range(200):  # kill prefill-0 while it holds work
-            if (await client.stats("prefill-0")).running:
-                break
-            await asyncio.sleep(0.02)
+        await until_running(client, "prefill-0")  # kill it while it holds work
         cluster.kill("prefill-0")
         got = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         assert got == expected
@@ -79,10 +84,7 @@ async def test_killed_decode_is_rerouted_and_the_stream_completes(procs, tmp_pat
     expected = reference_outputs(batch, max_tokens=120)
     async with Client(cluster) as client:
         tasks = [asyncio.create_task(client.generate(f"d{i}", p, 120)) for i, p in enumerate(batch)]
-        for _ in range(300):  # kill decode-0 mid-generation
-            if (await client.stats("decode-0")).running:
-                break
-            await asyncio.sleep(0.02)
+        await until_running(client, "decode-0")  # kill it mid-generation
         await asyncio.sleep(0.3)
         cluster.kill("decode-0")
         got = await asyncio.wait_for(asyncio.gather(*tasks), 120)
