@@ -234,6 +234,8 @@ class KvstoreClient:
 
     def put_background(self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot") -> bool:
         """Queue a put and return at once; False (and ``dropped`` counted) when the queue is full.
+        While the kvstore is unknown or away the queue waits for it (a restart loses nothing that
+        fits in the queue); a put that fails once sent is dropped and counted.
         The blocks are sent as they are when their turn comes: do not modify them meanwhile."""
         if len(hashes) != len(blocks):
             raise ValueError(f"{len(hashes)} hashes for {len(blocks)} blocks")
@@ -257,6 +259,9 @@ class KvstoreClient:
             await self._wake.wait()
             while self._queue:
                 hashes, blocks, traffic_class = self._queue[0]
+                if self._usable() is None:  # kvstore unknown or away: keep the queue (bounded), retry
+                    await asyncio.sleep(self.retry_s / 4)
+                    continue
                 try:
                     await self.put(hashes, blocks, traffic_class)
                 except Exception as exc:  # a bad item must not stop the writer
