@@ -1,0 +1,128 @@
+"""The cluster KV cache end to end: decode persists, prefill hits (after restarts), corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsi.engine import CachedPrefix
+from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.params import SamplingParams
+from dsi.messages.kvstore import GetStats, StoreStats
+from dsi.model.prepare import ensure_model
+from dsi.model.weights import load_model
+from dsi.transport.client import Peer
+from tests.dsi.cli.procs import SHARED_MODEL_DIR, Procs
+from tests.roles.cluster import Client, Cluster, cluster_config
+
+pytestmark = pytest.mark.slow
+
+ROLES = ("controller-0", "kvstore-0", "prefill-0", "decode-0")
+BS = 128
+
+
+@pytest.fixture
+def procs(tmp_path):
+    with Procs(tmp_path) as group:
+        yield group
+
+
+def in_process(first: list[int], first_max: int, second: list[int], second_max: int, hit: int
+               ) -> tuple[list[int], list[int]]:
+    """One engine runs ``first`` cold and keeps its full pages; a second engine runs ``second``
+    with the first ``hit`` tokens loaded from those pages (the engine's hit semantics)."""
+    cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
+    engine = Engine(cfg, w, EngineConfig(async_scheduling=False, collect_full_pages=True))
+    engine.add_request("a", first, SamplingParams(max_tokens=first_max, temperature=0.0))
+    out_a = next(o for o in engine.run_until_done() if o.finished).output
+    pages = sorted(engine.take_full_pages(), key=lambda p: p.index)
+    engine.close()
+    cold = Engine(cfg, w, EngineConfig(async_scheduling=False))
+    cached = CachedPrefix(hit, torch.stack([p.data for p in pages[: hit // BS]]))
+    cold.add_request("b", second, SamplingParams(max_tokens=second_max, temperature=0.0), cached=cached)
+    out_b = next(o for o in cold.run_until_done() if o.finished).output
+    cold.close()
+    return out_a, out_b
+
+
+async def store_stats(cluster: Cluster) -> StoreStats:
+    import zmq.asyncio
+
+    from dsi.messages import ALL
+
+    ctx = zmq.asyncio.Context()
+    peer = Peer(cluster.addresses["kvstore-0"], ctx, types=ALL, timeout=10)
+    try:
+        await peer.connect()
+        return await peer.ask(GetStats())
+    finally:
+        await peer.close()
+        ctx.destroy(linger=0)
+
+
+async def wait_blocks(cluster: Cluster, n: int) -> StoreStats:
+    for _ in range(200):
+        stats = await store_stats(cluster)
+        if stats.blocks >= n:
+            return stats
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the kvstore holds {stats.blocks} blocks, expected {n}")
+
+
+def conversation(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 20_000) for _ in range(600)]
+
+
+async def test_hits_survive_restarts_and_compute_only_the_uncached_tokens(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=ROLES), procs)
+    cluster.start()
+    first = conversation(7)
+    async with Client(cluster) as client:
+        out_a = await client.generate("a", first, 140)  # 740 tokens: 5 full pages, prompt and generated
+    await wait_blocks(cluster, 5)
+    for role in ("kvstore-0", "prefill-0", "decode-0"):
+        cluster.kill(role)
+    cluster.start("kvstore-0", "prefill-0", "decode-0")
+    second = first + out_a[:100] + [11, 12, 13] * 17  # shares 700 tokens: 5 full pages
+    expect_a, expect_b = in_process(first, 140, second, 20, hit=5 * BS)
+    assert out_a == expect_a
+    async with Client(cluster) as client:
+        await client.wait_instances()
+        out_b = await client.generate("b", second, 20)
+        stats = await client.stats("prefill-0")
+    assert out_b == expect_b
+    replay_from = min(5 * BS - BS, len(second) - 140)  # the window rebuilt for the SWA rings
+    assert stats.cached_tokens == 5 * BS
+    assert stats.replay_tokens == 5 * BS - replay_from
+    assert stats.computed_prompt_tokens == len(second) - replay_from
+
+
+async def test_a_corrupted_block_is_a_miss_and_the_request_still_succeeds(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=ROLES), procs)
+    cluster.start()
+    first = conversation(8)
+    async with Client(cluster) as client:
+        await client.generate("a", first, 48)  # 647 tokens, 646 computed: 5 full pages
+    await wait_blocks(cluster, 5)
+    cluster.kill("kvstore-0")
+    segments = sorted(Path(tmp_path, "run", "kvstore").rglob("seg-*.kv"))
+    assert segments, list(Path(tmp_path, "run").rglob("*"))
+    data = bytearray(segments[0].read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    segments[0].write_bytes(bytes(data))
+    cluster.start("kvstore-0")
+    second = first[:600] + [5] * 100
+    async with Client(cluster) as client:
+        await client.wait_instances()
+        tokens = await client.generate("b", second, 8)
+        cached = (await client.stats("prefill-0")).cached_tokens
+    assert len(tokens) == 8
+    assert cached < 5 * BS  # the run of hits stops at the corrupted block
+    stats = await store_stats(cluster)
+    assert stats.corrupt >= 1
