@@ -144,6 +144,10 @@ class Peer:
         try:
             self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
             return await future
+        except asyncio.CancelledError:  # the caller went away: so does the call (a concurrent handler stops)
+            if not self._closed and future.cancelled():
+                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+            raise
         finally:
             self._calls.pop(call_id, None)
             self._deadlines.pop(call_id, None)

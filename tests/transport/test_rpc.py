@@ -144,3 +144,20 @@ async def test_first_hello_timing_out_is_repeated_when_the_server_appears():
     await peer.close()
     await server.stop()
     ctx.term()
+
+
+async def test_a_cancelled_ask_cancels_the_concurrent_handler(pair):
+    server, peer = pair
+    pending = asyncio.ensure_future(peer.ask(Sleep(5.0)))
+    for _ in range(200):
+        if server.actor._tasks:
+            break
+        await asyncio.sleep(0.01)
+    assert server.actor._tasks
+    pending.cancel()
+    for _ in range(200):  # the CANCEL frame stops the 5 s handler at once
+        if not server.actor._tasks:
+            break
+        await asyncio.sleep(0.01)
+    assert not server.actor._tasks
+    assert await peer.ask(Echo("after")) == Echo("after")
