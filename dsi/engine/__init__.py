@@ -3,7 +3,8 @@
     engine = Engine(cfg, weights, EngineConfig())
     engine.add_request("r", prompt, SamplingParams(), cached=CachedPrefix(H, pages))
     engine.step() / run_until_done()
-    engine.export_request / reserve / import_request / take_full_pages
+    engine.add_request("r", prompt, SamplingParams(), cached=CachedPrefix(H, pages, rings))  # exact hit
+    engine.export_request / reserve / import_request / take_full_pages / take_ring_snapshots
 
 ``EngineService`` drives an engine from asyncio. Names are imported lazily, so that
 ``dsi.engine.params`` stays importable without loading torch.
@@ -22,6 +23,7 @@ _HOMES = {
     "RequestOutput": "engine",
     "RequestState": "transfer",
     "RequestStats": "prefix",
+    "RingSnapshot": "prefix",
     "Reservation": "transfer",
     "SamplingParams": "params",
     "StateLayout": "transfer",

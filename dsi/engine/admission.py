@@ -13,7 +13,7 @@ from dsi.engine.transfer import RequestState, StateLayout
 from dsi.errors import InvalidRequest
 from dsi.kvcache.layout import BlockLayout
 from dsi.model.config import ModelConfig
-from dsi.model.reference import max_hit
+from dsi.model.reference import consumer_start, exact_hit_limit, max_hit
 
 
 def check_prompt(cfg: ModelConfig, num_blocks: int, prompt: list[int], params: SamplingParams) -> None:
@@ -29,9 +29,11 @@ def check_prompt(cfg: ModelConfig, num_blocks: int, prompt: list[int], params: S
     params.validate(vocab)
 
 
-def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt_len: int) -> None:
+def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt_len: int,
+                 keep: int | None = None) -> None:
     """A hit covers whole blocks, leaves the last prompt token to compute, and has pages
-    ``float32 [H / block_size, page_elems]``."""
+    ``float32 [H / block_size, page_elems]``; an exact hit (rings) also needs
+    ``H <= exact_hit_limit`` and rings ``float32 [n_producer, 2, block_size, n_kv_heads, D]``."""
     h, bs, pages, elems = cached.num_tokens, cfg.block_size, cached.pages, BlockLayout(cfg).elems
     if not isinstance(h, int) or h < 0 or h % bs:
         raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
@@ -43,6 +45,8 @@ def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt
     if not isinstance(pages, torch.Tensor) or pages.dtype != torch.float32 or tuple(pages.shape) != (h // bs, elems):
         shape = tuple(pages.shape) if isinstance(pages, torch.Tensor) else type(pages).__name__
         raise InvalidRequest(f"cached pages must be float32 [{h // bs}, {elems}], got {shape}")
+    if cached.rings is not None:
+        _check_rings(cfg, cached, prompt_len, keep)
 
 
 def check_state(cfg: ModelConfig, state: RequestState) -> None:
@@ -53,3 +57,19 @@ def check_state(cfg: ModelConfig, state: RequestState) -> None:
     bs = cfg.block_size
     if state.num_cached % bs or state.num_cached // bs > n or not 0 <= state.replay_start <= state.num_cached:
         raise InvalidRequest("the imported state's cached prefix does not match its pages")
+
+
+def _check_rings(cfg: ModelConfig, cached: CachedPrefix, prompt_len: int, keep: int | None) -> None:
+    h, rings = cached.num_tokens, cached.rings
+    shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
+    if not isinstance(rings, torch.Tensor) or rings.dtype != torch.float32 or tuple(rings.shape) != shape:
+        got = tuple(rings.shape) if isinstance(rings, torch.Tensor) else type(rings).__name__
+        raise InvalidRequest(f"cached rings must be float32 {list(shape)}, got {got}")
+    if h == 0:
+        raise InvalidRequest("cached rings need a hit of at least one block")
+    if not cfg.window - 1 <= cfg.block_size <= cfg.window:
+        raise InvalidRequest("exact hits need block_size in [window - 1, window]")
+    if h > exact_hit_limit(prompt_len, keep, cfg.block_size):
+        raise InvalidRequest(f"an exact hit (cached rings) of {h} tokens needs H <= consumer_start "
+                             f"{consumer_start(prompt_len, keep)} (prompt of {prompt_len}); "
+                             f"use the hit without rings (bounded replay)")

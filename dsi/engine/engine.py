@@ -16,7 +16,11 @@ Prefix hits (``add_request(..., cached=CachedPrefix)``): the hit's pages are loa
 admission and the request computes only positions >= R (the bounded SWA replay and the
 uncached tokens), with the semantics that :func:`dsi.model.reference.reference_logits` defines
 for ``hit = H``. A preempted hit request keeps its CachedPrefix and is admitted the same way
-again, so its output stays that of the reference with the hit.
+again, so its output stays that of the reference with the hit. An exact hit (``cached.rings``,
+``H <= exact_hit_limit``) loads the producer SWA rings too and computes from H: its output is
+the hit-free one. With ``collect_ring_snapshots`` every request that finishes (not aborted) or
+is exported queues the rings of its last block boundary (``take_ring_snapshots``), what a later
+exact hit loads.
 
 Structured output: a request's constraint is built on admission and from then on touched only by
 the worker, in step order (sampling runs there). It has accepted every token the worker sampled
@@ -39,8 +43,9 @@ from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
 from dsi.engine.params import EOS_ID, SamplingParams
-from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage
+from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RingSnapshot
 from dsi.engine.request import Request, Status
+from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
@@ -62,6 +67,7 @@ class EngineConfig:
     async_scheduling: bool = True
     root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
     collect_full_pages: bool = False  # queue a FullPage copy of every page that fills (decode persistence)
+    collect_ring_snapshots: bool = False  # queue a RingSnapshot of every finished or exported request
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
@@ -100,6 +106,9 @@ class Engine:
         self.hash_chain = HashChain(self.config.root_seed, cfg.name)
         self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
         self.full_pages = FullPages(self.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
+        if c.collect_ring_snapshots and not cfg.window - 1 <= cfg.block_size <= cfg.window:
+            raise ValueError("ring snapshots need block_size in [window - 1, window]")
+        self.ring_snapshots = RingSnapshots(self.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if c.async_scheduling else None
@@ -123,17 +132,18 @@ class Engine:
         ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
+        keep = self.cfg.keep if self.config.replay else None
         check_prompt(self.cfg, self.config.num_blocks, prompt, params)
         if cached is not None:
-            check_cached(self.cfg, self.config.num_blocks, cached, len(prompt))
+            check_cached(self.cfg, self.config.num_blocks, cached, len(prompt), keep)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        keep = self.cfg.keep if self.config.replay else None
         start = consumer_start(len(prompt), keep)
         req = Request(request_id, list(prompt), params, start, seed, arrival=time.monotonic(),
                       prefill_only=prefill_only)
         if cached is not None and cached.num_tokens:
             req.cached, req.num_cached = cached, cached.num_tokens
-            req.replay_start = replay_start(cached.num_tokens, start, self.cfg.window)
+            req.replay_start = cached.num_tokens if cached.exact else replay_start(cached.num_tokens, start,
+                                                                                    self.cfg.window)
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
         self.stats.prompt_tokens += len(prompt)
@@ -160,6 +170,11 @@ class Engine:
     def take_full_pages(self) -> list[FullPage]:
         """Pages that filled since the last call (``collect_full_pages``); any thread may call it."""
         return self.full_pages.take()
+
+    def take_ring_snapshots(self) -> list[RingSnapshot]:
+        """Snapshots of requests finished or exported since the last call (``collect_ring_snapshots``);
+        any thread may call it."""
+        return self.ring_snapshots.take()
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting or self._inflight or self._pending)
@@ -216,6 +231,7 @@ class Engine:
                              list(req.logprobs), req.num_cached, req.replay_start)
         if not req.finished:
             self.scheduler.finish(req, "migrated")
+        self._queue_snapshot(req)
         self._release(req)
         del self.requests[request_id]
         return state
@@ -265,7 +281,11 @@ class Engine:
                 raise InvalidRequest(f"imported request: {exc}") from None
             req.constraint_pos = len(req.output)
         req.block_table, req.slot = self.leases.take(state, reservation or self.reserve(n))
-        if state.num_cached:  # kept so that a preemption here recomputes with the same hit
+        if state.num_cached and state.replay_start == state.num_cached:
+            # An exact hit: its rings at H are not in the state; a preemption here recomputes
+            # from 0 (the hit-free run, which the exact hit equals). See Scheduler._preempt.
+            req.num_cached, req.replay_start = state.num_cached, state.replay_start
+        elif state.num_cached:  # kept so that a preemption here recomputes with the same hit
             blocks = state.num_cached // self.cfg.block_size
             pages = self.runner.pool.pages[torch.tensor(req.block_table[:blocks], dtype=torch.long)].clone()
             req.cached, req.num_cached, req.replay_start = CachedPrefix(state.num_cached, pages), \
@@ -283,7 +303,7 @@ class Engine:
         for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
             if fill:
                 sl.tokens[-1] = self._last_token[id(req)]
-        logits = self.runner.forward(step.slices)
+        logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
                          [sl.end for sl, _ in chosen], [self._constraint(sl.end, r) for sl, r in chosen])
@@ -310,6 +330,7 @@ class Engine:
 
     def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
         self._count(step)
+        self.ring_snapshots.commit(step.requests, step.snapshots)  # before finishing: queued on finish
         self._hash_full_pages(step)  # before finishing: a finishing request's pages are freed below
         touched: dict[int, tuple[Request, list[Sampled]]] = {}
         chosen = [req for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
@@ -359,11 +380,17 @@ class Engine:
         self.scheduler.finish(req, reason)
         if req.prefill_only and reason == "prefilled":
             req.cached = None  # never preempted from here on: the caller's buffer is not needed
-            return  # keeps its cache until export_request
+            return  # keeps its cache (and ring snapshot) until export_request
+        if reason != "abort":
+            self._queue_snapshot(req)
         if self._inflight is not None and req in self._inflight[0].requests:
             self._inflight[0].to_free.append(req)
         else:
             self._release(req)
+
+    def _queue_snapshot(self, req: Request) -> None:
+        if self.ring_snapshots.queue(req):
+            self.stats.ring_snapshots += 1
 
     def _release(self, req: Request) -> None:
         self.scheduler.free(req)

@@ -2,6 +2,8 @@
 
     store --pages of a hit--> CachedPrefix --add_request--> engine (bounded SWA replay from R)
     engine --page full + chain hash--> FullPage --take_full_pages--> decode role --> store
+    engine --producer rings at the last boundary--> RingSnapshot --take_ring_snapshots--> host memory
+    host memory --rings of boundary H--> CachedPrefix(H, pages, rings) --> engine (exact: no replay)
 
 Pages are in the engine format: fp32, ``[page_elems]`` each (see :mod:`dsi.kvcache.layout`).
 """
@@ -12,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dsi.model.reference import exact_hit_limit
+
+__all__ = ["CachedPrefix", "EngineStats", "FullPage", "RequestStats", "RingSnapshot", "exact_hit_limit"]
+
 
 @dataclass(slots=True)
 class CachedPrefix:
@@ -20,10 +26,20 @@ class CachedPrefix:
     num_tokens: H, a multiple of block_size, at most ``(len(prompt) - 1) // block_size`` blocks.
     pages: [H // block_size, page_elems] fp32, in chain order. The engine keeps a reference (no
     copy) until the request finishes or is exported: after a preemption it loads them again.
+    rings: None for a hit with bounded SWA replay; or the producer SWA keys/values of positions
+    [H - block_size, H) (a RingSnapshot's ``rings``, [n_producer, 2, block_size, n_kv_heads, D]
+    fp32) for an exact hit: nothing is replayed and the output is the hit-free one. An exact hit
+    needs ``H <= exact_hit_limit(len(prompt), keep, block_size)``; past it the engine raises
+    InvalidRequest (use the replay path, without rings).
     """
 
     num_tokens: int
     pages: torch.Tensor
+    rings: torch.Tensor | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.rings is not None and self.num_tokens > 0
 
 
 @dataclass(slots=True)
@@ -35,6 +51,22 @@ class FullPage:
     index: int  # page index within the request (block i covers tokens [128 i, 128 (i + 1)))
     block_hash: bytes  # 16 bytes
     data: torch.Tensor
+
+
+@dataclass(slots=True)
+class RingSnapshot:
+    """The producer SWA state a request reached at its last block boundary, for exact hits.
+
+    boundary: B, a multiple of block_size; block_hash: the chain hash of the block ending at B
+    (that of FullPage ``index = B // block_size - 1``); rings: the producer layers' SWA keys
+    (rotated) and values of positions [B - block_size, B) in position order,
+    [n_producer, 2, block_size, n_kv_heads, D] fp32, a copy owned by the caller.
+    """
+
+    request_id: str
+    boundary: int
+    block_hash: bytes
+    rings: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -56,6 +88,7 @@ class EngineStats:
     replay_tokens: int = 0
     computed_prompt_tokens: int = 0
     full_pages: int = 0  # FullPage records queued
+    ring_snapshots: int = 0  # RingSnapshot records queued
     _recent: dict[str, RequestStats] | None = None
 
     def record(self, request_id: str, stats: RequestStats, keep: int = 1024) -> None:

@@ -15,6 +15,8 @@ from dsi.engine.params import SamplingParams
 from dsi.engine.prefix import RequestStats
 
 if TYPE_CHECKING:
+    import torch
+
     from dsi.engine.prefix import CachedPrefix
     from dsi.structured import TokenConstraint
 
@@ -47,10 +49,14 @@ class Request:
     hashed_pages: int = 0  # pages of block_table already registered in the pool under their hash
     prefill_only: bool = False  # stop after the first token and keep the cache for export
     # Prefix hit: pages of positions < num_cached are loaded from ``cached`` on admission (again
-    # after a preemption) and computing starts at replay_start (R), the producer SWA start.
+    # after a preemption) and computing starts at replay_start: R (bounded replay, the producer
+    # SWA start) or H itself (exact hit: the producer rings of [H - 128, H) are loaded too).
     cached: CachedPrefix | None = None
     num_cached: int = 0
     replay_start: int = 0
+    # (boundary B, producer rings of [B - 128, B)) at the last block boundary reached, when the
+    # engine collects ring snapshots; committed in step order on the CPU, never by the worker.
+    ring_snapshot: tuple[int, torch.Tensor] | None = None
     collected_pages: int = 0  # full pages already queued as FullPage (not reset by preemption)
     stats: RequestStats = field(default_factory=RequestStats)
     # Structured output (worker-owned once admitted): the constraint has accepted the first
@@ -66,6 +72,17 @@ class Request:
     @property
     def all_tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def exact_hit(self) -> bool:
+        """A hit with loaded SWA rings: replay_start == num_cached (a bounded replay has R < H)."""
+        return self.num_cached > 0 and self.replay_start == self.num_cached
+
+    @property
+    def producer_start(self) -> int:
+        """Where producer SWA keys start: R after a bounded replay, 0 otherwise (an exact hit's
+        rings hold the true keys before H)."""
+        return 0 if self.exact_hit else self.replay_start
 
     @property
     def finished(self) -> bool:

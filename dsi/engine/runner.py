@@ -4,6 +4,15 @@ One ``forward`` computes a step: a batch of StepSlices (prefill chunks and decod
 Dense work (projections, MoE, logits) runs over all tokens of the step at once; attention runs
 per sequence over (SWA ring + this step's keys) and the latents gathered from its pages. It calls
 the same ops as :mod:`dsi.model.reference`, so the results match the reference to fp32 rounding.
+
+Ring snapshots (``forward(..., snapshots={})``): a slice whose positions reach a block boundary
+B (the last one when several) records the producer SWA keys/values of [B - 128, B) as they are
+when position B - 1 is computed::
+
+    prefill chunk [s, e), s < B <= e:  ring[B - 128 .. s)  +  chunk keys [s .. B)   (before the ring write)
+    decode token at B - 1:             ring[B - 128 .. B)                           (after the ring write)
+
+Only when those keys are all real (B - 128 >= the slice's producer SWA start).
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from dsi.kvcache.state_slots import StateSlots
 from dsi.model.config import ModelConfig
 from dsi.model.ops import attend, compress_pairs, moe, rms_norm, rope
 
+Snapshots = dict[int, tuple[int, torch.Tensor]]  # slice index -> (B, [n_producer, 2, block_size, n_kv_heads, D])
+
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int) -> None:
@@ -30,8 +41,9 @@ class ModelRunner:
         self._glob_view = self.layout.global_view(self.pool.pages)
 
     @torch.no_grad()
-    def forward(self, batch: list[StepSlice]) -> torch.Tensor:
-        """Logits [num sampled slices, V] in batch order of the slices with ``sample``."""
+    def forward(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
+        """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
+        ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
@@ -39,7 +51,7 @@ class ModelRunner:
         x = w["embed"][ids]
         dec = self._decode_index(batch, spans, consumer=False)
         for i in range(cfg.n_producer):
-            x = self._layer(i, x, pos, batch, spans, dec)
+            x = self._layer(i, x, pos, batch, spans, dec, snapshots)
         g = rms_norm(x, w["boundary.norm"], cfg.norm_eps) @ w["boundary.wg"]
         for s, (a, b) in zip(batch, spans, strict=True):
             if dec is None or len(s.tokens) != 1:
@@ -71,7 +83,8 @@ class ModelRunner:
 
     # ---- one layer -----------------------------------------------------------------------------
     def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, batch: list[StepSlice],
-               spans: list[tuple[int, int]], dec: DecodeIndex | None) -> torch.Tensor:
+               spans: list[tuple[int, int]], dec: DecodeIndex | None, snapshots: Snapshots | None = None
+               ) -> torch.Tensor:
         """One layer over the step's tokens; one-token slices attend together through ``dec``."""
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         consumer = i >= cfg.n_producer
@@ -93,10 +106,14 @@ class ModelRunner:
         out = torch.empty(t, cfg.n_heads * cfg.head_dim)
         if dec is not None:
             out[dec.rows] = self._attend_decode(i, dec, q, q_rot, k_rot, v, consumer)
-        for s, (a, b) in zip(batch, spans, strict=True):
+            if snapshots is not None:
+                self._snapshot_decode(i, dec, batch, spans, snapshots)
+        for j, (s, (a, b)) in enumerate(zip(batch, spans, strict=True)):
             if a == b or (dec is not None and b - a == 1):
                 continue
             keys, vals, kpos = self._swa_keys(s, i, k_rot[a:b], v[a:b], consumer)
+            if snapshots is not None:
+                self._snapshot_chunk(i, j, s, keys, vals, int(kpos[0]), snapshots)
             lat, last = self._latents(s, i, consumer)
             out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos,
                               s.consumer_start if consumer else s.producer_start, lat, last, cfg.window)
@@ -104,6 +121,46 @@ class ModelRunner:
         x = x + out @ w[p + "wo"]
         x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
         return x
+
+    # ---- ring snapshots --------------------------------------------------------------------------
+    def _boundary(self, s: StepSlice) -> int:
+        """The last block boundary B this slice reaches (s.start < B <= s.end) whose window of
+        keys is real, else 0."""
+        bs = self.cfg.block_size
+        b = s.end // bs * bs
+        return b if b > s.start and b - bs >= s.producer_start else 0
+
+    def _snapshot_entry(self, snapshots: Snapshots, j: int, boundary: int) -> torch.Tensor:
+        if j not in snapshots:
+            cfg = self.cfg
+            shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
+            snapshots[j] = (boundary, torch.empty(shape, dtype=self.slots.rings.dtype))
+        return snapshots[j][1]
+
+    def _snapshot_chunk(self, i: int, j: int, s: StepSlice, keys: torch.Tensor, vals: torch.Tensor, first: int,
+                        snapshots: Snapshots) -> None:
+        """``keys``/``vals``: this slice's SWA keys of positions [first, s.end) (ring, then chunk)."""
+        b = self._boundary(s)
+        if i >= self.cfg.n_producer or not b:
+            return
+        snap = self._snapshot_entry(snapshots, j, b)
+        lo = b - self.cfg.block_size - first  # >= 0: block_size <= window and b > s.start
+        snap[i, 0] = keys[lo:lo + self.cfg.block_size]
+        snap[i, 1] = vals[lo:lo + self.cfg.block_size]
+
+    def _snapshot_decode(self, i: int, dec: DecodeIndex, batch: list[StepSlice], spans: list[tuple[int, int]],
+                         snapshots: Snapshots) -> None:
+        """One-token slices at position B - 1: the ring (just written) holds [B - 128, B)."""
+        ends = (dec.pos + 1) % self.cfg.block_size == 0
+        if i >= self.cfg.n_producer or not bool(ends.any()):
+            return
+        first_row = {a: j for j, (a, b) in enumerate(spans) if b - a == 1}
+        for row, slot in zip(dec.rows[ends].tolist(), dec.slots[ends].tolist(), strict=True):
+            j = first_row[row]
+            b = self._boundary(batch[j])
+            if b:
+                positions = torch.arange(b - self.cfg.block_size, b) % self.cfg.ring
+                self._snapshot_entry(snapshots, j, b)[i] = self.slots.rings[slot, i][:, positions]
 
     # ---- batched one-token slices ----------------------------------------------------------------
     def _decode_index(self, batch: list[StepSlice], spans: list[tuple[int, int]], consumer: bool

@@ -11,8 +11,12 @@ request with the longest output gives its pages and slot back and returns to the
 queue with ``num_computed = 0``.
 
 A request with a prefix hit (``cached``) gets its cached pages on admission, loaded right away
-(they are fresh pages no step in flight can touch), and starts computing at ``replay_start``.
-A preempted hit request is admitted the same way again, so it keeps the hit semantics.
+(they are fresh pages no step in flight can touch), and starts computing at ``replay_start``;
+an exact hit (``cached.rings``) also gets its producer SWA rings of [H - 128, H) written into its
+fresh state slot and starts at H. A preempted hit request is admitted the same way again, so it
+keeps the hit semantics. A request that holds an exact hit without the rings to reload (one
+imported from another engine) recomputes from position 0 instead: the hit-free run, which is
+what the exact hit computes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Step:
     fills: list[bool] = field(default_factory=list)  # slice's first token comes from the previous step
     to_free: list[Request] = field(default_factory=list)  # finished meanwhile; free after this step ran
     blocked: bool = False  # some request needed a page that only a preemption could give
+    snapshots: dict = field(default_factory=dict)  # ring snapshots the worker captured (runner.Snapshots)
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +123,7 @@ class Scheduler:
         tokens = known + [PLACEHOLDER] * (n - len(known))
         sample = start + n == req.num_tokens + req.in_flight
         step.slices.append(StepSlice(req.slot, req.block_table, start, tokens, req.consumer_start, sample,
-                                     req.replay_start, req.num_cached))
+                                     req.producer_start, req.num_cached))
         step.requests.append(req)
         step.fills.append(fill)
         req.num_computed += n
@@ -127,10 +132,15 @@ class Scheduler:
         return n
 
     def _load_cached(self, req: Request) -> None:
-        assert req.cached is not None
+        cached = req.cached
+        assert cached is not None
         req.block_table = self.pool.allocate(req.num_cached // self.block_size)
-        self.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = req.cached.pages
+        self.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = cached.pages
         req.num_computed = req.replay_start
+        if cached.rings is not None:
+            # Even H: the pair (H - 2, H - 1) is closed, so the compressor partial state is empty.
+            positions = torch.arange(req.num_cached - cached.rings.shape[2], req.num_cached)
+            self.slots.rings[req.slot, :cached.rings.shape[0], :, positions % self.slots.cfg.ring] = cached.rings
 
     def _pages_needed(self, req: Request, n: int) -> int:
         return max(0, -(-(req.num_computed + n) // self.block_size) - len(req.block_table))
@@ -156,6 +166,8 @@ class Scheduler:
         self.running.remove(req)
         self.free(req)
         req.num_computed = 0
+        if req.cached is None:  # nothing to reload (an imported hit): recompute all of it
+            req.num_cached = req.replay_start = 0
         req.hashed_pages = 0
         req.status = Status.WAITING
         req.num_preemptions += 1

@@ -12,7 +12,8 @@ Disaggregation: ``reserve`` / ``release`` hold pages and a slot for an incoming 
 ``import_request(state, reservation)`` copies the state into the reserved memory at once (so the
 receive buffer may be reused as soon as it returns) and streams the continuation;
 ``generate(..., prefill_only=True)`` yields the first token, after which ``export`` takes the
-request out. ``take_full_pages`` drains the engine's FullPage queue from any task.
+request out. ``take_full_pages`` / ``take_ring_snapshots`` drain the engine's FullPage / RingSnapshot
+queues from any task.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 
 from dsi.engine.engine import Engine, RequestOutput
 from dsi.engine.params import SamplingParams
-from dsi.engine.prefix import CachedPrefix, FullPage
+from dsi.engine.prefix import CachedPrefix, FullPage, RingSnapshot
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import ActorStopped, DsiError
 
@@ -126,6 +127,9 @@ class EngineService:
 
     def take_full_pages(self) -> list[FullPage]:
         return self.engine.take_full_pages()
+
+    def take_ring_snapshots(self) -> list[RingSnapshot]:
+        return self.engine.take_ring_snapshots()
 
     async def _stream(self, request_id: str, admit: Callable[[Engine], None]) -> AsyncIterator[RequestOutput]:
         if self._task is None:

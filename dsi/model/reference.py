@@ -24,6 +24,12 @@ a hit-free run: the producer hidden states of positions [R, R + window - 1) diff
 cold ones (their SWA windows are cut at R), and that difference reaches positions >= H through
 SWA keys and the latents computed from them. With ``R = 0`` a hit changes nothing but fp32
 rounding (the cached prefix was computed in a separate pass).
+
+Exact hit: when the host that computed the boundary H still holds the producer SWA keys/values
+of positions ``[H - 128, H)`` (a ring snapshot), loading them makes a hit exact: nothing is
+replayed and the output is that of ``hit = 0`` (up to fp32 rounding). It needs
+``H <= consumer_start`` (consumer rows below H would need producer hidden states that are not
+cached); :func:`exact_hit_limit` gives the largest such H.
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ def replay_start(hit: int, consumer_start: int, window: int) -> int:
 def max_hit(prompt_len: int, block_size: int) -> int:
     """The longest usable hit: whole blocks, leaving at least the last prompt token to compute."""
     return max(0, (prompt_len - 1) // block_size * block_size)
+
+
+def exact_hit_limit(prompt_len: int, keep: int | None, block_size: int) -> int:
+    """The longest hit that can be exact (loaded SWA rings, no replay): whole blocks, at most
+    :func:`max_hit`, and not past ``consumer_start`` (0 when decoder-side replay is off)."""
+    return min(max_hit(prompt_len, block_size), consumer_start(prompt_len, keep) // block_size * block_size)
 
 
 @torch.no_grad()
