@@ -28,6 +28,7 @@ import torch
 
 from dsi.engine.batch import StepSlice
 from dsi.engine.request import Request, Status
+from dsi.engine.runner import Snapshots
 from dsi.kvcache.block_pool import BlockPool, NoFreeBlocks
 from dsi.kvcache.state_slots import StateSlots
 
@@ -41,7 +42,7 @@ class Step:
     fills: list[bool] = field(default_factory=list)  # slice's first token comes from the previous step
     to_free: list[Request] = field(default_factory=list)  # finished meanwhile; free after this step ran
     blocked: bool = False  # some request needed a page that only a preemption could give
-    snapshots: dict = field(default_factory=dict)  # ring snapshots the worker captured (runner.Snapshots)
+    snapshots: Snapshots = field(default_factory=dict)  # ring snapshots the worker captured
 
     @property
     def num_tokens(self) -> int:
