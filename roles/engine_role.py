@@ -4,6 +4,11 @@ The engine is built off the event loop (weights load, model generated on first u
 an :class:`EngineService`. The data plane carries KV + state between instances; a decode
 receives into leases, a prefill sends into them. ``EngineStats`` reports the memory both hold,
 so an operator (or a test) can see that nothing leaks after failures.
+
+SWA states: the engine snapshots the producer rings at the last block boundary each request
+reached; when the request finishes (or leaves a prefill) the snapshot goes into this host's
+:class:`StateCache` and the kvstore is told who holds it. ``PullState`` sends one to a prefill
+whose prefix hit ends at that boundary.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from dsi.engine.params import SamplingParams
 from dsi.engine.service import EngineService
 from dsi.messages.control import Load
 from dsi.messages.gateway import Sampling
-from dsi.messages.handoff import EngineStats, GetEngineStats
+from dsi.messages.handoff import EngineStats, GetEngineStats, PullState, StateMissing, StatePulled
 from dsi.roles.curve import server_keys
+from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.role import RoleActor
-from dsi.transport.kv import DataPlane, make_data_plane
+from dsi.roles.state_cache import StateCache
+from dsi.transport.kv import DataPlane, KvTarget, make_data_plane
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,8 @@ class Counters:
     failed_handoffs: int = 0
     leases: int = 0  # live decode leases
     persisted_blocks: int = 0  # full pages queued for the store
+    states_pulled: int = 0
+    states_served: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,8 @@ class EngineRoleSettings:
     data_backend: str = "tcp"
     data_host: str = "127.0.0.1"  # the data plane binds here (the role's own host)
     lease_timeout_s: float = 30.0
+    address: str = ""  # this role's control-plane address (where others pull its SWA states)
+    state_cache_bytes: int = 256 << 20
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
@@ -62,7 +73,8 @@ class EngineRoleSettings:
         if host in ("*", "0.0.0.0"):
             host = "127.0.0.1"
         return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
-                   server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s)
+                   server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
+                   role.bind)
 
 
 def sampling_params(s: Sampling) -> SamplingParams:
@@ -84,6 +96,10 @@ class EngineRole(RoleActor):
         self.data: DataPlane | None = None
         self.ctx: zmq.asyncio.Context | None = None
         self.counters = Counters()
+        self.kvstore: KvstoreClient | None = None
+        self.states = StateCache(settings.state_cache_bytes)
+        self._salted: set[str] = set()  # engine request ids whose chain has a cache salt
+        self._collect_task: asyncio.Task | None = None
 
     @property
     def engine(self) -> Engine:
@@ -97,10 +113,20 @@ class EngineRole(RoleActor):
         self.service.start()
         self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
         await self.data.start()
+        if self.settings.controller:
+            self.kvstore = KvstoreClient(self.settings.controller, self.ctx, keys=self.settings.keys,
+                                         peer_id=self.name)
+            await self.kvstore.start()
+        self._collect_task = asyncio.get_running_loop().create_task(self._collect_forever())
         await super().on_start()
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        if self._collect_task is not None:
+            self._collect_task.cancel()
+            await asyncio.gather(self._collect_task, return_exceptions=True)
+        if self.kvstore is not None:
+            await self.kvstore.close()
         if self.service is not None:
             await self.service.close()
         if self.data is not None:
@@ -116,7 +142,8 @@ class EngineRole(RoleActor):
         shape, weights = load_model(ensure_model(s.model.dir, s.model.config))
         cfg = EngineConfig(num_blocks=s.options.num_blocks, max_batch_tokens=s.options.max_batch_tokens,
                            max_running=s.options.max_running, num_slots=s.options.max_running,
-                           root_seed=s.root_seed, collect_full_pages=self.collect_full_pages)
+                           root_seed=s.root_seed, collect_full_pages=self.collect_full_pages,
+                           collect_ring_snapshots=True)
         log.info("%s: engine ready (%s, %d pages)", self.name, shape.name, cfg.num_blocks)
         return Engine(shape, weights, cfg)
 
@@ -131,7 +158,8 @@ class EngineRole(RoleActor):
     def engine_stats(self, msg: GetEngineStats) -> EngineStats:
         c = self.counters
         counts = dict(prefills=c.prefills, handoffs=c.handoffs, failed_handoffs=c.failed_handoffs, leases=c.leases,
-                      persisted_blocks=c.persisted_blocks)
+                      persisted_blocks=c.persisted_blocks, states_pulled=c.states_pulled,
+                      states_served=c.states_served)
         if self.service is None:
             return EngineStats(**counts)
         engine = self.engine
@@ -140,4 +168,49 @@ class EngineRole(RoleActor):
             total_blocks=pool.num_blocks - 1, free_blocks=pool.num_free, total_slots=slots.num_slots,
             free_slots=slots.num_free, running=len(engine.scheduler.running) + len(engine.scheduler.waiting),
             regions=self.data.stats.regions_live if self.data is not None else 0, cached_tokens=st.cached_tokens,
-            replay_tokens=st.replay_tokens, computed_prompt_tokens=st.computed_prompt_tokens, **counts)
+            replay_tokens=st.replay_tokens, computed_prompt_tokens=st.computed_prompt_tokens,
+            states_kept=len(self.states), **counts)
+
+    # ---- SWA states ------------------------------------------------------------------------------
+    @handles(concurrent=True)
+    async def pull_state(self, msg: PullState) -> StatePulled:
+        found = self.states.get(msg.block_hash)
+        if found is None:
+            raise StateMissing(f"{self.name} holds no SWA state for that block")
+        assert self.data is not None
+        boundary, rings = found
+        lease = msg.lease
+        target = KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
+        await self.data.send(target, [memoryview(rings.numpy()).cast("B")], timeout_s=lease.expires_in_s)
+        self.counters.states_served += 1
+        return StatePulled(boundary)
+
+    def state_nbytes(self) -> int:
+        cfg = self.engine.cfg
+        return cfg.n_producer * 2 * cfg.block_size * cfg.n_kv_heads * cfg.head_dim * 4
+
+    def on_full_pages(self, pages: list) -> None:
+        """Decode persists them; other roles drop them."""
+
+    async def _collect_forever(self, interval_s: float = 0.05) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.service is None:
+                continue
+            try:
+                pages = self.service.take_full_pages()
+                if pages:
+                    self.on_full_pages(pages)
+                self._keep_states(self.service.take_ring_snapshots())
+            except Exception:  # the loop must survive anything one batch does
+                log.exception("%s: collecting pages and states failed", self.name)
+
+    def _keep_states(self, snapshots: list) -> None:
+        kept = []
+        for snap in snapshots:
+            if snap.request_id in self._salted:  # chains with a salt are not announced by plain hash
+                continue
+            if self.states.put(snap.block_hash, snap.boundary, snap.rings):
+                kept.append(snap.block_hash)
+        if kept and self.kvstore is not None and self.settings.address:
+            self.kvstore.announce_states(self.settings.address, kept)

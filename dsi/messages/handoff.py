@@ -65,6 +65,18 @@ class Prefilled(Message):
     finish: str = ""  # set when the first token already ended the request: nothing was written
 
 
+class PullState(Message):
+    """Prefill -> the engine instance that announced a block's SWA state: write it into ``lease``
+    (its bytes: the producer ring snapshot ``[n_producer, 2, block_size, n_kv_heads, head_dim]`` fp32)."""
+
+    block_hash: bytes
+    lease: KvLease
+
+
+class StatePulled(Message):
+    boundary: int  # the block boundary (tokens) the state belongs to
+
+
 class GetEngineStats(Message):
     pass
 
@@ -86,6 +98,9 @@ class EngineStats(Message):
     prefills: int = 0
     handoffs: int = 0
     failed_handoffs: int = 0
+    states_kept: int = 0  # SWA states in this host's cache
+    states_pulled: int = 0  # hits served exactly with a pulled SWA state (no replay)
+    states_served: int = 0  # states this host sent to others
 
 
 class PrefillLost(DsiError):
@@ -96,5 +111,14 @@ class PrefillLost(DsiError):
 
 register_error(PrefillLost)
 
-HandoffMsg = KvLease | Handoff | PrefillTo | Prefilled | GetEngineStats | EngineStats
-HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, GetEngineStats, EngineStats)
+
+class StateMissing(DsiError):
+    """The engine instance no longer holds that SWA state (evicted); replay instead."""
+
+    code = "state_missing"
+
+
+register_error(StateMissing)
+
+HandoffMsg = KvLease | Handoff | PrefillTo | Prefilled | PullState | StatePulled | GetEngineStats | EngineStats
+HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, PullState, StatePulled, GetEngineStats, EngineStats)

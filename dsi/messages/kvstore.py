@@ -8,6 +8,12 @@ Block hashes are 16-byte ``BlockHash`` values (dsi.kvcache.hashchain), in chain 
     GetStats              -> StoreStats
     GetIndexInfo          -> IndexInfo       where deltas are published, and the current seq
     Snapshot              => SnapshotChunk*  (a stream) every key, for a replica's resync
+    AnnounceStates        (a tell)           these SWA states live on ``owner`` (host memory)
+    FindState             -> StateLocation   which engine instance holds a block's SWA state
+
+SWA state is never stored: the kvstore only remembers, in memory and bounded, which engine
+instance said it holds the state at a block boundary. An entry can be stale (the owner evicted
+it or died); the puller then falls back to replaying the window.
 
 Deltas go out on the kvstore's publisher, topic ``IndexInfo.topic``, numbered ``seq`` = 1, 2, ...
 within one ``epoch`` (a random id per kvstore start). A replica that sees another epoch or a
@@ -118,9 +124,22 @@ class IndexDelta(Message):
     epoch: int = 0
 
 
+class AnnounceStates(Message):
+    owner: str  # control-plane address of the engine instance that holds them
+    block_hashes: list[bytes]  # the block ending at each state's boundary
+
+
+class FindState(Message):
+    block_hash: bytes
+
+
+class StateLocation(Message):
+    owner: str = ""  # "" = nobody announced it
+
+
 KvstoreMsg = (
     PutBlock | PutBlocks | Stored | GetBlocks | BlocksRead | MatchPrefix | PrefixMatch | GetStats | StoreStats
-    | GetIndexInfo | IndexInfo | Snapshot | SnapshotChunk | IndexDelta
+    | GetIndexInfo | IndexInfo | Snapshot | SnapshotChunk | IndexDelta | AnnounceStates | FindState | StateLocation
 )
 KVSTORE = (PutBlock, PutBlocks, Stored, GetBlocks, BlocksRead, MatchPrefix, PrefixMatch, GetStats, StoreStats,
-           GetIndexInfo, IndexInfo, Snapshot, SnapshotChunk, IndexDelta)
+           GetIndexInfo, IndexInfo, Snapshot, SnapshotChunk, IndexDelta, AnnounceStates, FindState, StateLocation)

@@ -33,7 +33,6 @@ from dsi.messages import ALL
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, KvLease, Prefilled, PrefillLost, PrefillTo
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
-from dsi.roles.kvstore.client import KvstoreClient
 from dsi.transport.client import Peer
 
 log = logging.getLogger(__name__)
@@ -50,35 +49,19 @@ class DecodeActor(EngineRole):
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)
-        self.kvstore: KvstoreClient | None = None
         self._prefills: dict[str, Peer] = {}
         self._meta: dict[str, _Meta] = {}  # engine request id -> how its pages are persisted
-        self._persist_task: asyncio.Task | None = None
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        if self.settings.controller:
-            assert self.ctx is not None
-            self.kvstore = KvstoreClient(self.settings.controller, self.ctx, keys=self.settings.keys,
-                                         peer_id=self.name)
-            await self.kvstore.start()
-        self._persist_task = asyncio.get_running_loop().create_task(self._persist_forever())
 
     async def on_stop(self) -> None:
-        if self._persist_task is not None:
-            self._persist_task.cancel()
-            await asyncio.gather(self._persist_task, return_exceptions=True)
         for peer in self._prefills.values():
             await peer.close()
-        if self.kvstore is not None:
-            await self.kvstore.close()
         await super().on_stop()
 
     # ---- colocated -------------------------------------------------------------------------
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         assert self.service is not None
-        self._meta[msg.request_id] = _Meta(msg.traffic_class, msg.cache_salt)
+        self._remember(msg.request_id, msg)
         prompt_tokens = len(msg.token_ids)
         try:
             async for out in self.service.generate(msg.request_id, list(msg.token_ids),
@@ -118,7 +101,7 @@ class DecodeActor(EngineRole):
                                              sampling_params(req.sampling), done.seed, done.consumer_start,
                                              done.num_computed, list(done.logprobs), done.cached_tokens,
                                              done.replay_start)
-            self._meta[req.request_id] = _Meta(req.traffic_class, req.cache_salt)
+            self._remember(req.request_id, req)
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
@@ -177,29 +160,33 @@ class DecodeActor(EngineRole):
             self.service.abort(msg.request_id)
 
     # ---- persistence ---------------------------------------------------------------------------
-    def _forget(self, request_id: str) -> None:
-        # Pages that filled in the request's last step are taken after it; keep the meta briefly.
-        asyncio.get_running_loop().call_later(5.0, self._meta.pop, request_id, None)
+    def _remember(self, request_id: str, msg: Generate) -> None:
+        self._meta[request_id] = _Meta(msg.traffic_class, msg.cache_salt)
+        if msg.cache_salt:
+            self._salted.add(request_id)
 
-    async def _persist_forever(self, interval_s: float = 0.05) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            if self.service is None:
+    def _forget(self, request_id: str) -> None:
+        # Pages and states of the request's last step are taken after it; keep the meta briefly.
+        def drop() -> None:
+            self._meta.pop(request_id, None)
+            self._salted.discard(request_id)
+
+        asyncio.get_running_loop().call_later(5.0, drop)
+
+    def on_full_pages(self, pages: list) -> None:
+        if self.kvstore is None:
+            return
+        by_class: dict[str, tuple[list[bytes], list]] = {}
+        for page in pages:
+            meta = self._meta.get(page.request_id)
+            if meta is None or meta.cache_salt:  # salted chains are hashed by the entrypoint only
                 continue
-            pages = self.service.take_full_pages()
-            if not pages or self.kvstore is None:
-                continue
-            by_class: dict[str, tuple[list[bytes], list]] = {}
-            for page in pages:
-                meta = self._meta.get(page.request_id)
-                if meta is None or meta.cache_salt:  # salted chains are hashed by the entrypoint only
-                    continue
-                hashes, blocks = by_class.setdefault(meta.traffic_class, ([], []))
-                hashes.append(page.block_hash)
-                blocks.append(page.data.numpy())
-            for traffic_class, (hashes, blocks) in by_class.items():
-                self.kvstore.put_background(hashes, blocks, traffic_class)
-                self.counters.persisted_blocks += len(hashes)
+            hashes, blocks = by_class.setdefault(meta.traffic_class, ([], []))
+            hashes.append(page.block_hash)
+            blocks.append(page.data.numpy())
+        for traffic_class, (hashes, blocks) in by_class.items():
+            self.kvstore.put_background(hashes, blocks, traffic_class)
+            self.counters.persisted_blocks += len(hashes)
 
 
 def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0) -> TokenChunk:

@@ -3,6 +3,7 @@
     PutBlock(s)  plan (loop) -> append on the writer thread -> commit (loop) -> delta -> Stored
     GetBlocks    plan (loop) -> ReadPool threads (into /dev/shm or buffers) -> finish -> BlocksRead
     MatchPrefix  index only (loop)                 GetStats / GetIndexInfo (loop)
+    AnnounceStates / FindState   who holds which SWA state (memory only, bounded LRU)
     Snapshot     every key as of one seq, in chunks (a stream)
     background   every publish_interval_s: an empty delta when nothing else went out;
                  every sweep_interval_s: expiry, then compaction of mostly-dead segments
@@ -15,6 +16,7 @@ always agree (a Snapshot taken between two deltas is exact as of the first).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import time
@@ -30,7 +32,9 @@ from dsi.kvcache.shm import HostBuffer
 from dsi.kvcache.store import OK, BlockStore, Delta
 from dsi.messages.blob import Blob
 from dsi.messages.kvstore import (
+    AnnounceStates,
     BlocksRead,
+    FindState,
     GetBlocks,
     GetIndexInfo,
     GetStats,
@@ -42,6 +46,7 @@ from dsi.messages.kvstore import (
     PutBlocks,
     Snapshot,
     SnapshotChunk,
+    StateLocation,
     Stored,
     StoreStats,
 )
@@ -70,6 +75,8 @@ class KvstoreActor(RoleActor):
         self._ctx: zmq.asyncio.Context | None = None
         self._pub: Publisher | None = None
         self._quiet_since = 0.0
+        self.state_owners: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self.max_state_owners = 1 << 20
 
     @property
     def publish_address(self) -> str:
@@ -147,6 +154,22 @@ class KvstoreActor(RoleActor):
     def match(self, msg: MatchPrefix) -> PrefixMatch:
         store, _ = self._ready()
         return PrefixMatch(store.match(pack(msg.block_hashes)))
+
+    @handles
+    def announce_states(self, msg: AnnounceStates) -> None:
+        for block_hash in msg.block_hashes:
+            self.state_owners.pop(block_hash, None)
+            self.state_owners[block_hash] = msg.owner
+        while len(self.state_owners) > self.max_state_owners:
+            self.state_owners.popitem(last=False)
+
+    @handles
+    def find_state(self, msg: FindState) -> StateLocation:
+        owner = self.state_owners.get(msg.block_hash)
+        if owner is None:
+            return StateLocation()
+        self.state_owners.move_to_end(msg.block_hash)
+        return StateLocation(owner)
 
     @handles
     def stats(self, msg: GetStats) -> StoreStats:

@@ -28,7 +28,16 @@ from dsi.errors import AskTimeout, DsiError, PeerLost
 from dsi.messages import ALL
 from dsi.messages.blob import Blob
 from dsi.messages.control import ListInstances
-from dsi.messages.kvstore import BlocksRead, GetBlocks, MatchPrefix, PutBlocks, Stored
+from dsi.messages.kvstore import (
+    AnnounceStates,
+    BlocksRead,
+    FindState,
+    GetBlocks,
+    MatchPrefix,
+    PutBlocks,
+    StateLocation,
+    Stored,
+)
 from dsi.roles.kvstore.shmpool import ShmPool
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -231,6 +240,27 @@ class KvstoreClient:
             self.stats.put_blocks += end - start
             stored, existed = stored + reply.stored, existed + reply.existed
         return Stored(stored, existed)
+
+    async def find_state(self, block_hash: bytes) -> str:
+        """The engine instance that announced the SWA state at this block, or "" (also on failure)."""
+        peer = self._usable()
+        if peer is None:
+            return ""
+        try:
+            found: StateLocation = await peer.ask(FindState(block_hash), timeout=self.match_timeout_s)
+        except DsiError as exc:
+            self._failed(peer, "find_state", exc)
+            return ""
+        return found.owner
+
+    def announce_states(self, owner: str, block_hashes: Sequence[bytes]) -> None:
+        """Tell the kvstore that ``owner`` holds these SWA states (best effort, never raises)."""
+        peer = self._usable()
+        if peer is not None and block_hashes:
+            try:
+                peer.tell(AnnounceStates(owner, list(block_hashes)))
+            except DsiError as exc:
+                log.debug("kvstore client: announce failed: %s", exc)
 
     def put_background(self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot") -> bool:
         """Queue a put and return at once; False (and ``dropped`` counted) when the queue is full.

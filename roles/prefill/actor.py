@@ -4,8 +4,11 @@
 
     1. hash the prompt's full blocks; fetch the leading hits from the kvstore into shared memory
        (a kvstore that is down or slow is a miss, never an error);
-    2. prefill only what the hit does not cover, plus the SWA replay window (engine semantics,
-       see dsi.model.reference); the engine stops after the first token and keeps the cache;
+    2. if the engine instance that computed the hit's last boundary still holds its SWA state
+       (the kvstore knows who announced it), pull it over the data plane: the hit is then exact
+       and nothing is replayed. Otherwise replay the SWA window before the boundary (bounded
+       replay, the semantics of dsi.model.reference with ``hit``). Prefill only what the hit does
+       not cover; the engine stops after the first token and keeps the cache;
     3. export the request's pages + state and write them into the decode's lease over the data
        plane; answer ``Prefilled`` once the decode has every byte.
 
@@ -18,39 +21,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 
 import torch
 
 from dsi.actor import handles
 from dsi.engine import CachedPrefix
+from dsi.engine.prefix import exact_hit_limit
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import HASH_BYTES
+from dsi.messages import ALL
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import Prefilled, PrefillTo
+from dsi.messages.handoff import KvLease, Prefilled, PrefillTo, PullState, StatePulled
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
-from dsi.roles.kvstore.client import FetchedBlocks, KvstoreClient
+from dsi.roles.kvstore.client import FetchedBlocks
+from dsi.transport.client import Peer
 from dsi.transport.kv import KvTarget
 
 log = logging.getLogger(__name__)
 
 
 class PrefillActor(EngineRole):
+    state_pull_timeout_s = 2.0
+
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)
-        self.kvstore: KvstoreClient | None = None
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        if self.settings.controller:
-            assert self.ctx is not None
-            self.kvstore = KvstoreClient(self.settings.controller, self.ctx, keys=self.settings.keys,
-                                         peer_id=self.name)
-            await self.kvstore.start()
+        self._owners: dict[str, Peer] = {}
 
     async def on_stop(self) -> None:
-        if self.kvstore is not None:
-            await self.kvstore.close()
+        for peer in self._owners.values():
+            await peer.close()
         await super().on_stop()
 
     @handles(concurrent=True)
@@ -58,13 +59,12 @@ class PrefillActor(EngineRole):
         assert self.service is not None and self.data is not None
         req, lease = msg.request, msg.lease
         started = time.monotonic()
-        fetched = await self._fetch_hits(req)
         rid = lease.lease_id  # unique per attempt, even when the entrypoint retries the same request
+        if req.cache_salt:
+            self._salted.add(rid)
+        hashes, fetched = await self._fetch_hits(req)
         try:
-            cached = None
-            if fetched is not None and len(fetched):
-                pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
-                cached = CachedPrefix(len(fetched) * self.engine.cfg.block_size, pages)
+            cached = await self._cached_prefix(req, hashes, fetched) if fetched is not None else None
             stream = self.service.generate(rid, list(req.token_ids), sampling_params(req.sampling),
                                            prefill_only=True, cached=cached)
             async with contextlib.aclosing(stream):
@@ -72,6 +72,7 @@ class PrefillActor(EngineRole):
         finally:
             if fetched is not None:
                 fetched.release()
+            asyncio.get_running_loop().call_later(5.0, self._salted.discard, rid)
         last = outputs[-1]
         self.counters.prefills += 1
         stats = self.engine.stats.last_request(rid)
@@ -95,17 +96,66 @@ class PrefillActor(EngineRole):
                          state.num_computed, cached_tokens=state.num_cached, replay_tokens=replay,
                          replay_start=state.replay_start)
 
-    async def _fetch_hits(self, req: Generate) -> FetchedBlocks | None:
+    async def _fetch_hits(self, req: Generate) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt (at least its last token is always computed)."""
-        if self.kvstore is None:
-            return None
         bs = self.engine.cfg.block_size
         usable = (len(req.token_ids) - 1) // bs
-        if usable <= 0:
-            return None
+        if self.kvstore is None or usable <= 0:
+            return [], None
         try:
             packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.cache_salt)
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         hashes = [packed[i:i + HASH_BYTES] for i in range(0, len(packed), HASH_BYTES)]
-        return await self.kvstore.fetch(hashes, self.engine.page_bytes)
+        fetched = await self.kvstore.fetch(hashes, self.engine.page_bytes)
+        if not len(fetched):
+            fetched.release()
+            return hashes, None
+        return hashes, fetched
+
+    async def _cached_prefix(self, req: Generate, hashes: list[bytes], fetched: FetchedBlocks) -> CachedPrefix:
+        """The hit as the engine takes it: exact when the SWA state at its end can be pulled from
+        the host that made it (the hit may shrink to where an exact hit is possible), else the
+        whole run of blocks with bounded replay."""
+        cfg, bs = self.engine.cfg, self.engine.cfg.block_size
+        pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
+        exact = min(len(fetched), exact_hit_limit(len(req.token_ids), cfg.keep, bs) // bs)
+        if exact > 0 and not req.cache_salt:
+            rings = await self._pull_state(hashes[exact - 1], exact * bs)
+            if rings is not None:
+                self.counters.states_pulled += 1
+                return CachedPrefix(exact * bs, pages[:exact], rings)
+        return CachedPrefix(len(fetched) * bs, pages)
+
+    async def _pull_state(self, block_hash: bytes, boundary: int) -> torch.Tensor | None:
+        """The producer ring snapshot at ``boundary``, from this host or the one that announced it."""
+        assert self.kvstore is not None and self.data is not None
+        local = self.states.get(block_hash)
+        if local is not None:
+            return local[1] if local[0] == boundary else None
+        owner = await self.kvstore.find_state(block_hash)
+        if not owner or owner == self.settings.address:
+            return None
+        nbytes = self.state_nbytes()
+        transfer = f"{self.name}.state.{secrets.token_hex(6)}"
+        inbound = self.data.expect(transfer, nbytes, self.state_pull_timeout_s)
+        try:
+            peer = self._owners.get(owner)
+            if peer is None:
+                peer = self._owners[owner] = Peer(owner, self.ctx, types=ALL, peer_id=self.name, role="prefill",
+                                                  keys=self.settings.keys, timeout=self.state_pull_timeout_s)
+                await peer.connect(timeout=self.state_pull_timeout_s)
+            lease = KvLease(transfer, self.data.backend, self.data.address, nbytes, 0, self.state_pull_timeout_s,
+                            inbound.target.region)
+            pulled: StatePulled = await peer.ask(PullState(block_hash, lease), timeout=self.state_pull_timeout_s)
+            if pulled.boundary != boundary:
+                return None
+            buf = await inbound.wait()
+            cfg = self.engine.cfg
+            shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
+            return torch.frombuffer(bytearray(buf), dtype=torch.float32).view(shape)
+        except DsiError as exc:  # gone, evicted, slow: replay instead
+            log.info("%s: SWA state not pulled from %s (%s); replaying", self.name, owner, exc.code)
+            return None
+        finally:
+            inbound.release()

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from dsi.messages.gateway import Generate, Sampling
 from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
@@ -111,3 +112,22 @@ async def test_stalled_prefill_lease_expires_and_the_request_moves_on(procs, tmp
         stats = await client.stats("decode-0")
         assert stats.failed_handoffs >= 1
         await assert_no_leaks(client, ("prefill-1", "decode-0"))
+
+
+async def test_a_client_that_goes_away_cancels_prefill_and_decode(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "prefill-0", "decode-0")), procs)
+    cluster.start()
+    long_prompt = prompts(1, seed=6, lo=1900, hi=1900)[0]
+    async with Client(cluster) as client:
+        # Gone while the prompt is being prefilled: the decode's PrefillTo is cancelled too.
+        task = asyncio.create_task(client.generate("gone-early", long_prompt, 400))
+        await until_running(client, "prefill-0")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await assert_no_leaks(client, ("prefill-0", "decode-0"))
+        # Gone while decoding.
+        stream = client.pool.generate(Generate("gone-late", long_prompt, Sampling(max_tokens=400, temperature=0)))
+        await stream.__anext__()
+        await stream.aclose()
+        await assert_no_leaks(client, ("prefill-0", "decode-0"))
+        assert (await client.stats("decode-0")).running == 0

@@ -17,7 +17,7 @@ from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.transport.client import Peer
 from tests.dsi.cli.procs import SHARED_MODEL_DIR, Procs
-from tests.roles.cluster import Client, Cluster, cluster_config
+from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +126,21 @@ async def test_a_corrupted_block_is_a_miss_and_the_request_still_succeeds(procs,
     assert cached < 5 * BS  # the run of hits stops at the corrupted block
     stats = await store_stats(cluster)
     assert stats.corrupt >= 1
+
+
+async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=ROLES), procs)
+    cluster.start()
+    first = conversation(9)
+    async with Client(cluster) as client:
+        out_a = await client.generate("a", first, 140)  # the decode reaches boundary 640 and keeps its state
+        await wait_blocks(cluster, 5)
+        second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit can end at 640
+        expected = reference_outputs([second], max_tokens=20)[0]  # the hit-free output
+        out_b = await client.generate("b", second, 20)
+        prefill = await client.stats("prefill-0")
+        decode = await client.stats("decode-0")
+    assert out_b == expected
+    assert prefill.states_pulled == 1 and decode.states_served == 1
+    assert prefill.cached_tokens == 5 * BS and prefill.replay_tokens == 0
+    assert prefill.computed_prompt_tokens == len(first) + len(second) - 5 * BS
