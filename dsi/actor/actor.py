@@ -23,6 +23,7 @@ in ``dropped``), so a slow actor sheds load to its callers instead of stalling i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import typing
@@ -223,9 +224,12 @@ class Actor:
 
     async def _stream(self, handler: Callable, env: Envelope) -> None:
         try:
-            async for item in handler(env.msg):
-                if env.channel is not None:
-                    await env.channel.item(item)
+            # aclosing: a cancelled stream runs the handler's own cleanup (finally blocks) now,
+            # not whenever the garbage collector finalizes the generator
+            async with contextlib.aclosing(handler(env.msg)) as items:
+                async for item in items:
+                    if env.channel is not None:
+                        await env.channel.item(item)
         except Exception as exc:
             if self._failed(env, exc):
                 await self.on_failure(exc, env.msg)

@@ -138,9 +138,11 @@ class EngineService:
         pending = _Pending(request_id, admit, loop.create_future(), asyncio.Queue())
         self._pending.append(pending)
         self._wake.set()
-        await pending.admitted
         finished = False
         try:
+            # A caller cancelled here may find the request admitted already (the result was set
+            # before the cancellation landed): the finally below aborts it then.
+            await pending.admitted
             while True:
                 out = await pending.outputs.get()
                 if isinstance(out, DsiError):
@@ -150,7 +152,8 @@ class EngineService:
                 if finished:
                     return
         finally:
-            if not finished:
+            admitted = pending.admitted
+            if not finished and admitted.done() and not admitted.cancelled() and admitted.exception() is None:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:

@@ -4,7 +4,7 @@
     POST /v1/responses          OpenAI Responses
     POST /v1/messages           Anthropic Messages
     GET  /v1/models             served model names
-    GET  /health                {"status": "ok", "instances": N}
+    GET  /health                {"status": "ok", "instances": N decode, "prefill_instances": M}
     GET  /metrics               Prometheus text
     GET  /openapi.json          the OpenAPI document of these routes
 
@@ -36,7 +36,8 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Ap
         return web.json_response({"object": "list", "data": data})
 
     async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "instances": len(gateway.pool.ready)})
+        return web.json_response({"status": "ok", "instances": len(gateway.pool.ready),
+                                  "prefill_instances": len(gateway.pool.prefill_ready)})
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(text=gateway.metrics.render(), content_type="text/plain")

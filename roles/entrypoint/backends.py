@@ -20,6 +20,7 @@ Each wait for a stream item is bounded, so a client sees a complete stream or a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -141,6 +142,10 @@ class DecodePool:
     def ready(self) -> list[str]:
         return self.decode.ready
 
+    @property
+    def prefill_ready(self) -> list[str]:
+        return self.prefill.ready
+
     def pick(self, exclude: set[str] = frozenset()) -> _Instance:
         return self.decode.pick(exclude)
 
@@ -167,16 +172,17 @@ class DecodePool:
             if pre is not None:
                 pre.sent += 1
             try:
-                async for chunk in inst.peer.stream(call, timeout=self.item_timeout_s):
-                    if skip:
-                        n = min(skip, len(chunk.token_ids))
-                        skip -= n
-                        if n == len(chunk.token_ids) and not chunk.finish:
-                            continue
-                        chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
-                                                        logprobs=chunk.logprobs[n:])
-                    delivered += len(chunk.token_ids)
-                    yield chunk
+                async with contextlib.aclosing(inst.peer.stream(call, timeout=self.item_timeout_s)) as stream:
+                    async for chunk in stream:
+                        if skip:
+                            n = min(skip, len(chunk.token_ids))
+                            skip -= n
+                            if n == len(chunk.token_ids) and not chunk.finish:
+                                continue
+                            chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
+                                                            logprobs=chunk.logprobs[n:])
+                        delivered += len(chunk.token_ids)
+                        yield chunk
                 return
             except PrefillLost as exc:
                 assert pre is not None

@@ -135,18 +135,19 @@ class Gateway:
         start = last = time.perf_counter()
         generated = 0
         try:
-            async for chunk in self.pool.generate(msg):
-                now = time.perf_counter()
-                (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
-                last = now
-                generated += len(chunk.token_ids)
-                pieces = out.feed(chunk.token_ids)
-                if not out.done and chunk.finish:
-                    pieces += out.finish(_engine_finish(chunk.finish))
-                if resp is not None:
-                    await send(resp, pieces)
-                if out.done:
-                    break  # closing the stream aborts the request in the engine
+            async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
+                async for chunk in chunks:
+                    now = time.perf_counter()
+                    (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
+                    last = now
+                    generated += len(chunk.token_ids)
+                    pieces = out.feed(chunk.token_ids)
+                    if not out.done and chunk.finish:
+                        pieces += out.finish(_engine_finish(chunk.finish))
+                    if resp is not None:
+                        await send(resp, pieces)
+                    if out.done:
+                        break  # closing the stream aborts the request in the engine
         except (NoInstance, InvalidRequest):
             raise
         except DsiError as exc:

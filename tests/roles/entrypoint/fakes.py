@@ -18,6 +18,10 @@ class FakePool:
     def ready(self) -> list[str]:
         return ["fake-0"] if self._ready else []
 
+    @property
+    def prefill_ready(self) -> list[str]:
+        return []
+
     def pick(self, exclude=frozenset()):
         if not self._ready:
             raise NoInstance("no ready decode instance")
