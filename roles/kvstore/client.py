@@ -155,6 +155,8 @@ class KvstoreClient:
             assert self._controller is not None
             self._spawn(self._controller.connect())
             await self._resolve()
+            if self._peer is None:  # roles start together: keep asking until the kvstore registers
+                self._spawn(self._find_first())
         self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="kvstore-client.put")
 
     async def close(self) -> None:
@@ -333,6 +335,11 @@ class KvstoreClient:
             return
         if address is not None and address != self._address:
             await self._switch(address)
+
+    async def _find_first(self) -> None:
+        while self._peer is None:
+            await asyncio.sleep(self.retry_s / 4)
+            await self._resolve()
 
     async def _switch(self, address: str) -> None:
         old, self._peer = self._peer, Peer(address, self._ctx, types=ALL, peer_id=self._peer_id,
