@@ -98,7 +98,10 @@ class EngineRole(RoleActor):
         self.counters = Counters()
         self.kvstore: KvstoreClient | None = None
         self.states = StateCache(settings.state_cache_bytes)
-        self._salted: set[str] = set()  # engine request ids whose chain has a cache salt
+        # Engine request ids whose pages and states are not shared by plain chain hash: a cache salt
+        # (hashed by the entrypoint only), or a hit served by bounded replay (its positions past
+        # the hit follow the replay, and the store must only hold what a hit-free run computes).
+        self._unshared: set[str] = set()
         self._collect_task: asyncio.Task | None = None
 
     @property
@@ -208,7 +211,7 @@ class EngineRole(RoleActor):
     def _keep_states(self, snapshots: list) -> None:
         kept = []
         for snap in snapshots:
-            if snap.request_id in self._salted:  # chains with a salt are not announced by plain hash
+            if snap.request_id in self._unshared:
                 continue
             if self.states.put(snap.block_hash, snap.boundary, snap.rings):
                 kept.append(snap.block_hash)

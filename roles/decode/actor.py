@@ -10,9 +10,12 @@ Two ways in, both streams of TokenChunk:
 - ``Generate`` (colocated): prompt and continuation on this engine, for clusters without prefill
   instances.
 
-Every page of a request that fills up (prompt pages arriving in a handoff included) is persisted
-to the kvstore in the background under its chain hash and the request's traffic class; a store
-that is down drops puts (counted), never requests. Leaving a stream early, or an ``Abort`` tell,
+Every page of a request that fills up (prompt pages arriving in a handoff included, except the
+ones its prefix hit loaded from the store) is persisted to the kvstore in the background under
+its chain hash and the request's traffic class; a store that is down delays or drops puts
+(counted), never requests. What the store holds is always what a hit-free run computes: pages
+of a request served with a bounded-replay hit, and of salted requests, are not persisted, and
+their SWA states are not announced. Leaving a stream early, or an ``Abort`` tell,
 aborts the request in the engine.
 """
 
@@ -41,7 +44,8 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Meta:
     traffic_class: str
-    cache_salt: str
+    shared: bool  # its pages may be persisted under their plain chain hash
+    stored_pages: int = 0  # leading pages the store already has (the prefix hit)
 
 
 class DecodeActor(EngineRole):
@@ -101,7 +105,7 @@ class DecodeActor(EngineRole):
                                              sampling_params(req.sampling), done.seed, done.consumer_start,
                                              done.num_computed, list(done.logprobs), done.cached_tokens,
                                              done.replay_start)
-            self._remember(req.request_id, req)
+            self._remember(req.request_id, req, done)
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
@@ -160,16 +164,19 @@ class DecodeActor(EngineRole):
             self.service.abort(msg.request_id)
 
     # ---- persistence ---------------------------------------------------------------------------
-    def _remember(self, request_id: str, msg: Generate) -> None:
-        self._meta[request_id] = _Meta(msg.traffic_class, msg.cache_salt)
-        if msg.cache_salt:
-            self._salted.add(request_id)
+    def _remember(self, request_id: str, msg: Generate, done: Prefilled | None = None) -> None:
+        replayed = done is not None and done.cached_tokens > 0 and done.replay_start < done.cached_tokens
+        shared = not msg.cache_salt and not replayed
+        stored = done.cached_tokens // self.engine.cfg.block_size if done is not None else 0
+        self._meta[request_id] = _Meta(msg.traffic_class, shared, stored)
+        if not shared:
+            self._unshared.add(request_id)
 
     def _forget(self, request_id: str) -> None:
         # Pages and states of the request's last step are taken after it; keep the meta briefly.
         def drop() -> None:
             self._meta.pop(request_id, None)
-            self._salted.discard(request_id)
+            self._unshared.discard(request_id)
 
         asyncio.get_running_loop().call_later(5.0, drop)
 
@@ -179,7 +186,7 @@ class DecodeActor(EngineRole):
         by_class: dict[str, tuple[list[bytes], list]] = {}
         for page in pages:
             meta = self._meta.get(page.request_id)
-            if meta is None or meta.cache_salt:  # salted chains are hashed by the entrypoint only
+            if meta is None or not meta.shared or page.index < meta.stored_pages:
                 continue
             hashes, blocks = by_class.setdefault(meta.traffic_class, ([], []))
             hashes.append(page.block_hash)

@@ -60,11 +60,11 @@ class PrefillActor(EngineRole):
         req, lease = msg.request, msg.lease
         started = time.monotonic()
         rid = lease.lease_id  # unique per attempt, even when the entrypoint retries the same request
-        if req.cache_salt:
-            self._salted.add(rid)
         hashes, fetched = await self._fetch_hits(req)
         try:
             cached = await self._cached_prefix(req, hashes, fetched) if fetched is not None else None
+            if req.cache_salt or (cached is not None and not cached.exact):
+                self._unshared.add(rid)  # its state is not announced (see EngineRole)
             stream = self.service.generate(rid, list(req.token_ids), sampling_params(req.sampling),
                                            prefill_only=True, cached=cached)
             async with contextlib.aclosing(stream):
@@ -72,7 +72,7 @@ class PrefillActor(EngineRole):
         finally:
             if fetched is not None:
                 fetched.release()
-            asyncio.get_running_loop().call_later(5.0, self._salted.discard, rid)
+            asyncio.get_running_loop().call_later(5.0, self._unshared.discard, rid)
         last = outputs[-1]
         self.counters.prefills += 1
         stats = self.engine.stats.last_request(rid)

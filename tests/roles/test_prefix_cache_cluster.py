@@ -100,6 +100,8 @@ async def test_hits_survive_restarts_and_compute_only_the_uncached_tokens(procs,
     assert stats.cached_tokens == 5 * BS
     assert stats.replay_tokens == 5 * BS - replay_from
     assert stats.computed_prompt_tokens == len(second) - replay_from
+    await asyncio.sleep(1.0)  # a replayed request's own pages never reach the store
+    assert (await store_stats(cluster)).blocks == 5
 
 
 async def test_a_corrupted_block_is_a_miss_and_the_request_still_succeeds(procs, tmp_path):
@@ -144,3 +146,4 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
     assert prefill.states_pulled == 1 and decode.states_served == 1
     assert prefill.cached_tokens == 5 * BS and prefill.replay_tokens == 0
     assert prefill.computed_prompt_tokens == len(first) + len(second) - 5 * BS
+    await wait_blocks(cluster, 7)  # an exact hit's new pages are persisted (two more full pages)
