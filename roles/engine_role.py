@@ -77,11 +77,11 @@ class EngineRoleSettings:
                    role.bind)
 
 
-def sampling_params(s: Sampling) -> SamplingParams:
+def sampling_params(s: Sampling, cache_salt: str = "") -> SamplingParams:
     return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           min_p=s.min_p, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids),
                           ignore_eos=s.ignore_eos, logprobs=s.logprobs > 0, top_logprobs=s.logprobs,
-                          structured=s.structured)
+                          structured=s.structured, cache_salt=cache_salt)
 
 
 class EngineRole(RoleActor):
@@ -98,9 +98,9 @@ class EngineRole(RoleActor):
         self.counters = Counters()
         self.kvstore: KvstoreClient | None = None
         self.states = StateCache(settings.state_cache_bytes)
-        # Engine request ids whose pages and states are not shared by plain chain hash: a cache salt
-        # (hashed by the entrypoint only), or a hit served by bounded replay (its positions past
-        # the hit follow the replay, and the store must only hold what a hit-free run computes).
+        # Engine request ids whose pages and states are not shared: a hit served by bounded replay
+        # (its positions past the hit follow the replay, and the store must only hold what a
+        # hit-free run computes). Salted requests are shared under their salted chain.
         self._unshared: set[str] = set()
         self._collect_task: asyncio.Task | None = None
 

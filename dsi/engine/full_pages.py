@@ -2,8 +2,8 @@
 
 A page is full once all 128 of its positions are computed; from then on no step writes it
 (later positions live in later pages, and a pair of ratio-2 latents never straddles a page).
-Its hash is ``HashChain.hashes`` over the request's tokens (prompt, then output), so another
-process hashing the same prompt finds it. Hashes are kept across a preemption (the tokens do
+Its hash is ``HashChain.hashes`` over the request's tokens (prompt, then output) with the
+request's cache salt, so another process hashing the same prompt (and salt) finds it. Hashes are kept across a preemption (the tokens do
 not change); the pool registration is redone for the new pages.
 """
 
@@ -31,7 +31,7 @@ class FullPages:
         full = computed // size
         known = len(req.block_hashes)
         if full > known:
-            parent = req.block_hashes[-1] if known else None
+            parent = req.block_hashes[-1] if known else self.chain.root(req.params.cache_salt)
             packed = self.chain.hashes(req.all_tokens[known * size:full * size], parent=parent)
             req.block_hashes += [packed[i:i + HASH_BYTES] for i in range(0, len(packed), HASH_BYTES)]
         n = min(full, len(req.block_table))

@@ -16,7 +16,9 @@ MAX_LOGPROBS = 20
 class SamplingParams:
     """temperature 0 is greedy. ``seed`` makes sampling reproducible: the draw for position p
     depends only on (seed, p), never on what else is in the batch. ``structured`` constrains the
-    output to a JSON schema, a regex or a DSML tool call (a frozen, hashable spec)."""
+    output to a JSON schema, a regex or a DSML tool call (a frozen, hashable spec).
+    ``cache_salt`` is not about sampling: it namespaces the request's prefix cache (a tenant's
+    pages hash under their own chain root, so other tenants never hit them)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -29,6 +31,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     structured: StructuredSpec | None = None
+    cache_salt: str = ""
 
     def validate(self, vocab_size: int) -> None:
         checks = [

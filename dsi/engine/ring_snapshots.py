@@ -57,4 +57,4 @@ class RingSnapshots:
         n = boundary // self.block_size
         if len(req.block_hashes) >= n:
             return req.block_hashes[n - 1]
-        return self.chain.hashes(req.all_tokens[:boundary])[-HASH_BYTES:]
+        return self.chain.hashes(req.all_tokens[:boundary], cache_salt=req.params.cache_salt)[-HASH_BYTES:]

@@ -69,7 +69,7 @@ class DecodeActor(EngineRole):
         prompt_tokens = len(msg.token_ids)
         try:
             async for out in self.service.generate(msg.request_id, list(msg.token_ids),
-                                                    sampling_params(msg.sampling)):
+                                                    sampling_params(msg.sampling, msg.cache_salt)):
                 yield _chunk(msg.request_id, out, prompt_tokens)
         finally:
             self._forget(msg.request_id)
@@ -102,7 +102,8 @@ class DecodeActor(EngineRole):
             except DsiError as exc:
                 raise PrefillLost(f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}") from None
             state = RequestState.from_buffer(engine, buf, req.request_id, list(req.token_ids), list(done.output),
-                                             sampling_params(req.sampling), done.seed, done.consumer_start,
+                                             sampling_params(req.sampling, req.cache_salt), done.seed,
+                                             done.consumer_start,
                                              done.num_computed, list(done.logprobs), done.cached_tokens,
                                              done.replay_start)
             self._remember(req.request_id, req, done)
@@ -166,7 +167,7 @@ class DecodeActor(EngineRole):
     # ---- persistence ---------------------------------------------------------------------------
     def _remember(self, request_id: str, msg: Generate, done: Prefilled | None = None) -> None:
         replayed = done is not None and done.cached_tokens > 0 and done.replay_start < done.cached_tokens
-        shared = not msg.cache_salt and not replayed
+        shared = not replayed
         stored = done.cached_tokens // self.engine.cfg.block_size if done is not None else 0
         self._meta[request_id] = _Meta(msg.traffic_class, shared, stored)
         if not shared:

@@ -63,9 +63,9 @@ class PrefillActor(EngineRole):
         hashes, fetched = await self._fetch_hits(req)
         try:
             cached = await self._cached_prefix(req, hashes, fetched) if fetched is not None else None
-            if req.cache_salt or (cached is not None and not cached.exact):
+            if cached is not None and not cached.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
-            stream = self.service.generate(rid, list(req.token_ids), sampling_params(req.sampling),
+            stream = self.service.generate(rid, list(req.token_ids), sampling_params(req.sampling, req.cache_salt),
                                            prefill_only=True, cached=cached)
             async with contextlib.aclosing(stream):
                 outputs = [o async for o in stream]
@@ -120,7 +120,7 @@ class PrefillActor(EngineRole):
         cfg, bs = self.engine.cfg, self.engine.cfg.block_size
         pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
         exact = min(len(fetched), exact_hit_limit(len(req.token_ids), cfg.keep, bs) // bs)
-        if exact > 0 and not req.cache_salt:
+        if exact > 0:
             rings = await self._pull_state(hashes[exact - 1], exact * bs)
             if rings is not None:
                 self.counters.states_pulled += 1
