@@ -42,9 +42,9 @@ import torch
 from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
-from dsi.engine.params import EOS_ID, SamplingParams
+from dsi.engine.params import SamplingParams
 from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RingSnapshot
-from dsi.engine.request import Request, Status
+from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
 from dsi.engine.sampler import Sampled, sample
@@ -54,7 +54,7 @@ from dsi.errors import InvalidRequest
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import ModelConfig
 from dsi.model.reference import consumer_start, replay_start
-from dsi.structured import Rejecting, SpecError, TokenConstraint, default_compiler
+from dsi.structured import SpecError, default_compiler
 
 
 @dataclass(slots=True)
@@ -306,27 +306,12 @@ class Engine:
         logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
-                         [sl.end for sl, _ in chosen], [self._constraint(sl.end, r) for sl, r in chosen])
+                         [sl.end for sl, _ in chosen], [constraint_at(sl.end, r) for sl, r in chosen])
         for (_, req), s in zip(chosen, sampled, strict=True):
             self._last_token[id(req)] = s.token
             req.constraint_pos += req.constraint is not None
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
         return sampled
-
-    def _constraint(self, position: int, req: Request) -> TokenConstraint | None:
-        """Worker: the request's constraint, having accepted the output before ``position``.
-        A preempted request's output is complete and stable here (it was preempted with
-        nothing in flight), so replaying it rebuilds the state."""
-        if req.params.structured is None:
-            return None
-        before = position - len(req.prompt)
-        if req.constraint_pos != before or req.constraint_epoch != req.num_preemptions:
-            try:
-                req.constraint = default_compiler().replay(req.params.structured, req.output[:before])
-            except SpecError:
-                req.constraint = Rejecting()
-            req.constraint_pos, req.constraint_epoch = before, req.num_preemptions
-        return req.constraint
 
     def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
         self._count(step)
@@ -342,7 +327,7 @@ class Engine:
             req.logprobs.append(s.logprob)
             req.top_logprobs.append(s.top)
             touched.setdefault(id(req), (req, []))[1].append(s)
-            reason = s.finish or self._stop_reason(req, s.token)
+            reason = s.finish or stop_reason(req, s.token, self.cfg.max_context)
             if reason:
                 self._finish(req, reason)
         for req in step.to_free:
@@ -365,16 +350,6 @@ class Engine:
             req.stats.replay_tokens += replayed
             self.stats.computed_prompt_tokens += computed
             self.stats.replay_tokens += replayed
-
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if (token == EOS_ID and not p.ignore_eos) or token in p.stop_token_ids:
-            return "stop"
-        if len(req.output) >= p.max_tokens or req.num_tokens >= self.cfg.max_context:
-            return "length"
-        if req.prefill_only:
-            return "prefilled"
-        return None
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)

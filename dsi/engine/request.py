@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dsi.engine.params import SamplingParams
+from dsi.engine.params import EOS_ID, SamplingParams
 from dsi.engine.prefix import RequestStats
 
 if TYPE_CHECKING:
@@ -87,3 +87,33 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+
+def stop_reason(req: Request, token: int, max_context: int) -> str | None:
+    """Why ``req`` ends after sampling ``token`` (already appended to its output), or None."""
+    p = req.params
+    if (token == EOS_ID and not p.ignore_eos) or token in p.stop_token_ids:
+        return "stop"
+    if len(req.output) >= p.max_tokens or req.num_tokens >= max_context:
+        return "length"
+    if req.prefill_only:
+        return "prefilled"
+    return None
+
+
+def constraint_at(position: int, req: Request) -> TokenConstraint | None:
+    """Worker: the request's constraint, having accepted the output before ``position``.
+    A preempted request's output is complete and stable here (it was preempted with nothing in
+    flight), so replaying it rebuilds the state."""
+    if req.params.structured is None:
+        return None
+    from dsi.structured import Rejecting, SpecError, default_compiler
+
+    before = position - len(req.prompt)
+    if req.constraint_pos != before or req.constraint_epoch != req.num_preemptions:
+        try:
+            req.constraint = default_compiler().replay(req.params.structured, req.output[:before])
+        except SpecError:
+            req.constraint = Rejecting()
+        req.constraint_pos, req.constraint_epoch = before, req.num_preemptions
+    return req.constraint
