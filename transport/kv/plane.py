@@ -11,6 +11,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+from dsi.errors import TransferTimeout
 from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable
 from dsi.transport.kv.parts import Buffer
 from dsi.transport.kv.regions import Region
@@ -69,6 +70,18 @@ class DataPlane(abc.ABC):
         """A snapshot of the counters."""
         pool = self._table.pool
         return dataclasses.replace(self._counters, regions_live=pool.live, bytes_live=pool.live_bytes)
+
+    def _sent(self, target: KvTarget) -> None:
+        self._counters.transfers_out += 1
+        self._counters.bytes_out += target.nbytes
+
+    def _send_failed(self, error: BaseException, target: KvTarget, timeout_s: float, waited_for: str) -> None:
+        """Count a failed send; a timeout is raised as TransferTimeout, anything else the caller re-raises."""
+        self._counters.failed += 1
+        if isinstance(error, TimeoutError):
+            self._counters.timed_out += 1
+            raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
+                                  f"{waited_for} in {timeout_s}s") from None
 
     def _check_target(self, target: KvTarget) -> None:
         if target.backend != self.backend:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from dsi.errors import TransferFailed, TransferTimeout
+from dsi.errors import TransferFailed
 from dsi.kvcache.shm import HostBuffer
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import PlaneStats, ReceiveTable, State
@@ -102,18 +102,13 @@ class ShmDataPlane(DataPlane):
                 out.send(wire.Done(target.transfer_id, target.nbytes))
                 await out.reply()
         except BaseException as error:
-            self._counters.failed += 1
             if begun:
                 out.abort()
-            if isinstance(error, TimeoutError):
-                self._counters.timed_out += 1
-                raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
-                                      f"not confirmed in {timeout_s}s") from None
+            self._send_failed(error, target, timeout_s, "not confirmed")
             raise
         finally:
             out.close()
-        self._counters.transfers_out += 1
-        self._counters.bytes_out += target.nbytes
+        self._sent(target)
 
     def _region(self, where: _Descriptor, nbytes: int) -> memoryview:
         """The receiver's region, mapped here (slab mappings are cached, least recently used go)."""

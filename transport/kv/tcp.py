@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from dsi.errors import TransferFailed, TransferTimeout
+from dsi.errors import TransferFailed
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import PlaneStats, ReceiveTable
 from dsi.transport.kv.link import Dialer, Listener, Outgoing
@@ -71,17 +71,12 @@ class TcpDataPlane(DataPlane):
             async with asyncio.timeout(timeout_s):
                 await self._stream(out, target, chunks(views, self.chunk_bytes))
         except BaseException as error:
-            self._counters.failed += 1
             out.abort()
-            if isinstance(error, TimeoutError):
-                self._counters.timed_out += 1
-                raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
-                                      f"no ack in {timeout_s}s") from None
+            self._send_failed(error, target, timeout_s, "no ack")
             raise
         finally:
             out.close()
-        self._counters.transfers_out += 1
-        self._counters.bytes_out += target.nbytes
+        self._sent(target)
 
     async def _stream(self, out: Outgoing, target: KvTarget, plan: list[tuple[int, list[memoryview]]]) -> None:
         """Send the chunks, at most ``window`` unacknowledged; return on the receiver's final ack."""

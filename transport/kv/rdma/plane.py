@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from dsi.errors import TransferFailed, TransferTimeout
+from dsi.errors import TransferFailed
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable, State
 from dsi.transport.kv.link import Dialer, Listener, Outgoing
@@ -159,20 +159,15 @@ class RdmaDataPlane(DataPlane):
                     await writes.written  # every write placed (RC), or the first failure
                     await out.reply()  # the receiver counted them all
         except BaseException as error:
-            self._counters.failed += 1
             if begun:
                 out.abort()
-            if isinstance(error, TimeoutError):
-                self._counters.timed_out += 1
-                raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
-                                      f"not confirmed in {timeout_s}s") from None
+            self._send_failed(error, target, timeout_s, "not confirmed")
             raise
         finally:
             out.close()
             if staging is not None:
                 self._free_staging(staging, writes)
-        self._counters.transfers_out += 1
-        self._counters.bytes_out += target.nbytes
+        self._sent(target)
 
     async def _connect(self, out: Outgoing) -> int:
         """The local queue pair connected to the receiver at ``out.address`` (set up on first use)."""
