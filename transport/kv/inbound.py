@@ -181,6 +181,13 @@ class ReceiveTable:
         if inbound is not None:
             self._unquarantine(inbound)
 
+    def sender_aborted(self, transfer_id: str, sender: bytes) -> None:
+        """The sender gave up (and no longer writes): fail the transfer if it is that sender's."""
+        inbound = self.get(transfer_id)
+        if inbound is not None and inbound.holder in (None, sender):
+            self.fail(inbound, TransferFailed(f"transfer {transfer_id!r}: the sender aborted"))
+        self.stopped(transfer_id)
+
     def _unquarantine(self, inbound: Inbound) -> None:
         if self._quarantined.get(inbound.target.transfer_id) is inbound:
             del self._quarantined[inbound.target.transfer_id]

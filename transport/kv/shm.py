@@ -161,9 +161,6 @@ class ShmDataPlane(DataPlane):
             table.complete(inbound)
             self._listener.reply(rid, wire.Ack(tid, -1, True))
         elif isinstance(msg, wire.Abort):
-            inbound = table.get(tid)
-            if inbound is not None and inbound.holder in (None, rid):
-                table.fail(inbound, TransferFailed(f"transfer {tid!r}: the sender aborted"))
-            table.stopped(tid)
+            table.sender_aborted(tid, rid)
         else:
             self._listener.refuse(rid, tid, TransferFailed("the shm data plane takes no chunks"))
