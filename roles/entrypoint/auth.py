@@ -7,6 +7,7 @@ The keys file is TOML, read strictly (an unknown field or a wrong type is an err
     name = "team-a"              # for logs and metrics
     traffic_class = "agent"      # agent | chatbot: selects the KV cache TTL
     max_concurrency = 32         # requests in flight for this key; more get HTTP 429
+    cache_salt = "team-a"        # optional: this key's prompts share KV cache only with each other
 
 Without a keys file the gateway is open, one anonymous key with the default concurrency.
 """
@@ -25,6 +26,7 @@ class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     traffic_class: Literal["agent", "chatbot"] = "chatbot"
     max_concurrency: int = 64
+    cache_salt: str = ""  # part of every KV block hash of this key's requests ("" = the shared cache)
 
 
 class _KeysFile(msgspec.Struct, forbid_unknown_fields=True):

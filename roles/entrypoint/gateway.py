@@ -85,18 +85,19 @@ class Gateway:
             self.metrics.error(f"http_{exc.status}")
             return web.json_response(error_body(exc, protocol), status=exc.status)
         self.metrics.prompt_tokens += len(prep.token_ids)
-        cached = self._cached_tokens(prep.token_ids)
+        salt = caller.entry.cache_salt
+        cached = self._cached_tokens(prep.token_ids, salt)
         if cached:
             prep.options = replace(prep.options, cached_tokens=cached)
-        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, traffic_class=prep.traffic_class,
-                       cached_tokens=cached)
+        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, cache_salt=salt,
+                       traffic_class=prep.traffic_class, cached_tokens=cached)
         if prep.stream:
             return await self._stream(request, protocol, prep, msg)
         return await self._complete(protocol, prep, msg)
 
-    def _cached_tokens(self, token_ids: list[int]) -> int:
+    def _cached_tokens(self, token_ids: list[int], cache_salt: str = "") -> int:
         """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path)."""
-        hit = self.prefix.cached_tokens(token_ids) if self.prefix is not None else 0
+        hit = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit
         return hit

@@ -67,8 +67,8 @@ async def kvstores(tmp_path, ctx):
     await group.stop_all()
 
 
-async def _gateway(recipe, prefix: PrefixLookup | None, pool: FakePool):
-    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384), prefix)
+async def _gateway(recipe, prefix: PrefixLookup | None, pool: FakePool, keys: ApiKeys | None = None):
+    gateway = Gateway(pool, keys or ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384), prefix)
     server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
     await server.start_server()
     return server
@@ -189,3 +189,36 @@ async def test_traffic_class_from_the_key_the_header_or_the_metadata(recipe, tmp
         assert [r.traffic_class for r in pool.requests] == ["agent", "chatbot", "chatbot"]
     finally:
         await server.close()
+
+
+async def test_a_keys_cache_salt_namespaces_its_hits(recipe, kvstores, ctx, tmp_path):
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text('[[keys]]\nkey = "k1"\nname = "shared"\n\n'
+                         '[[keys]]\nkey = "k2"\nname = "team-b"\ncache_salt = "team-b"\n')
+    run = await kvstores.start(publish_interval_s=0.2)
+    prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
+    await prefix.start()
+    pool = FakePool()
+    server = await _gateway(recipe, prefix, pool, ApiKeys.load(keys_file))
+    url, body = server.make_url(PATHS["chat"]), BODIES["chat"]
+
+    async def cached_for(key: str) -> int:
+        async with http.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+            assert resp.status == 200
+            return cached_in_usage("chat", await resp.json())
+
+    try:
+        async with ClientSession() as http:
+            assert await cached_for("k1") == 0
+            ids = pool.requests[-1].token_ids
+            await run.peer.ask(put_msg(CHAIN.hashes(ids)[:2 * 16], block_bytes(2)))  # shared chain only
+            await _synced(prefix, run.peer)
+            assert await cached_for("k1") == 256
+            assert await cached_for("k2") == 0  # the salted chain shares nothing with the plain one
+            assert pool.requests[-1].cache_salt == "team-b" and pool.requests[-2].cache_salt == ""
+            await run.peer.ask(put_msg(CHAIN.hashes(ids, cache_salt="team-b")[:3 * 16], block_bytes(3)))
+            await _synced(prefix, run.peer)
+            assert await cached_for("k2") == 384
+    finally:
+        await server.close()
+        await prefix.close()
