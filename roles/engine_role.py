@@ -25,14 +25,17 @@ from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.engine.service import EngineService
+from dsi.errors import DsiError
+from dsi.messages import ALL
 from dsi.messages.control import Load
 from dsi.messages.gateway import Sampling
-from dsi.messages.handoff import EngineStats, GetEngineStats, PullState, StateMissing, StatePulled
+from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.roles.curve import server_keys
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.role import RoleActor
 from dsi.roles.state_cache import StateCache
-from dsi.transport.kv import DataPlane, KvTarget, make_data_plane
+from dsi.transport.client import Peer
+from dsi.transport.kv import DataPlane, Inbound, KvTarget, make_data_plane
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,11 @@ class EngineRoleSettings:
                    role.bind)
 
 
+def lease_target(lease: KvLease) -> KvTarget:
+    """The data-plane target a lease names."""
+    return KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
+
+
 def sampling_params(s: Sampling, cache_salt: str = "") -> SamplingParams:
     return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           min_p=s.min_p, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids),
@@ -87,6 +95,7 @@ def sampling_params(s: Sampling, cache_salt: str = "") -> SamplingParams:
 class EngineRole(RoleActor):
     """Base of PrefillActor and DecodeActor."""
 
+    kind = "engine"  # the role name this instance introduces itself with to its peers
     collect_full_pages = False
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
@@ -103,6 +112,7 @@ class EngineRole(RoleActor):
         # hit-free run computes). Salted requests are shared under their salted chain.
         self._unshared: set[str] = set()
         self._collect_task: asyncio.Task | None = None
+        self._peers: dict[str, Peer] = {}  # other engine instances (prefills, SWA state owners)
 
     @property
     def engine(self) -> Engine:
@@ -125,6 +135,8 @@ class EngineRole(RoleActor):
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        for peer in self._peers.values():
+            await peer.close()
         if self._collect_task is not None:
             self._collect_task.cancel()
             await asyncio.gather(self._collect_task, return_exceptions=True)
@@ -174,6 +186,27 @@ class EngineRole(RoleActor):
             replay_tokens=st.replay_tokens, computed_prompt_tokens=st.computed_prompt_tokens,
             states_kept=len(self.states), **counts)
 
+    # ---- other engine instances and the data plane --------------------------------------------
+    async def peer(self, address: str, connect_timeout: float) -> Peer:
+        """A connected Peer to another engine instance (kept); DsiError when it cannot be reached."""
+        peer = self._peers.get(address)
+        if peer is None:
+            assert self.ctx is not None
+            peer = self._peers[address] = Peer(address, self.ctx, types=ALL, peer_id=self.name, role=self.kind,
+                                               keys=self.settings.keys, timeout=connect_timeout)
+            try:
+                await peer.connect(timeout=connect_timeout)
+            except DsiError:
+                self._peers.pop(address, None)
+                await peer.close()
+                raise
+        return peer
+
+    def lease(self, inbound: Inbound, num_blocks: int, expires_in_s: float) -> KvLease:
+        """What a sender needs to write into ``inbound`` (a receive region of this data plane)."""
+        t = inbound.target
+        return KvLease(t.transfer_id, t.backend, t.address, t.nbytes, num_blocks, expires_in_s, t.region)
+
     # ---- SWA states ------------------------------------------------------------------------------
     @handles(concurrent=True)
     async def pull_state(self, msg: PullState) -> StatePulled:
@@ -182,15 +215,10 @@ class EngineRole(RoleActor):
             raise StateMissing(f"{self.name} holds no SWA state for that block")
         assert self.data is not None
         boundary, rings = found
-        lease = msg.lease
-        target = KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
-        await self.data.send(target, [memoryview(rings.numpy()).cast("B")], timeout_s=lease.expires_in_s)
+        await self.data.send(lease_target(msg.lease), [memoryview(rings.numpy()).cast("B")],
+                             timeout_s=msg.lease.expires_in_s)
         self.counters.states_served += 1
         return StatePulled(boundary)
-
-    def state_nbytes(self) -> int:
-        cfg = self.engine.cfg
-        return cfg.n_producer * 2 * cfg.block_size * cfg.n_kv_heads * cfg.head_dim * 4
 
     def on_full_pages(self, pages: list) -> None:
         """Decode persists them; other roles drop them."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from dsi.engine.params import SamplingParams
-from dsi.engine.prefix import CachedPrefix
+from dsi.engine.prefix import CachedPrefix, ring_snapshot_shape
 from dsi.engine.transfer import RequestState, StateLayout
 from dsi.errors import InvalidRequest
 from dsi.kvcache.layout import BlockLayout
@@ -61,7 +61,7 @@ def check_state(cfg: ModelConfig, state: RequestState) -> None:
 
 def _check_rings(cfg: ModelConfig, cached: CachedPrefix, prompt_len: int, keep: int | None) -> None:
     h, rings = cached.num_tokens, cached.rings
-    shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
+    shape = ring_snapshot_shape(cfg)
     if not isinstance(rings, torch.Tensor) or rings.dtype != torch.float32 or tuple(rings.shape) != shape:
         got = tuple(rings.shape) if isinstance(rings, torch.Tensor) else type(rings).__name__
         raise InvalidRequest(f"cached rings must be float32 {list(shape)}, got {got}")

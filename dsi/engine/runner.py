@@ -21,6 +21,7 @@ import torch
 
 from dsi.engine.batch import StepSlice
 from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
+from dsi.engine.prefix import ring_snapshot_shape
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout import BlockLayout
 from dsi.kvcache.state_slots import StateSlots
@@ -132,9 +133,7 @@ class ModelRunner:
 
     def _snapshot_entry(self, snapshots: Snapshots, j: int, boundary: int) -> torch.Tensor:
         if j not in snapshots:
-            cfg = self.cfg
-            shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
-            snapshots[j] = (boundary, torch.empty(shape, dtype=self.slots.rings.dtype))
+            snapshots[j] = (boundary, torch.empty(ring_snapshot_shape(self.cfg), dtype=self.slots.rings.dtype))
         return snapshots[j][1]
 
     def _snapshot_chunk(self, i: int, j: int, s: StepSlice, keys: torch.Tensor, vals: torch.Tensor, first: int,

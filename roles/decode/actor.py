@@ -31,12 +31,10 @@ from dataclasses import dataclass
 from dsi.actor import handles
 from dsi.engine.engine import RequestOutput
 from dsi.engine.transfer import RequestState, Reservation
-from dsi.errors import AskTimeout, DsiError, InvalidRequest, Overloaded
-from dsi.messages import ALL
+from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
-from dsi.messages.handoff import Handoff, KvLease, Prefilled, PrefillLost, PrefillTo
+from dsi.messages.handoff import Handoff, Prefilled, PrefillLost, PrefillTo
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
-from dsi.transport.client import Peer
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +42,16 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Meta:
     traffic_class: str
-    shared: bool  # its pages may be persisted under their plain chain hash
     stored_pages: int = 0  # leading pages the store already has (the prefix hit)
 
 
 class DecodeActor(EngineRole):
+    kind = "decode"
     collect_full_pages = True
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)
-        self._prefills: dict[str, Peer] = {}
         self._meta: dict[str, _Meta] = {}  # engine request id -> how its pages are persisted
-
-    async def on_stop(self) -> None:
-        for peer in self._prefills.values():
-            await peer.close()
-        await super().on_stop()
 
     # ---- colocated -------------------------------------------------------------------------
     @handles
@@ -90,9 +82,7 @@ class DecodeActor(EngineRole):
         inbound = self.data.expect(lease_id, nbytes, timeout)
         self.counters.leases += 1
         try:
-            lease = KvLease(lease_id, self.data.backend, self.data.address, nbytes, num_blocks, timeout,
-                            inbound.target.region)
-            done = await self._prefill(msg, PrefillTo(req, lease), timeout)
+            done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
             if done.finish:  # the first token ended it: nothing was written
                 yield TokenChunk(req.request_id, done.output, done.finish, len(req.token_ids), done.cached_tokens,
                                  done.logprobs)
@@ -135,29 +125,14 @@ class DecodeActor(EngineRole):
             raise
 
     async def _prefill(self, msg: Handoff, call: PrefillTo, timeout: float) -> Prefilled:
-        peer = await self._prefill_peer(msg.prefill)
         try:
+            peer = await self.peer(msg.prefill, timeout)
             return await peer.ask(call, timeout=timeout)
         except InvalidRequest:
             raise
-        except (AskTimeout, DsiError) as exc:
+        except DsiError as exc:  # unreachable, lost, timed out, failed
             self.counters.failed_handoffs += 1
             raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}") from None
-
-    async def _prefill_peer(self, address: str) -> Peer:
-        peer = self._prefills.get(address)
-        if peer is None:
-            assert self.ctx is not None
-            peer = Peer(address, self.ctx, types=ALL, peer_id=self.name, role="decode", keys=self.settings.keys,
-                        timeout=self.settings.lease_timeout_s)
-            self._prefills[address] = peer
-            try:
-                await peer.connect()
-            except DsiError as exc:
-                self._prefills.pop(address, None)
-                await peer.close()
-                raise PrefillLost(f"prefill at {address} is unreachable: {exc.message}") from None
-        return peer
 
     @handles
     async def abort(self, msg: Abort) -> None:
@@ -166,11 +141,9 @@ class DecodeActor(EngineRole):
 
     # ---- persistence ---------------------------------------------------------------------------
     def _remember(self, request_id: str, msg: Generate, done: Prefilled | None = None) -> None:
-        replayed = done is not None and done.cached_tokens > 0 and done.replay_start < done.cached_tokens
-        shared = not replayed
         stored = done.cached_tokens // self.engine.cfg.block_size if done is not None else 0
-        self._meta[request_id] = _Meta(msg.traffic_class, shared, stored)
-        if not shared:
+        self._meta[request_id] = _Meta(msg.traffic_class, stored)
+        if done is not None and done.replay_start < done.cached_tokens:  # a bounded-replay hit
             self._unshared.add(request_id)
 
     def _forget(self, request_id: str) -> None:
@@ -187,7 +160,7 @@ class DecodeActor(EngineRole):
         by_class: dict[str, tuple[list[bytes], list]] = {}
         for page in pages:
             meta = self._meta.get(page.request_id)
-            if meta is None or not meta.shared or page.index < meta.stored_pages:
+            if meta is None or page.request_id in self._unshared or page.index < meta.stored_pages:
                 continue
             hashes, blocks = by_class.setdefault(meta.traffic_class, ([], []))
             hashes.append(page.block_hash)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 
@@ -28,31 +29,20 @@ import torch
 
 from dsi.actor import handles
 from dsi.engine import CachedPrefix
-from dsi.engine.prefix import exact_hit_limit
+from dsi.engine.prefix import exact_hit_limit, ring_snapshot_shape
 from dsi.errors import DsiError, InvalidRequest
-from dsi.kvcache.hashchain import HASH_BYTES
-from dsi.messages import ALL
+from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import KvLease, Prefilled, PrefillTo, PullState, StatePulled
-from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
+from dsi.messages.handoff import Prefilled, PrefillTo, PullState, StatePulled
+from dsi.roles.engine_role import EngineRole, lease_target, sampling_params
 from dsi.roles.kvstore.client import FetchedBlocks
-from dsi.transport.client import Peer
-from dsi.transport.kv import KvTarget
 
 log = logging.getLogger(__name__)
 
 
 class PrefillActor(EngineRole):
+    kind = "prefill"
     state_pull_timeout_s = 2.0
-
-    def __init__(self, name: str, settings: EngineRoleSettings) -> None:
-        super().__init__(name, settings)
-        self._owners: dict[str, Peer] = {}
-
-    async def on_stop(self) -> None:
-        for peer in self._owners.values():
-            await peer.close()
-        await super().on_stop()
 
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
@@ -84,10 +74,9 @@ class PrefillActor(EngineRole):
         # Shielded: a caller that goes away now must not leave the prefilled request (and its
         # pages) behind in the engine; the exported copy is dropped with this task.
         state = await asyncio.shield(self.service.export(rid))
-        target = KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
         remaining = max(0.5, lease.expires_in_s - (time.monotonic() - started))
         try:
-            await self.data.send(target, state.to_parts(), timeout_s=remaining)
+            await self.data.send(lease_target(lease), state.to_parts(), timeout_s=remaining)
         except DsiError:
             self.counters.failed_handoffs += 1
             raise
@@ -106,7 +95,7 @@ class PrefillActor(EngineRole):
             packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.cache_salt)
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
-        hashes = [packed[i:i + HASH_BYTES] for i in range(0, len(packed), HASH_BYTES)]
+        hashes = unpack(packed)
         fetched = await self.kvstore.fetch(hashes, self.engine.page_bytes)
         if not len(fetched):
             fetched.release()
@@ -136,23 +125,16 @@ class PrefillActor(EngineRole):
         owner = await self.kvstore.find_state(block_hash)
         if not owner or owner == self.settings.address:
             return None
-        nbytes = self.state_nbytes()
+        shape = ring_snapshot_shape(self.engine.cfg)
         transfer = f"{self.name}.state.{secrets.token_hex(6)}"
-        inbound = self.data.expect(transfer, nbytes, self.state_pull_timeout_s)
+        inbound = self.data.expect(transfer, math.prod(shape) * 4, self.state_pull_timeout_s)  # fp32
         try:
-            peer = self._owners.get(owner)
-            if peer is None:
-                peer = self._owners[owner] = Peer(owner, self.ctx, types=ALL, peer_id=self.name, role="prefill",
-                                                  keys=self.settings.keys, timeout=self.state_pull_timeout_s)
-                await peer.connect(timeout=self.state_pull_timeout_s)
-            lease = KvLease(transfer, self.data.backend, self.data.address, nbytes, 0, self.state_pull_timeout_s,
-                            inbound.target.region)
+            peer = await self.peer(owner, self.state_pull_timeout_s)
+            lease = self.lease(inbound, 0, self.state_pull_timeout_s)
             pulled: StatePulled = await peer.ask(PullState(block_hash, lease), timeout=self.state_pull_timeout_s)
             if pulled.boundary != boundary:
                 return None
             buf = await inbound.wait()
-            cfg = self.engine.cfg
-            shape = (cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
             return torch.frombuffer(bytearray(buf), dtype=torch.float32).view(shape)
         except DsiError as exc:  # gone, evicted, slow: replay instead
             log.info("%s: SWA state not pulled from %s (%s); replaying", self.name, owner, exc.code)
