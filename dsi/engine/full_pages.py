@@ -14,7 +14,7 @@ from collections import deque
 from dsi.engine.prefix import FullPage
 from dsi.engine.request import Request
 from dsi.kvcache.block_pool import BlockPool
-from dsi.kvcache.hashchain import HASH_BYTES, HashChain
+from dsi.kvcache.hashchain import HashChain, unpack
 
 
 class FullPages:
@@ -33,7 +33,7 @@ class FullPages:
         if full > known:
             parent = req.block_hashes[-1] if known else self.chain.root(req.params.cache_salt)
             packed = self.chain.hashes(req.all_tokens[known * size:full * size], parent=parent)
-            req.block_hashes += [packed[i:i + HASH_BYTES] for i in range(0, len(packed), HASH_BYTES)]
+            req.block_hashes += unpack(packed)
         n = min(full, len(req.block_table))
         for page in range(req.hashed_pages, n):
             self.pool.set_hash(req.block_table[page], req.block_hashes[page])

@@ -186,11 +186,11 @@ class DecodePool:
                 return
             except PrefillLost as exc:
                 assert pre is not None
-                bad_prefills.add(pre.info.instance_id)
-                reason = exc
+                failed, reason = pre.info.instance_id, exc
+                bad_prefills.add(failed)
             except (PeerLost, Overloaded, AskTimeout) as exc:
-                bad_decodes.add(inst.info.instance_id)
-                reason = exc
+                failed, reason = inst.info.instance_id, exc
+                bad_decodes.add(failed)
             finally:
                 inst.sent -= 1
                 if pre is not None:
@@ -199,7 +199,6 @@ class DecodePool:
                 raise reason
             self.retries += 1
             log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
-                        inst.info.instance_id, delivered)
+                        failed, delivered)
             if len(bad_prefills) >= len(self.prefill.ready):
                 bad_prefills.clear()
-        raise NoInstance("no instance could serve the request")
