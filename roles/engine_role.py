@@ -23,12 +23,10 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.engine.engine import Engine, EngineConfig
-from dsi.engine.params import SamplingParams
 from dsi.engine.service import EngineService
 from dsi.errors import DsiError
 from dsi.messages import ALL
 from dsi.messages.control import Load
-from dsi.messages.gateway import Sampling
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.roles.curve import server_keys
 from dsi.roles.kvstore.client import KvstoreClient
@@ -83,13 +81,6 @@ class EngineRoleSettings:
 def lease_target(lease: KvLease) -> KvTarget:
     """The data-plane target a lease names."""
     return KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
-
-
-def sampling_params(s: Sampling, cache_salt: str = "") -> SamplingParams:
-    return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                          min_p=s.min_p, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids),
-                          ignore_eos=s.ignore_eos, logprobs=s.logprobs > 0, top_logprobs=s.logprobs,
-                          structured=s.structured, cache_salt=cache_salt)
 
 
 class EngineRole(RoleActor):

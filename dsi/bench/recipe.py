@@ -36,7 +36,8 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-from dsi.messages.gateway import Generate, Sampling, TokenChunk
+from dsi.engine.params import SamplingParams
+from dsi.messages.gateway import Generate, TokenChunk
 from dsi.model.config import TINY
 from dsi.recipe import ModelVersion, Recipe
 from dsi.recipe.bench_encode import bench_encode as encode_figures
@@ -126,7 +127,7 @@ async def _serve_bare(conn: Connection, ids: list[int], interval_s: float) -> No
         nonlocal served
         body = json.loads(await request.read())
         served += 1
-        msg = Generate(f"bare-{served}", [], Sampling(max_tokens=body.get("max_tokens", 256)))
+        msg = Generate(f"bare-{served}", [], SamplingParams(max_tokens=body.get("max_tokens", 256)))
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await resp.prepare(request)
         async for chunk in source.generate(msg):

@@ -1,9 +1,13 @@
-"""SamplingParams: how one request samples, validated when the request is added."""
+"""SamplingParams: how one request samples, validated when the request is added.
+
+The one sampling type: the recipe resolves a client's settings into it, it travels inside
+``Generate`` and ``RequestState`` as it is (a msgspec struct), and the engine reads it."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+import msgspec
 
 from dsi.errors import InvalidRequest
 from dsi.structured.spec import StructuredSpec
@@ -12,8 +16,7 @@ EOS_ID = 1  # <｜end▁of▁sentence｜> in the V4 vocabulary
 MAX_LOGPROBS = 20
 
 
-@dataclass(slots=True, frozen=True)
-class SamplingParams:
+class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """temperature 0 is greedy. ``seed`` makes sampling reproducible: the draw for position p
     depends only on (seed, p), never on what else is in the batch. ``structured`` constrains the
     output to a JSON schema, a regex or a DSML tool call (a frozen, hashable spec).
@@ -26,7 +29,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0

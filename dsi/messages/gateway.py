@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
+from dsi.engine.params import SamplingParams
 from dsi.messages.base import Message
-from dsi.structured.spec import StructuredSpec
-
-
-class Sampling(Message):
-    """Sampling options as the engine takes them (already resolved by the recipe)."""
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0
-    seed: int | None = None
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    logprobs: int = 0  # top logprobs per token; 0 = none
-    structured: StructuredSpec | None = None  # output constraint (JSON, regex, tool call)
 
 
 class Generate(Message):
@@ -26,8 +11,7 @@ class Generate(Message):
 
     request_id: str
     token_ids: list[int]
-    sampling: Sampling = Sampling()
-    cache_salt: str = ""
+    sampling: SamplingParams = SamplingParams()  # resolved by the recipe; carries the cache salt
     traffic_class: str = "chatbot"  # chatbot | agent (selects the KV TTL)
     cached_tokens: int = 0  # leading prompt tokens the kvstore holds, per the entrypoint's CHECK replica
 
@@ -48,5 +32,5 @@ class Abort(Message):
     reason: str = "client disconnected"
 
 
-GatewayMsg = Generate | TokenChunk | Abort | Sampling
-GATEWAY = (Generate, TokenChunk, Abort, Sampling)
+GatewayMsg = Generate | TokenChunk | Abort
+GATEWAY = (Generate, TokenChunk, Abort)

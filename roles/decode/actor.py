@@ -34,7 +34,7 @@ from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, Prefilled, PrefillLost, PrefillTo
-from dsi.roles.engine_role import EngineRole, EngineRoleSettings, sampling_params
+from dsi.roles.engine_role import EngineRole, EngineRoleSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class DecodeActor(EngineRole):
         prompt_tokens = len(msg.token_ids)
         try:
             async for out in self.service.generate(msg.request_id, list(msg.token_ids),
-                                                    sampling_params(msg.sampling, msg.cache_salt)):
+                                                    msg.sampling):
                 yield _chunk(msg.request_id, out, prompt_tokens)
         finally:
             self._forget(msg.request_id)
@@ -92,7 +92,7 @@ class DecodeActor(EngineRole):
             except DsiError as exc:
                 raise PrefillLost(f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}") from None
             state = RequestState.from_buffer(engine, buf, req.request_id, list(req.token_ids), list(done.output),
-                                             sampling_params(req.sampling, req.cache_salt), done.seed,
+                                             req.sampling, done.seed,
                                              done.consumer_start,
                                              done.num_computed, list(done.logprobs), done.cached_tokens,
                                              done.replay_start)

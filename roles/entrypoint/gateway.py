@@ -16,10 +16,12 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
+import msgspec
 from aiohttp import web
 
+from dsi.engine.params import SamplingParams
 from dsi.errors import DsiError, InvalidRequest
-from dsi.messages.gateway import Generate, Sampling
+from dsi.messages.gateway import Generate
 from dsi.recipe import RequestError, error_body
 from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.emit_stream import OutputStream
@@ -41,7 +43,7 @@ class Prepared:
 
     request_id: str
     token_ids: list[int]
-    sampling: Sampling
+    sampling: SamplingParams
     options: OutputOptions
     stream: bool
     traffic_class: str = "chatbot"
@@ -89,8 +91,9 @@ class Gateway:
         cached = self._cached_tokens(prep.token_ids, salt)
         if cached:
             prep.options = replace(prep.options, cached_tokens=cached)
-        msg = Generate(prep.request_id, prep.token_ids, prep.sampling, cache_salt=salt,
-                       traffic_class=prep.traffic_class, cached_tokens=cached)
+        sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
+        msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
+                       cached_tokens=cached)
         if prep.stream:
             return await self._stream(request, protocol, prep, msg)
         return await self._complete(protocol, prep, msg)

@@ -8,7 +8,8 @@ import json
 import secrets
 import time
 
-from dsi.messages.gateway import Sampling
+import msgspec
+
 from dsi.recipe import Recipe, RequestError
 from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.resolve import ResolvedRequest
@@ -44,9 +45,8 @@ class Preparer:
                                param="messages", code="context_length_exceeded")
         request_id = _ID_PREFIX[protocol] + secrets.token_hex(12)
         prefill = self._prefill(req)
-        sampling = Sampling(max_tokens=min(req.max_tokens, room), temperature=req.temperature, top_p=req.top_p,
-                            top_k=req.top_k, seed=req.seed, logprobs=req.top_logprobs if req.logprobs else 0,
-                            structured=_structured(req, bool(prefill)))
+        sampling = msgspec.structs.replace(req.sampling_params(), max_tokens=min(req.max_tokens, room),
+                                           structured=_structured(req, bool(prefill)))
         options = OutputOptions(
             protocol=protocol, model=req.model, request_id=request_id, created=int(time.time()),
             thinking=req.thinking, starts_in_reasoning=req.ends_in_thinking, model_version=req.model_version.value,

@@ -34,7 +34,7 @@ from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import Prefilled, PrefillTo, PullState, StatePulled
-from dsi.roles.engine_role import EngineRole, lease_target, sampling_params
+from dsi.roles.engine_role import EngineRole, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class PrefillActor(EngineRole):
             cached = await self._cached_prefix(req, hashes, fetched) if fetched is not None else None
             if cached is not None and not cached.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
-            stream = self.service.generate(rid, list(req.token_ids), sampling_params(req.sampling, req.cache_salt),
+            stream = self.service.generate(rid, list(req.token_ids), req.sampling,
                                            prefill_only=True, cached=cached)
             async with contextlib.aclosing(stream):
                 outputs = [o async for o in stream]
@@ -92,7 +92,7 @@ class PrefillActor(EngineRole):
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
-            packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.cache_salt)
+            packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         hashes = unpack(packed)

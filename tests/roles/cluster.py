@@ -18,7 +18,7 @@ import zmq.asyncio
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.messages import ALL
-from dsi.messages.gateway import Generate, Sampling
+from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
@@ -110,7 +110,7 @@ class Client:
         raise AssertionError(f"instances not ready: {self.pool.decode.ready} {self.pool.prefill.ready}")
 
     async def generate(self, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
-        msg = Generate(request_id, prompt, Sampling(max_tokens=max_tokens, temperature=0.0))
+        msg = Generate(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
         tokens: list[int] = []
         finish = ""
         async for chunk in self.pool.generate(msg):

@@ -10,7 +10,8 @@ import sys
 
 import zmq.asyncio
 
-from dsi.messages.gateway import Generate, Sampling
+from dsi.engine.params import SamplingParams
+from dsi.messages.gateway import Generate
 from dsi.roles.entrypoint.backends import DecodePool
 
 
@@ -26,7 +27,7 @@ async def run(controller: str, prompts: list[list[int]], max_tokens: int) -> lis
             await asyncio.sleep(0.1)
 
         async def one(i: int, prompt: list[int]) -> list[int]:
-            msg = Generate(f"n{i}", prompt, Sampling(max_tokens=max_tokens, temperature=0.0))
+            msg = Generate(f"n{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
             return [t async for chunk in pool.generate(msg) for t in chunk.token_ids]
 
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))

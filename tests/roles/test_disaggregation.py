@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from dsi.messages.gateway import Generate, Sampling
+from dsi.engine.params import SamplingParams
+from dsi.messages.gateway import Generate
 from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
@@ -126,7 +127,7 @@ async def test_a_client_that_goes_away_cancels_prefill_and_decode(procs, tmp_pat
         await asyncio.gather(task, return_exceptions=True)
         await assert_no_leaks(client, ("prefill-0", "decode-0"))
         # Gone while decoding.
-        stream = client.pool.generate(Generate("gone-late", long_prompt, Sampling(max_tokens=400, temperature=0)))
+        stream = client.pool.generate(Generate("gone-late", long_prompt, SamplingParams(max_tokens=400, temperature=0)))
         await stream.__anext__()
         await stream.aclose()
         await assert_no_leaks(client, ("prefill-0", "decode-0"))

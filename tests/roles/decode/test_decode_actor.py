@@ -9,7 +9,7 @@ from dsi.engine.params import SamplingParams
 from dsi.errors import InvalidRequest
 from dsi.messages import ALL
 from dsi.messages.control import Load
-from dsi.messages.gateway import Generate, Sampling
+from dsi.messages.gateway import Generate
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.roles.decode import DecodeActor
@@ -43,7 +43,7 @@ async def decode(model_dir):
 async def test_generate_streams_the_offline_engine_tokens(decode, model_dir):
     _, peer = decode
     prompt = [0, 100, 200, 300, 400]
-    chunks = [c async for c in peer.stream(Generate("r1", prompt, Sampling(max_tokens=6, temperature=0)))]
+    chunks = [c async for c in peer.stream(Generate("r1", prompt, SamplingParams(max_tokens=6, temperature=0)))]
     assert chunks[-1].finish == "length" and all(c.finish == "" for c in chunks[:-1])
     cfg, w = load_model(model_dir)
     engine = Engine(cfg, w)
@@ -56,12 +56,12 @@ async def test_generate_streams_the_offline_engine_tokens(decode, model_dir):
 async def test_bad_request_is_a_typed_error(decode):
     _, peer = decode
     with pytest.raises(InvalidRequest, match="empty"):
-        [c async for c in peer.stream(Generate("bad", [], Sampling()))]
+        [c async for c in peer.stream(Generate("bad", [], SamplingParams()))]
 
 
 async def test_cancelled_stream_aborts_in_the_engine(decode):
     actor, peer = decode
-    stream = peer.stream(Generate("long", list(range(1000, 1300)), Sampling(max_tokens=400, temperature=0)))
+    stream = peer.stream(Generate("long", list(range(1000, 1300)), SamplingParams(max_tokens=400, temperature=0)))
     await stream.__anext__()
     load = await peer.ask(Load())
     assert load.running == 1 and load.kv_tokens > 0

@@ -215,7 +215,7 @@ async def test_a_keys_cache_salt_namespaces_its_hits(recipe, kvstores, ctx, tmp_
             await _synced(prefix, run.peer)
             assert await cached_for("k1") == 256
             assert await cached_for("k2") == 0  # the salted chain shares nothing with the plain one
-            assert pool.requests[-1].cache_salt == "team-b" and pool.requests[-2].cache_salt == ""
+            assert pool.requests[-1].sampling.cache_salt == "team-b" and pool.requests[-2].sampling.cache_salt == ""
             await run.peer.ask(put_msg(CHAIN.hashes(ids, cache_salt="team-b")[:3 * 16], block_bytes(3)))
             await _synced(prefix, run.peer)
             assert await cached_for("k2") == 384
