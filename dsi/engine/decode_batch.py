@@ -32,18 +32,20 @@ class DecodeIndex:
     ring_ok: torch.Tensor  # [B, W-1] bool: position valid for this half's SWA
     tables: torch.Tensor  # [B, max pages] block tables padded with the null page
     protect: torch.Tensor  # [B] page entries of positions below this hold loaded latents: never written
+    swa_start: torch.Tensor  # [B] first position this half's SWA sees
 
 
 def build_index(cfg: ModelConfig, rows: list[int], slots: list[int], pos: list[int], swa_start: list[int],
                 tables: list[list[int]], protect: list[int] | None = None) -> DecodeIndex:
     p = torch.tensor(pos, dtype=torch.long)
+    start = torch.tensor(swa_start, dtype=torch.long)
     prev = p[:, None] - (cfg.window - 1) + torch.arange(cfg.window - 1)[None, :]
-    ok = prev >= torch.tensor(swa_start, dtype=torch.long)[:, None]
+    ok = prev >= start[:, None]
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
     return DecodeIndex(torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long), p,
                        prev.clamp(min=0) % cfg.ring, ok, padded,
-                       torch.tensor(protect if protect is not None else [0] * len(pos), dtype=torch.long))
+                       torch.tensor(protect if protect is not None else [0] * len(pos), dtype=torch.long), start)
 
 
 def gather_latents(view: torch.Tensor, idx: DecodeIndex, count: torch.Tensor, per_block: int

@@ -65,6 +65,7 @@ class EngineConfig:
     max_running: int = 96
     replay: bool = True  # decoder-side bounded replay (consumer layers on the last `keep` tokens)
     async_scheduling: bool = True
+    batch_invariant: bool = True  # a request's tokens do not depend on the rest of the batch
     root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
     collect_full_pages: bool = False  # queue a FullPage copy of every page that fills (decode persistence)
     collect_ring_snapshots: bool = False  # queue a RingSnapshot of every finished or exported request
@@ -99,7 +100,7 @@ class Engine:
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
-        self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots)
+        self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
                                    c.max_running)
         self.requests: dict[str, Request] = {}

@@ -13,12 +13,16 @@ when position B - 1 is computed::
     decode token at B - 1:             ring[B - 128 .. B)                           (after the ring write)
 
 Only when those keys are all real (B - 128 >= the slice's producer SWA start).
+
+``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
+logits are the same bits whatever else the step holds and however its prompt was chunked.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
 from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
 from dsi.engine.prefix import ring_snapshot_shape
@@ -26,14 +30,17 @@ from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout import BlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.config import ModelConfig
-from dsi.model.ops import attend, compress_pairs, moe, rms_norm, rope
+from dsi.model.ops import Matmul, attend, compress_pairs, moe, rms_norm, rope
 
 Snapshots = dict[int, tuple[int, torch.Tensor]]  # slice index -> (B, [n_producer, 2, block_size, n_kv_heads, D])
 
 
 class ModelRunner:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int,
+                 batch_invariant: bool = True) -> None:
         self.cfg = cfg
+        self.invariant = batch_invariant
+        self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights
         self.layout = BlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
@@ -53,7 +60,7 @@ class ModelRunner:
         dec = self._decode_index(batch, spans, consumer=False)
         for i in range(cfg.n_producer):
             x = self._layer(i, x, pos, batch, spans, dec, snapshots)
-        g = rms_norm(x, w["boundary.norm"], cfg.norm_eps) @ w["boundary.wg"]
+        g = self.mm(rms_norm(x, w["boundary.norm"], cfg.norm_eps), w["boundary.wg"])
         for s, (a, b) in zip(batch, spans, strict=True):
             if dec is None or len(s.tokens) != 1:
                 self._write_global(s, g[a:b])
@@ -80,7 +87,7 @@ class ModelRunner:
         if any(s.sample and not s.tokens for s in c_batch):
             raise ValueError("a sampled slice ends before consumer_start")
         h = rms_norm(xc[last], w["final_norm"], cfg.norm_eps)
-        return h @ w["embed"].T
+        return self.mm(h, w["embed"].T)
 
     # ---- one layer -----------------------------------------------------------------------------
     def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, batch: list[StepSlice],
@@ -93,9 +100,9 @@ class ModelRunner:
         if t == 0:
             return x
         xn = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
-        q = (xn @ w[p + "wq"]).view(t, cfg.n_heads, cfg.head_dim)
-        k = (xn @ w[p + "wk"]).view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = (xn @ w[p + "wv"]).view(t, cfg.n_kv_heads, cfg.head_dim)
+        q = self.mm(xn, w[p + "wq"]).view(t, cfg.n_heads, cfg.head_dim)
+        k = self.mm(xn, w[p + "wk"]).view(t, cfg.n_kv_heads, cfg.head_dim)
+        v = self.mm(xn, w[p + "wv"]).view(t, cfg.n_kv_heads, cfg.head_dim)
         if i in cfg.kv_sources:
             src = cfg.kv_sources.index(i)
             for s, (a, b) in zip(batch, spans, strict=True):
@@ -116,11 +123,15 @@ class ModelRunner:
             if snapshots is not None:
                 self._snapshot_chunk(i, j, s, keys, vals, int(kpos[0]), snapshots)
             lat, last = self._latents(s, i, consumer)
-            out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos,
-                              s.consumer_start if consumer else s.producer_start, lat, last, cfg.window)
+            swa_start = s.consumer_start if consumer else s.producer_start
+            if self.invariant:
+                out[a:b] = invariant.attend_chunk(q[a:b], q_rot[a:b], s.start, keys, vals, int(kpos[0]), swa_start,
+                                                  lat, last, cfg.window)
+            else:
+                out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos, swa_start, lat, last, cfg.window)
             self._write_ring(s, i, k_rot[a:b], v[a:b])
-        x = x + out @ w[p + "wo"]
-        x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg)
+        x = x + self.mm(out, w[p + "wo"])
+        x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg, self.mm)
         return x
 
     # ---- ring snapshots --------------------------------------------------------------------------
@@ -174,14 +185,20 @@ class ModelRunner:
     def _attend_decode(self, i: int, dec: DecodeIndex, q: torch.Tensor, q_rot: torch.Tensor, k_rot: torch.Tensor,
                        v: torch.Tensor, consumer: bool) -> torch.Tensor:
         cfg, r = self.cfg, dec.rows
-        lat = valid = None
+        lat = valid = last = None
         if consumer:
             lat, valid = gather_latents(self._glob_view, dec, dec.pos + 1, cfg.block_size)
+            last = torch.arange(lat.shape[1])[None, :].expand(lat.shape[0], -1)
         elif cfg.source_of(i) is not None:
             view = self._src_views[cfg.kv_sources.index(cfg.source_of(i))]
             lat, valid = gather_latents(view, dec, (dec.pos + 1) // 2, self.layout.per_block_compressed)
+            last = (torch.arange(lat.shape[1]) * 2 + 1)[None, :].expand(lat.shape[0], -1)
         ring = self.slots.rings[:, i]
-        out = attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
+        if self.invariant:
+            out = invariant.attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec.slots, dec.pos,
+                                          dec.swa_start, lat, valid, last)
+        else:
+            out = attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         return out
@@ -193,14 +210,14 @@ class ModelRunner:
         closes = (dec.pos % 2 == 1) & (dec.pos - 1 >= dec.protect)  # a loaded pair keeps its cached latent
         if bool(closes.any()):
             slots, pos = dec.slots[closes], dec.pos[closes]
-            latents = partial[slots] + xn[closes] @ wc1
+            latents = partial[slots] + self.mm(xn[closes], wc1)
             j = (pos - 1) // 2
             per = self.layout.per_block_compressed
             page = dec.tables[closes].gather(1, (j // per)[:, None])[:, 0]
             self._src_views[src][page, j % per] = latents
         even = dec.pos % 2 == 0
         if bool(even.any()):
-            partial[dec.slots[even]] = xn[even] @ wc0
+            partial[dec.slots[even]] = self.mm(xn[even], wc0)
 
     # ---- cache access ---------------------------------------------------------------------------
     def _swa_keys(self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -228,13 +245,13 @@ class ModelRunner:
         rows, first = xn, s.start
         lat = []
         if first % 2 == 1:  # complete the pair left open by the previous step
-            lat.append(partial + rows[0] @ wc1)
+            lat.append(partial + self.mm(rows[:1], wc1)[0])
             rows, first = rows[1:], first + 1
         pairs = rows.shape[0] // 2
         if pairs:
-            lat.append(compress_pairs(rows[0:2 * pairs:2], rows[1:2 * pairs:2], wc0, wc1))
+            lat.append(compress_pairs(rows[0:2 * pairs:2], rows[1:2 * pairs:2], wc0, wc1, self.mm))
         if rows.shape[0] % 2 == 1:
-            partial.copy_(rows[-1] @ wc0)
+            partial.copy_(self.mm(rows[-1:], wc0)[0])
         if lat:
             latents = torch.cat([t.reshape(-1, self.cfg.head_dim) for t in lat])
             j0 = s.start // 2  # the pair of position `start` (closed here when start is odd)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from dsi.model.config import ModelConfig
+
+Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -26,16 +29,19 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig) -> torch.Tensor:
+def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, mm: Matmul = torch.matmul
+        ) -> torch.Tensor:
     """Routed top-k experts (weights renormalised over the chosen k) + one shared expert.
 
     x: [T, H] (already normalised) -> [T, H]. Each token's result depends only on that token.
-    Token-expert pairs are sorted by expert so each expert runs one matmul over its rows.
+    Token-expert pairs are sorted by expert so each expert runs one matmul over its rows; a
+    token's two or more expert outputs are added in expert order. ``mm``: the product to use
+    (the engine's batch-invariant one, or plain ``@``).
     """
-    probs = torch.softmax(x @ w[prefix + "router"], dim=-1)  # [T, E]
+    probs = torch.softmax(mm(x, w[prefix + "router"]), dim=-1)  # [T, E]
     top_w, top_i = probs.topk(cfg.top_k, dim=-1)  # [T, k]
     top_w = top_w / top_w.sum(-1, keepdim=True)
-    shared = (F.silu(x @ w[prefix + "s1"]) * (x @ w[prefix + "s3"])) @ w[prefix + "s2"]
+    shared = mm(F.silu(mm(x, w[prefix + "s1"])) * mm(x, w[prefix + "s3"]), w[prefix + "s2"])
     w1, w3, w2 = w[prefix + "w1"], w[prefix + "w3"], w[prefix + "w2"]
     order = top_i.reshape(-1).argsort(stable=True)  # pair index, grouped by expert
     counts = torch.bincount(top_i.reshape(-1), minlength=cfg.n_experts).tolist()
@@ -46,7 +52,7 @@ def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConf
     for e, n in enumerate(counts):
         if n:
             xe = xs[a:a + n]
-            ys[a:a + n] = (F.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e]
+            ys[a:a + n] = mm(F.silu(mm(xe, w1[e])) * mm(xe, w3[e]), w2[e])
         a += n
     out = torch.zeros_like(x)
     out.index_add_(0, rows, ys * top_w.reshape(-1)[order, None])
@@ -87,6 +93,7 @@ def attend(q: torch.Tensor, q_rot: torch.Tensor, q_pos: torch.Tensor, k_rot: tor
     return out.reshape(tq, hq * d)
 
 
-def compress_pairs(x_even: torch.Tensor, x_odd: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor) -> torch.Tensor:
+def compress_pairs(x_even: torch.Tensor, x_odd: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor,
+                   mm: Matmul = torch.matmul) -> torch.Tensor:
     """Ratio-2 compressed latents of token pairs: [P, H] x2 -> [P, D]."""
-    return x_even @ wc0 + x_odd @ wc1
+    return mm(x_even, wc0) + mm(x_odd, wc1)

@@ -1,0 +1,191 @@
+"""Batch-invariant math: a token's result does not depend on what else shares its step.
+
+``[engine] batch_invariant`` (on by default) routes the runner's products and attention through
+this module. Two sources of variation are removed:
+
+- GEMM shapes. MKL picks its kernel, and so the reduction order, by the row count: fewer than 4
+  rows run as matrix-vector products, and some small counts take other paths with two threads.
+  :func:`mm` pads the rows to a multiple of ``ROW_TILE`` (at least one tile), after which every
+  row of the product is the same bits whatever the row count and wherever the row sits
+  (``tests/dsi/engine/test_invariant.py`` checks this on the machine it runs on).
+- Attention reductions. Keys are cut into blocks of ``KEY_BLOCK`` aligned on absolute positions
+  (SWA keys by token position, global latents by entry), each block is scored and weighted with
+  fixed-shape products, and blocks are folded into an online softmax in one order: SWA blocks,
+  then latent blocks, both ascending. A block a query cannot see leaves its state exactly as it
+  was. So a query gets the same bits in a prefill chunk of any length, as a one-token decode slice
+  in a batch of any size, and after a preemption::
+
+      per query row, per visible block b (in order):
+          m' = max(m, max s_b)        l = l * e^(m - m') + sum e^(s_b - m')
+          o  = o * e^(m - m') + e^(s_b - m') @ V_b          out = o / l
+
+The naive reference (``dsi.model.reference``) keeps plain products and one joint softmax: the
+engine matches it to fp32 rounding either way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dsi.model.config import ModelConfig
+
+ROW_TILE = 8
+KEY_BLOCK = 128
+
+
+def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[M, K] @ [K, N] -> [M, N], computed with the rows padded to a multiple of ROW_TILE."""
+    m = x.shape[0]
+    rows = max(ROW_TILE, -(-m // ROW_TILE) * ROW_TILE)
+    if rows != m:
+        x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
+    return (x.contiguous() @ w)[:m]
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[B, M, K] @ [B, K, N] -> [B, M, N], each matrix's rows padded like :func:`mm`."""
+    m = a.shape[1]
+    rows = max(ROW_TILE, -(-m // ROW_TILE) * ROW_TILE)
+    if rows != m:
+        a = torch.cat([a, a.new_zeros(a.shape[0], rows - m, a.shape[2])], dim=1)
+    return torch.bmm(a, b)[:, :m]
+
+
+class _Softmax:
+    """Online-softmax state of ``rows`` query rows x ``heads`` heads: max, sum, weighted values."""
+
+    def __init__(self, rows: int, heads: int, dim: int) -> None:
+        self.m = torch.full((rows, heads), float("-inf"))
+        self.l = torch.zeros(rows, heads)
+        self.o = torch.zeros(rows, heads, dim)
+
+    def scale(self, r: slice, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fold in the max of scores ``s`` [n, heads, KEY_BLOCK] of rows ``r``; returns (e, alpha)."""
+        m_new = torch.maximum(self.m[r], s.amax(-1))
+        ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # nothing seen yet: stay 0
+        alpha = torch.exp(self.m[r] - ref)
+        self.m[r] = m_new
+        return torch.exp(s - ref[..., None]), alpha
+
+    def add(self, r: slice, e: torch.Tensor, alpha: torch.Tensor, weighted: torch.Tensor) -> None:
+        self.l[r] = self.l[r] * alpha + e.sum(-1)
+        self.o[r] = self.o[r] * alpha[..., None] + weighted
+
+    def result(self) -> torch.Tensor:
+        return (self.o / self.l[..., None]).reshape(self.o.shape[0], -1)
+
+
+def attend_chunk(q: torch.Tensor, q_rot: torch.Tensor, first: int, keys: torch.Tensor, vals: torch.Tensor,
+                 key_first: int, swa_start: int, latents: torch.Tensor | None, latent_last: torch.Tensor | None,
+                 window: int) -> torch.Tensor:
+    """One sequence's queries, as :func:`dsi.model.ops.attend` defines them, batch-invariantly.
+
+    q, q_rot: [T, Hq, D] at positions first .. first + T - 1.
+    keys, vals: [Tk, Hkv, D] rotated SWA keys of positions key_first .. key_first + Tk - 1.
+    latents: [N, D] global entries (keys = values) with latent_last [N] ascending, or None.
+    Returns [T, Hq * D].
+    """
+    t, hq, d = q.shape
+    hkv = keys.shape[1]
+    group, scale = hq // hkv, 1.0 / math.sqrt(d)
+    qpos = torch.arange(first, first + t)
+    state = _Softmax(t, hq, d)
+    end = key_first + keys.shape[0]
+    for a in range(key_first // KEY_BLOCK, (end - 1) // KEY_BLOCK + 1):
+        p0 = a * KEY_BLOCK
+        lo, hi = max(p0, key_first), min(p0 + KEY_BLOCK, end)
+        r = _rows(first, t, p0, p0 + KEY_BLOCK + window - 1)  # queries whose window reaches the block
+        if r.start >= r.stop:
+            continue
+        kb, vb = keys.new_zeros(KEY_BLOCK, hkv, d), vals.new_zeros(KEY_BLOCK, hkv, d)
+        kb[lo - p0:hi - p0], vb[lo - p0:hi - p0] = keys[lo - key_first:hi - key_first], vals[lo - key_first:hi - key_first]
+        kpos = torch.arange(p0, p0 + KEY_BLOCK)[None, :]
+        qp = qpos[r, None]
+        ok = (kpos <= qp) & (kpos > qp - window) & (kpos >= max(swa_start, lo)) & (kpos < hi)
+        n = r.stop - r.start
+        qg = q_rot[r].reshape(n, hkv, group, d)
+        s = torch.stack([mm(qg[:, k].reshape(n * group, d), kb[:, k].T).view(n, group, KEY_BLOCK)
+                         for k in range(hkv)], 1).reshape(n, hq, KEY_BLOCK) * scale
+        e, alpha = state.scale(r, s.masked_fill(~ok[:, None, :], float("-inf")))
+        eg = e.view(n, hkv, group, KEY_BLOCK)
+        pv = torch.stack([mm(eg[:, k].reshape(n * group, KEY_BLOCK), vb[:, k]).view(n, group, d)
+                          for k in range(hkv)], 1).reshape(n, hq, d)
+        state.add(r, e, alpha, pv)
+    if latents is not None and latents.shape[0]:
+        for b0 in range(0, latents.shape[0], KEY_BLOCK):
+            lb, last = _latent_block(latents, latent_last, b0)
+            r = _rows(first, t, int(last[0]), first + t)  # queries at or after the block's first entry
+            if r.start >= r.stop:
+                continue
+            n = r.stop - r.start
+            ok = last[None, :] <= qpos[r, None]
+            s = mm(q[r].reshape(n * hq, d), lb.T).view(n, hq, KEY_BLOCK) * scale
+            e, alpha = state.scale(r, s.masked_fill(~ok[:, None, :], float("-inf")))
+            state.add(r, e, alpha, mm(e.reshape(n * hq, KEY_BLOCK), lb).view(n, hq, d))
+    return state.result()
+
+
+def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                  ring: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, swa_start: torch.Tensor,
+                  latents: torch.Tensor | None, lat_valid: torch.Tensor | None, latent_last: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """One-token slices of B sequences, with the bits :func:`attend_chunk` gives their queries.
+
+    q, q_rot: [B, Hq, D]; k_new, v_new: [B, Hkv, D] (position ``pos`` [B]); ring: [slots, 2, ring,
+    Hkv, D] of this layer before the new keys are written; swa_start: [B]. latents: [B, N, D] with
+    lat_valid [B, N] and latent_last [B, N] (entry n covers up to that position). Returns [B, Hq * D].
+    """
+    b, hq, d = q.shape
+    hkv = k_new.shape[1]
+    group, scale, window = hq // hkv, 1.0 / math.sqrt(d), cfg.window
+    state = _Softmax(b, hq, d)
+    rows = slice(0, b)
+    first_block = (pos - window + 1).clamp(min=0) // KEY_BLOCK
+    for j in range(-(-window // KEY_BLOCK) + 1):
+        kpos = (first_block + j)[:, None] * KEY_BLOCK + torch.arange(KEY_BLOCK)[None, :]  # [B, KB]
+        ok = (kpos <= pos[:, None]) & (kpos > pos[:, None] - window) & (kpos >= swa_start[:, None])
+        if not bool(ok.any()):
+            continue
+        idx = kpos.clamp(min=0) % cfg.ring
+        own = (kpos == pos[:, None])[..., None, None]
+        kb = torch.where(own, k_new[:, None], ring[slots[:, None], 0, idx])  # [B, KB, Hkv, D]
+        vb = torch.where(own, v_new[:, None], ring[slots[:, None], 1, idx])
+        kb, vb = kb.masked_fill(~ok[..., None, None], 0.0), vb.masked_fill(~ok[..., None, None], 0.0)
+        qg = q_rot.view(b, hkv, group, d)
+        s = torch.stack([bmm(qg[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
+        e, alpha = state.scale(rows, s.reshape(b, hq, KEY_BLOCK).mul(scale).masked_fill(~ok[:, None, :],
+                                                                                         float("-inf")))
+        eg = e.view(b, hkv, group, KEY_BLOCK)
+        pv = torch.stack([bmm(eg[:, k], vb[:, :, k]) for k in range(hkv)], 1).reshape(b, hq, d)
+        state.add(rows, e, alpha, pv)
+    if latents is not None and latents.shape[1]:
+        n = latents.shape[1]
+        for b0 in range(0, n, KEY_BLOCK):
+            width = min(KEY_BLOCK, n - b0)
+            ok = lat_valid[:, b0:b0 + width] & (latent_last[:, b0:b0 + width] <= pos[:, None])
+            if not bool(ok.any()):
+                continue
+            lb = latents.new_zeros(b, KEY_BLOCK, d)
+            lb[:, :width] = latents[:, b0:b0 + width].masked_fill(~ok[..., None], 0.0)
+            ok = torch.nn.functional.pad(ok, (0, KEY_BLOCK - width))
+            s = bmm(q, lb.transpose(1, 2)) * scale
+            e, alpha = state.scale(rows, s.masked_fill(~ok[:, None, :], float("-inf")))
+            state.add(rows, e, alpha, bmm(e, lb))
+    return state.result()
+
+
+def _rows(first: int, t: int, lo: int, hi: int) -> slice:
+    """Rows of queries at positions first .. first + t - 1 that lie in [lo, hi)."""
+    return slice(max(0, lo - first), max(0, min(t, hi - first)))
+
+
+def _latent_block(latents: torch.Tensor, last: torch.Tensor, b0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries b0 .. b0 + KEY_BLOCK - 1, zero-padded; padding covers no position (last = +inf-like)."""
+    width = min(KEY_BLOCK, latents.shape[0] - b0)
+    lb = latents.new_zeros(KEY_BLOCK, latents.shape[1])
+    lb[:width] = latents[b0:b0 + width]
+    lt = torch.full((KEY_BLOCK,), torch.iinfo(torch.long).max, dtype=torch.long)
+    lt[:width] = last[b0:b0 + width]
+    return lb, lt

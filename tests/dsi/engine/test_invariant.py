@@ -1,0 +1,102 @@
+"""Batch invariance: a request's logits are the same bits alone, in any batch, under any chunking,
+after a preemption, and on the decode path as on the prefill path."""
+
+import random
+
+import pytest
+import torch
+
+from dsi.engine import invariant
+from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.params import SamplingParams
+from dsi.model.ops import attend
+from tests.dsi.engine.conftest import random_prompts
+
+
+@pytest.mark.parametrize("k,n", [(256, 256), (256, 8), (128, 256), (64, 128), (256, 129_280)])
+def test_mm_rows_do_not_depend_on_the_row_count_or_position(k, n):
+    torch.manual_seed(0)
+    w = torch.randn(n, k).T if n > 10_000 else torch.randn(k, n)
+    x = torch.randn(k)
+    want = invariant.mm(x[None], w)[0]
+    rng = random.Random(1)
+    for m in [*range(1, 20), 31, 33, 64, 100, 257]:
+        rows = torch.randn(m, k)
+        at = rng.randrange(m)
+        rows[at] = x
+        assert torch.equal(invariant.mm(rows, w)[at], want), m
+
+
+def _sequence(t_total: int, d: int = 64, hq: int = 4, hkv: int = 1, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t_total, hq, d, generator=g)
+    q_rot = torch.randn(t_total, hq, d, generator=g)
+    keys = torch.randn(t_total, hkv, d, generator=g)
+    vals = torch.randn(t_total, hkv, d, generator=g)
+    latents = torch.randn(t_total, d, generator=g)  # ratio 1: entry n covers position n
+    return q, q_rot, keys, vals, latents
+
+
+def test_attend_chunk_matches_the_reference_attention():
+    q, q_rot, keys, vals, lat = _sequence(300)
+    pos = torch.arange(300)
+    got = invariant.attend_chunk(q, q_rot, 0, keys, vals, 0, 5, lat, pos, 128)
+    want = attend(q, q_rot, pos, keys, vals, pos, 5, lat, pos, 128)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
+    total, window, swa_start = 420, 128, 3
+    q, q_rot, keys, vals, lat = _sequence(total)
+    pos = torch.arange(total)
+
+    def chunk(s: int, e: int) -> torch.Tensor:
+        lo = max(swa_start, s - window + 1)
+        return invariant.attend_chunk(q[s:e], q_rot[s:e], s, keys[lo:e], vals[lo:e], lo, swa_start, lat[:e],
+                                      pos[:e], window)
+
+    whole = chunk(0, total)
+    for s, e in [(0, 7), (100, 300), (255, 256), (256, 420), (399, 420)]:
+        assert torch.equal(chunk(s, e), whole[s:e]), (s, e)
+    # The same queries as one-token decode slices of a batch, keys [t - 127, t) in a ring of 134.
+    cfg = type("Cfg", (), {"window": window, "ring": window + 6})()
+    ts = torch.tensor([130, 255, 256, 300, 419])
+    ring = torch.zeros(len(ts), 2, cfg.ring, 1, 64)
+    for b, t in enumerate(ts.tolist()):
+        for p in range(max(0, t - window + 1), t):
+            ring[b, 0, p % cfg.ring], ring[b, 1, p % cfg.ring] = keys[p], vals[p]
+    n = int(ts.max()) + 1
+    batch_lat = torch.stack([torch.cat([lat[:t + 1], torch.randn(n - t - 1, 64)]) for t in ts.tolist()])
+    valid = torch.arange(n)[None, :] <= ts[:, None]
+    last = torch.arange(n)[None, :].expand(len(ts), n)
+    got = invariant.attend_decode(cfg, q[ts], q_rot[ts], keys[ts], vals[ts], ring, torch.arange(len(ts)), ts,
+                                  torch.full((len(ts),), swa_start), batch_lat, valid, last)
+    assert torch.equal(got, whole[ts])
+
+
+def _run(tiny, prompts, config: EngineConfig, max_tokens: int = 6):
+    cfg, w = tiny
+    engine = Engine(cfg, w, config)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    done = {o.request_id: (o.output, o.logprobs) for o in engine.run_until_done() if o.finished}
+    preemptions = engine.scheduler.preemptions
+    engine.close()
+    return [done[str(i)] for i in range(len(prompts))], preemptions
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_alone_together_chunked_and_preempted_give_the_same_bits(tiny, async_scheduling):
+    prompts = random_prompts([10, 130, 257, 700, 33, 1], seed=3)
+    base = EngineConfig(async_scheduling=async_scheduling)
+    alone = [_run(tiny, [p], base)[0][0] for p in prompts]
+    together, _ = _run(tiny, prompts, base)
+    assert together == alone  # tokens and every logprob, bit for bit
+    chunked, _ = _run(tiny, prompts, EngineConfig(async_scheduling=async_scheduling, max_batch_tokens=97))
+    assert chunked == alone
+    crossing = random_prompts([120, 121, 122, 123], seed=4)  # each needs a second page while decoding
+    squeezed, preemptions = _run(tiny, crossing, EngineConfig(async_scheduling=async_scheduling, num_blocks=6),
+                                 max_tokens=24)
+    assert preemptions > 0
+    assert squeezed == [_run(tiny, [p], base, max_tokens=24)[0][0] for p in crossing]
