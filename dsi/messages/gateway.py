@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dsi.engine.hit_policy import HitPolicy
 from dsi.messages.base import Message
 from dsi.structured.spec import StructuredSpec
 
@@ -30,6 +31,7 @@ class Generate(Message):
     cache_salt: str = ""
     traffic_class: str = "chatbot"  # chatbot | agent (selects the KV TTL)
     cached_tokens: int = 0  # leading prompt tokens the kvstore holds, per the entrypoint's CHECK replica
+    hit_policy: HitPolicy | None = None  # which prefix hits the prefill may take; None: the cluster's
 
 
 class TokenChunk(Message):
