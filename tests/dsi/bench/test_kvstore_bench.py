@@ -15,7 +15,7 @@ from dsi.bench.trace_hits import TraceRequest, block_tokens, replay
 from dsi.kvcache.hashchain import HashChain, keys_of
 
 KVSTORE_FIGURES = ("match_ms_1m", "hash_ns_per_token", "sha256_ns_per_token", "write_ratio", "read_ratio",
-                   "index_bytes_per_block")
+                   "read_ratio_warm", "raw_read_1thread_mib_s", "index_bytes_per_block")
 TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
@@ -27,15 +27,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def test_kvstore_bench_prints_every_figure(capsys, tmp_path):
     args = _parser().parse_args(["bench", "kvstore", "--json", "--index-blocks", "20000", "--io-mib", "4",
-                                 "--repeats", "1", "--dir", str(tmp_path)])
+                                 "--repeats", "1", "--read-workers", "3", "--dir", str(tmp_path)])
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
     for name in KVSTORE_FIGURES:
         assert figures[name] > 0, name
     assert figures["match_hit_blocks"] == 8192 and figures["index_blocks"] == 20000
     assert figures["index_bytes_per_block"] <= 200
+    # the headline read ratio compares equal thread counts: the pool's 3 threads with 3 raw readers
+    assert figures["read_threads"] == 3
+    assert figures["read_ratio"] == round(figures["read_mib_s"] / figures["raw_read_mib_s"], 3)
     assert list(tmp_path.iterdir()) == []  # its files are gone
-    assert "target >= 0.70" in format_table(figures)
+    table = format_table(figures)
+    assert "target >= 0.70" in table and "cold, 3 threads each" in table
+
+
+def test_kvstore_defaults_are_short():
+    args = _parser().parse_args(["bench", "kvstore"])
+    assert (args.index_blocks, args.io_mib, args.repeats) == (1_000_000, 256, 3)
 
 
 def test_trace_expansion_and_replay_on_a_hand_made_trace():
