@@ -23,6 +23,7 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 from dsi.engine.service import EngineService
 from dsi.errors import DsiError
 from dsi.messages import ALL
@@ -66,6 +67,7 @@ class EngineRoleSettings:
     lease_timeout_s: float = 30.0
     address: str = ""  # this role's control-plane address (where others pull its SWA states)
     state_cache_bytes: int = 256 << 20
+    hit_policy: HitPolicy = DEFAULT_HIT_POLICY  # [kvcache]: for requests that do not name one
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
@@ -75,7 +77,7 @@ class EngineRoleSettings:
             host = "127.0.0.1"
         return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
                    server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
-                   role.bind)
+                   role.bind, hit_policy=node.kvcache.hit_policy)
 
 
 def lease_target(lease: KvLease) -> KvTarget:

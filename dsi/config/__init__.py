@@ -14,7 +14,14 @@ from dsi.config.roles import (
     RoleKind,
     RoleOptions,
 )
-from dsi.config.sections import ClusterConfig, DataPlaneConfig, LoggingConfig, ModelConfig, SecurityConfig
+from dsi.config.sections import (
+    ClusterConfig,
+    DataPlaneConfig,
+    KvcacheConfig,
+    LoggingConfig,
+    ModelConfig,
+    SecurityConfig,
+)
 
 __all__ = [
     "BalancerOptions",
@@ -25,6 +32,7 @@ __all__ = [
     "EncoderOptions",
     "EngineOptions",
     "EntrypointOptions",
+    "KvcacheConfig",
     "KvstoreOptions",
     "LoggingConfig",
     "ModelConfig",

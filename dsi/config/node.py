@@ -12,7 +12,14 @@ from typing import Any
 from dsi.config.errors import ConfigError, Where
 from dsi.config.reader import read_table
 from dsi.config.roles import RoleConfig, RoleKind, read_roles
-from dsi.config.sections import ClusterConfig, DataPlaneConfig, LoggingConfig, ModelConfig, SecurityConfig
+from dsi.config.sections import (
+    ClusterConfig,
+    DataPlaneConfig,
+    KvcacheConfig,
+    LoggingConfig,
+    ModelConfig,
+    SecurityConfig,
+)
 from dsi.config.spec import spec
 
 
@@ -26,6 +33,7 @@ class NodeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    kvcache: KvcacheConfig = field(default_factory=KvcacheConfig)
     roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
 
     def role(self, role_id: str) -> RoleConfig:

@@ -1,4 +1,5 @@
-"""The single-table sections of a node config: [cluster], [security], [logging], [model], [data_plane]."""
+"""The single-table sections of a node config: [cluster], [security], [logging], [model], [data_plane],
+[kvcache]."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dsi.config.spec import (
     required_when,
     spec,
 )
+from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 
 NAME = r"[A-Za-z0-9_.-]+"
 NAME_RULE = "letters, digits, '_', '.' or '-'"
@@ -78,3 +80,13 @@ class DataPlaneConfig:
     backend: Literal["tcp", "shm", "rdma"] = "tcp"
     # A receiver's lease on a KV buffer expires after this long, so a dead peer cannot pin memory.
     lease_timeout_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0),)))
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class KvcacheConfig:
+    """The cluster KV cache; every node of a cluster should agree on it."""
+
+    # Which prefix hits a prefill takes for a request without ``metadata.hit_policy``:
+    # "bounded" (SWA bounded replay when no exact hit is possible) or "exact" (only hits whose
+    # output is the hit-free one). See dsi.engine.hit_policy.
+    hit_policy: HitPolicy = DEFAULT_HIT_POLICY

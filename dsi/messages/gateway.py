@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dsi.engine.hit_policy import HitPolicy
 from dsi.engine.params import SamplingParams
 from dsi.messages.base import Message
 
@@ -14,6 +15,7 @@ class Generate(Message):
     sampling: SamplingParams = SamplingParams()  # resolved by the recipe; carries the cache salt
     traffic_class: str = "chatbot"  # chatbot | agent (selects the KV TTL)
     cached_tokens: int = 0  # leading prompt tokens the kvstore holds, per the entrypoint's CHECK replica
+    hit_policy: HitPolicy | None = None  # which prefix hits the prefill may take; None: the cluster's
 
 
 class TokenChunk(Message):

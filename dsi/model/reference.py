@@ -37,29 +37,11 @@ from __future__ import annotations
 import torch
 
 from dsi.model.config import ModelConfig
+from dsi.model.hits import consumer_start, max_hit, replay_start
+from dsi.model.hits import exact_hit_limit as exact_hit_limit  # re-exported
 from dsi.model.ops import attend, compress_pairs, moe, rms_norm, rope
 
 Latents = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> ([P, D] latents, [P] last position)
-
-
-def consumer_start(prompt_len: int, keep: int | None) -> int:
-    return 0 if keep is None else max(0, prompt_len - keep)
-
-
-def replay_start(hit: int, consumer_start: int, window: int) -> int:
-    """R: the first position a request with a prefix hit of ``hit`` tokens computes (0 without a hit)."""
-    return 0 if hit == 0 else max(0, min(hit - window, consumer_start))
-
-
-def max_hit(prompt_len: int, block_size: int) -> int:
-    """The longest usable hit: whole blocks, leaving at least the last prompt token to compute."""
-    return max(0, (prompt_len - 1) // block_size * block_size)
-
-
-def exact_hit_limit(prompt_len: int, keep: int | None, block_size: int) -> int:
-    """The longest hit that can be exact (loaded SWA rings, no replay): whole blocks, at most
-    :func:`max_hit`, and not past ``consumer_start`` (0 when decoder-side replay is off)."""
-    return min(max_hit(prompt_len, block_size), consumer_start(prompt_len, keep) // block_size * block_size)
 
 
 @torch.no_grad()

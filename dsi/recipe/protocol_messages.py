@@ -128,6 +128,7 @@ class OutputConfig(Wire):
 
 class Metadata(Wire):
     user_id: str | None = None
+    hit_policy: str | None = None  # dsi: "bounded" | "exact" (checked by the gateway)
 
 
 class MessagesRequest(Wire):
@@ -313,5 +314,14 @@ def _options(req: MessagesRequest) -> SamplingOptions:
         include_usage=True,
         parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
         user=req.metadata.user_id if req.metadata else None,
-        metadata={"user_id": req.metadata.user_id} if req.metadata else None,
+        metadata=_metadata(req.metadata),
     )
+
+
+def _metadata(meta: Metadata | None) -> dict[str, str | None] | None:
+    if meta is None:
+        return None
+    out: dict[str, str | None] = {"user_id": meta.user_id}
+    if meta.hit_policy is not None:
+        out["hit_policy"] = meta.hit_policy
+    return out

@@ -1,6 +1,6 @@
 """Gateway: one HTTP request of any protocol -> an engine request -> the protocol's response.
 
-    body --recipe (parse, render, encode)--> Prepared(token ids, Sampling, OutputOptions)
+    body --recipe (parse, render, encode)--> Prepared(token ids, SamplingParams, OutputOptions)
          --PrefixLookup (CHECK replica, no I/O)--> cached tokens, in Generate and in usage
          --DecodePool.generate--> TokenChunk per engine step
          --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
@@ -19,8 +19,10 @@ from dataclasses import dataclass, replace
 import msgspec
 from aiohttp import web
 
+from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy, predicted_hit
 from dsi.engine.params import SamplingParams
 from dsi.errors import DsiError, InvalidRequest
+from dsi.kvcache.hashchain import BLOCK_TOKENS
 from dsi.messages.gateway import Generate
 from dsi.recipe import RequestError, error_body
 from dsi.recipe.emit_common import OutputOptions
@@ -47,16 +49,20 @@ class Prepared:
     options: OutputOptions
     stream: bool
     traffic_class: str = "chatbot"
+    hit_policy: HitPolicy = DEFAULT_HIT_POLICY
 
 
 class Gateway:
+    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take."""
+
     def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer,
-                 prefix: PrefixLookup | None = None) -> None:
+                 prefix: PrefixLookup | None = None, keep: int | None = None) -> None:
         self.pool = pool
         self.keys = keys
         self.metrics = metrics
         self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
+        self.keep = keep
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
 
@@ -88,19 +94,21 @@ class Gateway:
             return web.json_response(error_body(exc, protocol), status=exc.status)
         self.metrics.prompt_tokens += len(prep.token_ids)
         salt = caller.entry.cache_salt
-        cached = self._cached_tokens(prep.token_ids, salt)
+        cached = self._cached_tokens(prep.token_ids, salt, prep.hit_policy)
         if cached:
             prep.options = replace(prep.options, cached_tokens=cached)
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
         msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
-                       cached_tokens=cached)
+                       cached_tokens=cached, hit_policy=prep.hit_policy)
         if prep.stream:
             return await self._stream(request, protocol, prep, msg)
         return await self._complete(protocol, prep, msg)
 
-    def _cached_tokens(self, token_ids: list[int], cache_salt: str = "") -> int:
-        """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path)."""
-        hit = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
+    def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
+        """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path), as
+        the request's hit policy would take it (see dsi.engine.hit_policy.predicted_hit)."""
+        stored = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
+        hit = predicted_hit(policy, stored, len(token_ids), self.keep, BLOCK_TOKENS)
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit
         return hit

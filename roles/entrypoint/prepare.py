@@ -1,6 +1,7 @@
 """From a protocol request body to what the gateway runs: token ids, engine sampling settings
-(with the structured-output constraint the request implies), the emitter's options and the
-traffic class (the request's ``metadata.traffic_class``, else the header's or the key's)."""
+(with the structured-output constraint the request implies), the emitter's options, the
+traffic class (the request's ``metadata.traffic_class``, else the header's or the key's) and the
+hit policy (the request's ``metadata.hit_policy``, else the cluster's ``[kvcache] hit_policy``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import msgspec
 
+from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HIT_POLICIES, HitPolicy
 from dsi.recipe import Recipe, RequestError
 from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.resolve import ResolvedRequest
@@ -22,11 +24,13 @@ TRAFFIC_CLASSES = ("agent", "chatbot")
 
 
 class Preparer:
-    """``max_context``: the served model's context; ``max_tokens`` is lowered to fit in it."""
+    """``max_context``: the served model's context; ``max_tokens`` is lowered to fit in it.
+    ``hit_policy``: the cluster's, for requests whose metadata does not name one."""
 
-    def __init__(self, recipe: Recipe, max_context: int) -> None:
+    def __init__(self, recipe: Recipe, max_context: int, hit_policy: HitPolicy = DEFAULT_HIT_POLICY) -> None:
         self.recipe = recipe
         self.max_context = max_context
+        self.hit_policy = hit_policy
 
     def __call__(self, protocol: str, body: bytes, traffic_class: str) -> Prepared:
         try:
@@ -53,7 +57,8 @@ class Preparer:
             tool_names=tuple(t.name for t in req.conversation.active_tools), stop=req.stop,
             include_usage=req.include_usage, prompt_tokens=len(ids), response_fields=req.echo,
             prefill_ids=tuple(prefill))
-        return Prepared(request_id, ids, sampling, options, req.stream, _traffic_class(req, traffic_class))
+        return Prepared(request_id, ids, sampling, options, req.stream, _traffic_class(req, traffic_class),
+                        _hit_policy(req, self.hit_policy))
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:
         """The tool-call opener the renderer put at the end of the prompt, as ids."""
@@ -70,6 +75,15 @@ def _traffic_class(req: ResolvedRequest, default: str) -> str:
         where = "metadata.traffic_class" if in_body else "the x-dsi-traffic-class header"
         raise RequestError(400, f"{where}: {chosen!r} is not one of {', '.join(TRAFFIC_CLASSES)}",
                            param="metadata.traffic_class" if in_body else None, code="invalid_traffic_class")
+    return chosen
+
+
+def _hit_policy(req: ResolvedRequest, default: HitPolicy) -> HitPolicy:
+    """``metadata.hit_policy`` of the request, else the cluster's."""
+    chosen = (req.metadata or {}).get("hit_policy", default)
+    if chosen not in HIT_POLICIES:
+        raise RequestError(400, f"metadata.hit_policy: {chosen!r} is not one of {', '.join(HIT_POLICIES)}",
+                           param="metadata.hit_policy", code="invalid_hit_policy")
     return chosen
 
 

@@ -6,9 +6,11 @@
        (a kvstore that is down or slow is a miss, never an error);
     2. if the engine instance that computed the hit's last boundary still holds its SWA state
        (the kvstore knows who announced it), pull it over the data plane: the hit is then exact
-       and nothing is replayed. Otherwise replay the SWA window before the boundary (bounded
-       replay, the semantics of dsi.model.reference with ``hit``). Prefill only what the hit does
-       not cover; the engine stops after the first token and keeps the cache;
+       and nothing is replayed. Otherwise the request's hit policy decides
+       (dsi.engine.hit_policy): ``bounded`` replays the SWA window before the boundary (bounded
+       replay, the semantics of dsi.model.reference with ``hit``), ``exact`` takes no hit.
+       Prefill only what the hit does not cover; the engine stops after the first token and
+       keeps the cache;
     3. export the request's pages + state and write them into the decode's lease over the data
        plane; answer ``Prefilled`` once the decode has every byte.
 
@@ -29,7 +31,8 @@ import torch
 
 from dsi.actor import handles
 from dsi.engine import CachedPrefix
-from dsi.engine.prefix import exact_hit_limit, ring_snapshot_shape
+from dsi.engine.hit_policy import HitPolicy, choose_hit, exact_boundary, fetch_limit
+from dsi.engine.prefix import ring_snapshot_shape
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
@@ -50,9 +53,10 @@ class PrefillActor(EngineRole):
         req, lease = msg.request, msg.lease
         started = time.monotonic()
         rid = lease.lease_id  # unique per attempt, even when the entrypoint retries the same request
-        hashes, fetched = await self._fetch_hits(req)
+        policy = req.hit_policy or self.settings.hit_policy
+        hashes, fetched = await self._fetch_hits(req, policy)
         try:
-            cached = await self._cached_prefix(req, hashes, fetched) if fetched is not None else None
+            cached = await self._cached_prefix(req, policy, hashes, fetched) if fetched is not None else None
             if cached is not None and not cached.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
             stream = self.service.generate(rid, list(req.token_ids), req.sampling,
@@ -85,10 +89,12 @@ class PrefillActor(EngineRole):
                          state.num_computed, cached_tokens=state.num_cached, replay_tokens=replay,
                          replay_start=state.replay_start)
 
-    async def _fetch_hits(self, req: Generate) -> tuple[list[bytes], FetchedBlocks | None]:
-        """The leading cached blocks of the prompt (at least its last token is always computed)."""
-        bs = self.engine.cfg.block_size
-        usable = (len(req.token_ids) - 1) // bs
+    async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
+        """The leading cached blocks of the prompt the policy can use (at least its last token is
+        always computed)."""
+        cfg = self.engine.cfg
+        bs = cfg.block_size
+        usable = fetch_limit(policy, len(req.token_ids), cfg.keep, bs) // bs
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
@@ -102,19 +108,22 @@ class PrefillActor(EngineRole):
             return hashes, None
         return hashes, fetched
 
-    async def _cached_prefix(self, req: Generate, hashes: list[bytes], fetched: FetchedBlocks) -> CachedPrefix:
-        """The hit as the engine takes it: exact when the SWA state at its end can be pulled from
-        the host that made it (the hit may shrink to where an exact hit is possible), else the
-        whole run of blocks with bounded replay."""
+    async def _cached_prefix(self, req: Generate, policy: HitPolicy, hashes: list[bytes], fetched: FetchedBlocks
+                             ) -> CachedPrefix | None:
+        """The hit as the engine takes it (see dsi.engine.hit_policy): exact when the SWA state at
+        its end can be pulled from the host that made it (the hit may shrink to where an exact hit
+        is possible), else what the policy allows: the whole run of blocks with bounded replay, or
+        nothing."""
         cfg, bs = self.engine.cfg, self.engine.cfg.block_size
+        prompt_len, stored = len(req.token_ids), len(fetched) * bs
         pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
-        exact = min(len(fetched), exact_hit_limit(len(req.token_ids), cfg.keep, bs) // bs)
-        if exact > 0:
-            rings = await self._pull_state(hashes[exact - 1], exact * bs)
-            if rings is not None:
-                self.counters.states_pulled += 1
-                return CachedPrefix(exact * bs, pages[:exact], rings)
-        return CachedPrefix(len(fetched) * bs, pages)
+        boundary = exact_boundary(stored, prompt_len, cfg.keep, bs)
+        rings = await self._pull_state(hashes[boundary // bs - 1], boundary) if boundary > 0 else None
+        hit = choose_hit(policy, stored, prompt_len, cfg.keep, bs, state_held=rings is not None)
+        if hit.exact:
+            self.counters.states_pulled += 1
+            return CachedPrefix(hit.tokens, pages[:hit.tokens // bs], rings)
+        return CachedPrefix(hit.tokens, pages[:hit.tokens // bs]) if hit.tokens else None
 
     async def _pull_state(self, block_hash: bytes, boundary: int) -> torch.Tensor | None:
         """The producer ring snapshot at ``boundary``, from this host or the one that announced it."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import zmq.asyncio
 
 from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.hit_policy import HitPolicy
 from dsi.engine.params import SamplingParams
 from dsi.messages import ALL
 from dsi.messages.gateway import Generate
@@ -28,9 +29,10 @@ from tests.dsi.cli.procs import SHARED_MODEL_DIR, Proc, Procs, local_config, pyt
 
 
 def cluster_config(tmp_path: Path, *, backend: str = "tcp", lease_timeout_s: float = 30.0,
-                   keep: tuple[str, ...] = ()) -> Path:
+                   keep: tuple[str, ...] = (), hit_policy: str = "bounded") -> Path:
     path = local_config(tmp_path, keep=keep, interval_s=0.5)
     text = path.read_text()
+    text = re.sub(r'(?m)^hit_policy = "[a-z]*"', f'hit_policy = "{hit_policy}"', text)
     text = re.sub(r'(?m)^backend = ".*"$', f'backend = "{backend}"', text)
     text = re.sub(r"(?m)^lease_timeout_s = .*$", f"lease_timeout_s = {lease_timeout_s}", text)
     text = re.sub(r"(?m)^heartbeat_timeout_s = .*$", "heartbeat_timeout_s = 3.0", text)
@@ -109,8 +111,10 @@ class Client:
             await asyncio.sleep(0.1)
         raise AssertionError(f"instances not ready: {self.pool.decode.ready} {self.pool.prefill.ready}")
 
-    async def generate(self, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
-        msg = Generate(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    async def generate(self, request_id: str, prompt: list[int], max_tokens: int,
+                       hit_policy: HitPolicy | None = None) -> list[int]:
+        msg = Generate(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                       hit_policy=hit_policy)
         tokens: list[int] = []
         finish = ""
         async for chunk in self.pool.generate(msg):

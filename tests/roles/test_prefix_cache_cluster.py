@@ -1,4 +1,5 @@
-"""The cluster KV cache end to end: decode persists, prefill hits (after restarts), corruption."""
+"""The cluster KV cache end to end: decode persists, prefill hits (after restarts), corruption, the
+hit policy."""
 
 from __future__ import annotations
 
@@ -147,3 +148,23 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
     assert prefill.cached_tokens == 5 * BS and prefill.replay_tokens == 0
     assert prefill.computed_prompt_tokens == len(first) + len(second) - 5 * BS
     await wait_blocks(cluster, 7)  # an exact hit's new pages are persisted (two more full pages)
+
+
+async def test_the_exact_policy_takes_no_bounded_replay_hit_and_answers_the_hit_free_output(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=ROLES, hit_policy="exact"), procs)
+    cluster.start()
+    prompt = conversation(10)[:300]  # an exact hit could end at 128 at most (consumer_start 160)
+    async with Client(cluster) as client:
+        first = await client.generate("a", prompt, 8)  # the store gets 2 pages; SWA states kept at 256
+        await wait_blocks(cluster, 2)
+        second = await client.generate("b", prompt, 8)  # the cluster's policy: exact
+        after_exact = await client.stats("prefill-0")
+        await client.generate("c", prompt, 8, hit_policy="bounded")  # per request: the bounded replay
+        after_bounded = await client.stats("prefill-0")
+    assert second == first  # the hit-free greedy answer
+    assert after_exact.states_pulled == 0  # no SWA state at boundary 128 exists
+    assert (after_exact.cached_tokens, after_exact.replay_tokens) == (0, 0)
+    assert after_exact.computed_prompt_tokens == 2 * len(prompt)
+    # the same prompt under "bounded": the whole stored run, the window before it replayed
+    assert after_bounded.cached_tokens == 2 * BS
+    assert after_bounded.replay_tokens == 2 * BS - min(2 * BS - BS, len(prompt) - 140)

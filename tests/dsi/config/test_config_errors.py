@@ -96,6 +96,9 @@ CASES = [
     ),
     ("bad-log-format", BASE + '\n[logging]\nformat = "xml"\n', "logging.format", "'text', 'json'"),
     ("bad-backend", BASE + '\n[data_plane]\nbackend = "udp"\n', "data_plane.backend", "'tcp', 'shm', 'rdma'"),
+    ("bad-hit-policy", BASE + '\n[kvcache]\nhit_policy = "fast"\n', "kvcache.hit_policy", "'bounded', 'exact'"),
+    ("hit-policy-not-a-string", BASE + "\n[kvcache]\nhit_policy = 1\n", "kvcache.hit_policy", "got 1"),
+    ("unknown-kvcache-key", BASE + '\n[kvcache]\npolicy = "exact"\n', "kvcache.policy", "allowed keys: hit_policy"),
     (
         "bad-role-kind",
         edit('kind = "prefill"', 'kind = "router"'),

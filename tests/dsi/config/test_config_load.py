@@ -12,6 +12,7 @@ from dsi.config import (
     EncoderOptions,
     EngineOptions,
     EntrypointOptions,
+    KvcacheConfig,
     KvstoreOptions,
     NodeConfig,
     load_config,
@@ -73,6 +74,7 @@ def test_defaults_fill_every_absent_section_and_key(tmp_path: Path) -> None:
     assert (cfg.model.name, cfg.model.config) == ("dsi-tiny", "tiny")
     assert cfg.model.dir == tmp_path / "run" / "models" / "tiny"
     assert (cfg.data_plane.backend, cfg.data_plane.lease_timeout_s) == ("tcp", 30.0)
+    assert cfg.kvcache.hit_policy == "bounded"
     assert cfg.roles[0].options == EngineOptions(max_batch_tokens=8192, max_running=64, num_blocks=1024)
 
 
@@ -86,6 +88,12 @@ def test_option_defaults_of_each_kind(tmp_path: Path) -> None:
     assert cfg.role("c").options == ControllerOptions(drain_grace_s=60.0)
     assert cfg.role("k").options == KvstoreOptions(store_dir=tmp_path / "run" / "kvstore", capacity_blocks=0)
     assert cfg.role("e").options == EncoderOptions()
+
+
+def test_the_hit_policy_is_read_from_kvcache(tmp_path: Path) -> None:
+    cfg = parse_config({**MINIMAL, "kvcache": {"hit_policy": "exact"}}, tmp_path / "node.toml")
+    assert cfg.kvcache == KvcacheConfig(hit_policy="exact")
+    assert load_config(REPO / "configs" / "local.toml").kvcache.hit_policy == "bounded"
 
 
 def test_an_integer_is_accepted_where_a_float_is_expected(tmp_path: Path) -> None:

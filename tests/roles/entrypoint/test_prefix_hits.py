@@ -1,6 +1,7 @@
 """Prefix hits in the gateway: blocks put into a real kvstore reach the entrypoint's CHECK replica,
 and a request with that prefix reports them (Generate, usage of each protocol, metrics); the
-kvstore is found through the controller; with no kvstore the gateway serves with hit 0."""
+kvstore is found through the controller; with no kvstore the gateway serves with hit 0; the
+request's hit policy (metadata, else the cluster's) reaches Generate and shapes the prediction."""
 
 import asyncio
 
@@ -10,10 +11,13 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from dsi.config import ClusterConfig
+from dsi.errors import BadMessage
 from dsi.kvcache.hashchain import HashChain
 from dsi.messages import ALL
 from dsi.messages.control import Heartbeat
+from dsi.messages.gateway import Generate
 from dsi.messages.kvstore import GetIndexInfo
+from dsi.model.hits import exact_hit_limit, max_hit
 from dsi.recipe import ModelVersion, Recipe
 from dsi.roles.controller import ControllerActor
 from dsi.roles.entrypoint.app import make_app
@@ -24,11 +28,13 @@ from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
 from dsi.transport.client import Peer
 from dsi.transport.server import ActorServer
+from dsi.transport.wire import Codec
 from tests.roles.entrypoint.fakes import FakePool
 from tests.roles.kvstore.conftest import Clock, Kvstores, block_bytes, put_msg
 from tests.transport.procs import free_address
 
 CHAIN = HashChain(root_seed=5, model="tiny")
+KEEP = 140  # the tiny model's decoder-side keep
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks
 BODIES = {  # each its own prompt (the three protocols render the same text alike)
@@ -222,3 +228,59 @@ async def test_a_keys_cache_salt_namespaces_its_hits(recipe, kvstores, ctx, tmp_
     finally:
         await server.close()
         await prefix.close()
+
+
+def _with_hit_policy(protocol: str, policy: str) -> dict:
+    return {**BODIES[protocol], "metadata": {"hit_policy": policy}}
+
+
+async def test_the_hit_policy_reaches_generate_from_the_metadata_or_the_cluster(recipe, kvstores, ctx):
+    run = await kvstores.start(publish_interval_s=0.2)
+    prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
+    await prefix.start()
+    pool = FakePool()
+    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384, hit_policy="exact"), prefix,
+                      keep=KEEP)
+    server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession() as http:
+            for protocol in PATHS:
+                url = server.make_url(PATHS[protocol])
+                async with http.post(url, json=BODIES[protocol]) as resp:  # the cluster's policy
+                    assert resp.status == 200
+                ids = pool.requests[-1].token_ids
+                stored = max_hit(len(ids), 128)
+                await run.peer.ask(put_msg(CHAIN.hashes(ids[:stored]), block_bytes(stored // 128)))
+                await _synced(prefix, run.peer)
+                exact = exact_hit_limit(len(ids), KEEP, 128)
+                assert 0 < exact < stored  # this prompt tells the two predictions apart
+                for policy, hit in (("exact", exact), ("bounded", stored)):
+                    async with http.post(url, json=_with_hit_policy(protocol, policy)) as resp:
+                        answer = await resp.json()
+                        assert resp.status == 200 and cached_in_usage(protocol, answer) == hit, answer
+                    assert (pool.requests[-1].hit_policy, pool.requests[-1].cached_tokens) == (policy, hit)
+                async with http.post(url, json=BODIES[protocol]) as resp:
+                    assert resp.status == 200 and cached_in_usage(protocol, await resp.json()) == exact
+                async with http.post(url, json=_with_hit_policy(protocol, "fast")) as resp:
+                    error = await resp.json()
+                    assert resp.status == 400, error
+                if protocol == "messages":
+                    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+                    assert error["error"]["message"].startswith("metadata.hit_policy: ")
+                else:
+                    assert (error["error"]["param"], error["error"]["code"]) == ("metadata.hit_policy",
+                                                                                 "invalid_hit_policy")
+        assert [r.hit_policy for r in pool.requests] == ["exact", "exact", "bounded", "exact"] * 3
+    finally:
+        await server.close()
+        await prefix.close()
+
+
+def test_generate_carries_the_hit_policy_and_a_bad_one_is_refused_at_the_boundary():
+    codec = Codec(ALL)
+    for policy in (None, "bounded", "exact"):
+        msg = Generate("r", [1, 2, 3], hit_policy=policy)
+        assert codec.decode(codec.encode(msg)) == msg
+    with pytest.raises(BadMessage, match="Invalid enum value 'fast'"):
+        codec.decode(codec.encode(Generate("r", [1, 2, 3], hit_policy="fast")))  # type: ignore[arg-type]

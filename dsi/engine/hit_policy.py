@@ -1,0 +1,79 @@
+"""Hit policy: which prefix hit a prefill takes, given what the store and the SWA state owners hold.
+
+Two kinds of hit exist (see :mod:`dsi.model.reference`):
+
+- exact: the pages of ``[0, H)`` plus the producer SWA state at H, pulled from the host that made
+  it. Nothing is replayed (R = H) and the output is the hit-free one. H is at most
+  ``exact_hit_limit``, so an exact hit may be shorter than what the store holds.
+- bounded replay: the pages only; the producer layers recompute ``[R, H)`` to rebuild the SWA
+  rings, ``R = max(0, min(H - window, consumer_start))``. Cheaper than a miss when R > 0, and its
+  output is not the hit-free one (DeepSeek's bounded replay).
+
+Policies, per cluster (``[kvcache] hit_policy``) and per request (``metadata.hit_policy``):
+
+- ``bounded`` (default): the exact hit when its state can be pulled, else bounded replay over
+  every page the store holds.
+- ``exact``: only hits whose output is the hit-free one: the exact hit, else none. A bounded
+  hit with R = 0 would qualify too, but R is where computing starts: it computes every prompt
+  position, as a miss does, so it saves nothing and is not taken (a miss also keeps the
+  request's pages and SWA state shareable).
+
+Worked example (tiny and flash shapes: block 128, window 128, keep 140), a 900-token prompt whose
+first 6 blocks (768 tokens) the store holds: ``exact_boundary`` = min(768, 760 // 128 * 128) = 640.
+
+    state at 640 held   bounded -> exact 640        exact -> exact 640
+    not held            bounded -> replay 768 (R = 640, 128 replayed)   exact -> none
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from dsi.model.hits import exact_hit_limit, max_hit
+
+HitPolicy = Literal["bounded", "exact"]
+HIT_POLICIES: tuple[str, ...] = get_args(HitPolicy)
+DEFAULT_HIT_POLICY: HitPolicy = "bounded"
+
+
+@dataclass(frozen=True, slots=True)
+class HitChoice:
+    """The hit a prefill takes: ``tokens`` = H (0 = none); ``exact``: load the pulled SWA state."""
+
+    tokens: int = 0
+    exact: bool = False
+
+
+NO_HIT = HitChoice()
+
+
+def fetch_limit(policy: HitPolicy, prompt_len: int, keep: int | None, block_size: int) -> int:
+    """Tokens of leading pages worth fetching from the store (a multiple of block_size)."""
+    return max_hit(prompt_len, block_size) if policy == "bounded" else exact_hit_limit(prompt_len, keep, block_size)
+
+
+def exact_boundary(stored: int, prompt_len: int, keep: int | None, block_size: int) -> int:
+    """Where an exact hit ends when the store holds the first ``stored`` tokens (0 = none possible):
+    the SWA state to pull is the one at this boundary."""
+    return min(stored, exact_hit_limit(prompt_len, keep, block_size))
+
+
+def choose_hit(policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int,
+               state_held: bool) -> HitChoice:
+    """The hit to take. ``stored``: leading tokens whose pages were fetched (a multiple of
+    block_size, at most ``max_hit``); ``state_held``: the SWA state at :func:`exact_boundary`
+    was pulled."""
+    boundary = exact_boundary(stored, prompt_len, keep, block_size)
+    if state_held and boundary > 0:
+        return HitChoice(boundary, exact=True)
+    if policy == "bounded" and stored > 0:
+        return HitChoice(stored)
+    return NO_HIT
+
+
+def predicted_hit(policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int) -> int:
+    """The hit the gateway reports before routing, from the store's index alone. It cannot see
+    which SWA states are held: ``bounded`` predicts every stored token, ``exact`` the exact
+    boundary (an evicted state makes the real hit 0)."""
+    return stored if policy == "bounded" else exact_boundary(stored, prompt_len, keep, block_size)
