@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import zmq.asyncio
 
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
+from dsi.config.sections import EngineSection
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 from dsi.engine.service import EngineService
@@ -68,6 +69,7 @@ class EngineRoleSettings:
     address: str = ""  # this role's control-plane address (where others pull its SWA states)
     state_cache_bytes: int = 256 << 20
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY  # [kvcache]: for requests that do not name one
+    engine: EngineSection = field(default_factory=EngineSection)  # [engine]: batch invariance, scheduling
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
@@ -77,7 +79,7 @@ class EngineRoleSettings:
             host = "127.0.0.1"
         return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
                    server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
-                   role.bind, hit_policy=node.kvcache.hit_policy)
+                   role.bind, hit_policy=node.kvcache.hit_policy, engine=node.engine)
 
 
 def lease_target(lease: KvLease) -> KvTarget:
@@ -151,7 +153,8 @@ class EngineRole(RoleActor):
         cfg = EngineConfig(num_blocks=s.options.num_blocks, max_batch_tokens=s.options.max_batch_tokens,
                            max_running=s.options.max_running, num_slots=s.options.max_running,
                            root_seed=s.root_seed, collect_full_pages=self.collect_full_pages,
-                           collect_ring_snapshots=True)
+                           collect_ring_snapshots=True, batch_invariant=s.engine.batch_invariant,
+                           async_scheduling=None if s.engine.scheduling == "auto" else s.engine.scheduling == "async")
         log.info("%s: engine ready (%s, %d pages)", self.name, shape.name, cfg.num_blocks)
         return Engine(shape, weights, cfg)
 

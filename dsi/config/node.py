@@ -15,6 +15,7 @@ from dsi.config.roles import RoleConfig, RoleKind, read_roles
 from dsi.config.sections import (
     ClusterConfig,
     DataPlaneConfig,
+    EngineSection,
     KvcacheConfig,
     LoggingConfig,
     ModelConfig,
@@ -34,6 +35,7 @@ class NodeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     kvcache: KvcacheConfig = field(default_factory=KvcacheConfig)
+    engine: EngineSection = field(default_factory=EngineSection)
     roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
 
     def role(self, role_id: str) -> RoleConfig:

@@ -1,5 +1,5 @@
 """The single-table sections of a node config: [cluster], [security], [logging], [model], [data_plane],
-[kvcache]."""
+[kvcache], [engine]."""
 
 from __future__ import annotations
 
@@ -90,3 +90,14 @@ class KvcacheConfig:
     # "bounded" (SWA bounded replay when no exact hit is possible) or "exact" (only hits whose
     # output is the hit-free one). See dsi.engine.hit_policy.
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class EngineSection:
+    """How the engines of this node compute (their batch limits are per role)."""
+
+    # A request's tokens do not depend on what else is in its batch (see dsi.engine.invariant).
+    batch_invariant: bool = True
+    # "async" overlaps scheduling with the forward; "auto" takes the faster mode of the device
+    # kind: sync on the CPU (the forward holds the GIL), async on CUDA.
+    scheduling: Literal["auto", "async", "sync"] = "auto"

@@ -99,6 +99,8 @@ CASES = [
     ("bad-hit-policy", BASE + '\n[kvcache]\nhit_policy = "fast"\n', "kvcache.hit_policy", "'bounded', 'exact'"),
     ("hit-policy-not-a-string", BASE + "\n[kvcache]\nhit_policy = 1\n", "kvcache.hit_policy", "got 1"),
     ("unknown-kvcache-key", BASE + '\n[kvcache]\npolicy = "exact"\n', "kvcache.policy", "allowed keys: hit_policy"),
+    ("bad-scheduling", BASE + '\n[engine]\nscheduling = "fast"\n', "engine.scheduling", "'auto', 'async', 'sync'"),
+    ("invariant-not-a-bool", BASE + '\n[engine]\nbatch_invariant = "yes"\n', "engine.batch_invariant", "expected a boolean"),
     (
         "bad-role-kind",
         edit('kind = "prefill"', 'kind = "router"'),
