@@ -145,7 +145,7 @@ class Gateway:
                     (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
                     last = now
                     generated += len(chunk.token_ids)
-                    pieces = out.feed(chunk.token_ids)
+                    pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
                     if not out.done and chunk.finish:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None:
