@@ -1,8 +1,9 @@
 """Gateway: one HTTP request of any protocol -> an engine request -> the protocol's response.
 
     body --recipe (parse, render, encode)--> Prepared(token ids, Sampling, OutputOptions)
-         --PrefixLookup (CHECK replica, no I/O)--> cached tokens, in Generate and in usage
-         --DecodePool.generate--> TokenChunk per engine step
+         --PrefixLookup (CHECK replica, no I/O)--> predicted cached tokens, in Generate and metrics
+         --DecodePool.generate--> TokenChunk per engine step (ids, logprobs, the cached tokens
+                                  the engine reused: what usage reports)
          --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
 
 The request leaves the engine as soon as the client is gone (its stream is closed, which sends
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
@@ -89,8 +90,6 @@ class Gateway:
         self.metrics.prompt_tokens += len(prep.token_ids)
         salt = caller.entry.cache_salt
         cached = self._cached_tokens(prep.token_ids, salt)
-        if cached:
-            prep.options = replace(prep.options, cached_tokens=cached)
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
         msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
                        cached_tokens=cached)
@@ -99,7 +98,9 @@ class Gateway:
         return await self._complete(protocol, prep, msg)
 
     def _cached_tokens(self, token_ids: list[int], cache_salt: str = "") -> int:
-        """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path)."""
+        """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path).
+        A prediction: the engine may reuse less (a corrupt block, the store away, an exact hit
+        that ends earlier), and usage reports what it reused."""
         hit = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit
@@ -137,7 +138,7 @@ class Gateway:
     async def _run(self, out: OutputStream, msg: Generate, resp: web.StreamResponse | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
         start = last = time.perf_counter()
-        generated = 0
+        generated = cached = 0
         try:
             async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
                 async for chunk in chunks:
@@ -145,6 +146,8 @@ class Gateway:
                     (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
                     last = now
                     generated += len(chunk.token_ids)
+                    cached = chunk.cached_tokens
+                    out.set_cached_tokens(cached)
                     pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
                     if not out.done and chunk.finish:
                         pieces += out.finish(_engine_finish(chunk.finish))
@@ -162,6 +165,7 @@ class Gateway:
                 await send(resp, pieces)
         finally:
             self.metrics.generated_tokens += generated
+            self.metrics.engine_cached_tokens += cached
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None:
