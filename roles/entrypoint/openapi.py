@@ -43,6 +43,8 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
                 "stop_sequences": {"type": "array", "items": {"type": "string"}}, "thinking": {"type": "object"},
                 "top_k": {"type": "integer"}, "metadata": {"type": "object"}}),
             "/v1/models": {"get": {"summary": "served models", "responses": {"200": {"description": "model list"}}}},
-            "/health": {"get": {"summary": "liveness", "responses": {"200": {"description": "ok"}}}},
+            "/health": {"get": {"summary": "whether a request can be served",
+                                "responses": {"200": {"description": "ok"},
+                                              "503": {"description": "no ready decode instance"}}}},
         },
     }
