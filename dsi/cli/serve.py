@@ -3,6 +3,7 @@
     dsi serve [--config configs/local.toml] [--port 8000] [--ready-timeout 60]
 
     controller  --READY-->  every other role at once  --READY-->  all registered at the controller
+        --> the gateway's /health says it can serve (with an entrypoint and a decode role)
         --> banner + instance table --> supervise until SIGINT / SIGTERM or a child dies
 
 A signal stops every child (the controller last) and exits 0. A child that dies on its own, or
@@ -18,6 +19,8 @@ import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, TextIO, TypeVar
+
+import aiohttp
 
 from dsi.cli.status import ControllerUnreachable, fetch_instances, format_table
 from dsi.cli.supervisor import ChildFailed, Supervisor
@@ -111,6 +114,8 @@ class _Serve:
             children = [await self.supervisor.start(role.id, self._command(role.id)) for role in wave]
             await asyncio.gather(*(self.supervisor.wait_ready(child) for child in children))
         table = await self._registered() if controllers else []
+        if controllers and any(role.kind == "decode" for role in self.cfg.roles):
+            await self._serving()
         _say(f"gateway {self._gateway()} ({len(self.cfg.roles)} instances)", stream=sys.stdout)
         if table:
             print(format_table(table), flush=True)
@@ -134,6 +139,21 @@ class _Serve:
             if wanted <= ready:
                 return [info for info in table.instances if info.instance_id in wanted]
             await asyncio.sleep(_POLL_S)
+
+    async def _serving(self) -> None:
+        """Wait until the gateway has learnt enough instances from the controller to serve."""
+        url = self._gateway()
+        if not url.startswith("http"):
+            return
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http:
+            while True:
+                try:
+                    async with http.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(_POLL_S)
 
     async def _stop_all(self) -> None:
         children = self.supervisor.children

@@ -43,6 +43,7 @@ from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
 from dsi.engine.params import SamplingParams
+from dsi.engine.penalties import OutputCounts
 from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RingSnapshot
 from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
@@ -125,6 +126,7 @@ class Engine:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
         self._inflight: tuple[Step, Future] | None = None
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
+        self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
 
     # ---- requests ------------------------------------------------------------------------------
@@ -316,10 +318,12 @@ class Engine:
                 sl.tokens[-1] = self._last_token[id(req)]
         logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
+        counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in chosen]
         sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
-                         [sl.end for sl, _ in chosen], [constraint_at(sl.end, r) for sl, r in chosen])
+                         [sl.end for sl, _ in chosen], [constraint_at(sl.end, r) for sl, r in chosen], counts)
         for (_, req), s in zip(chosen, sampled, strict=True):
             self._last_token[id(req)] = s.token
+            self._output_counts.add(req, s.token)
             req.constraint_pos += req.constraint is not None
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
         return sampled
@@ -381,6 +385,7 @@ class Engine:
     def _release(self, req: Request) -> None:
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
+        self._output_counts.drop(req)
         req.cached = None  # the caller's buffer is not needed any more
         self.stats.record(req.request_id, req.stats)
 

@@ -14,6 +14,7 @@ from dsi.structured.spec import StructuredSpec
 
 EOS_ID = 1  # <｜end▁of▁sentence｜> in the V4 vocabulary
 MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -21,7 +22,10 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     depends only on (seed, p), never on what else is in the batch. ``structured`` constrains the
     output to a JSON schema, a regex or a DSML tool call (a frozen, hashable spec).
     ``cache_salt`` is not about sampling: it namespaces the request's prefix cache (a tenant's
-    pages hash under their own chain root, so other tenants never hit them)."""
+    pages hash under their own chain root, so other tenants never hit them).
+    ``frequency_penalty`` / ``presence_penalty`` (OpenAI semantics, in [-2, 2]): before a token
+    is chosen, every id t already in the request's output loses
+    ``frequency_penalty * count(t) + presence_penalty`` from its logit (prompt ids do not count)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -35,6 +39,8 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     top_logprobs: int = 0
     structured: StructuredSpec | None = None
     cache_salt: str = ""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def validate(self, vocab_size: int) -> None:
         checks = [
@@ -48,6 +54,10 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults
              "stop_token_ids must be token ids in the vocabulary"),
             (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
              f"top_logprobs must be in 0..{MAX_LOGPROBS}"),
+            (_finite(self.frequency_penalty) and -MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
+             f"frequency_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
+            (_finite(self.presence_penalty) and -MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
+             f"presence_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -58,6 +68,11 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the output so far changes the logits (a frequency or presence penalty)."""
+        return bool(self.frequency_penalty or self.presence_penalty)
 
 
 def _check_structured(spec: object, vocab_size: int) -> None:

@@ -1,7 +1,9 @@
 """Sampling from logits, deterministic per (seed, position).
 
-A request with a structured-output constraint first has the ids its grammar forbids set to
-``-inf`` (logprobs are then those of the constrained distribution); the chosen id advances the
+A request with a frequency or presence penalty first has the logits of the ids in its output so
+far lowered (``frequency_penalty * count + presence_penalty``, OpenAI's definition); a request
+with a structured-output constraint has the ids its grammar forbids set to ``-inf``. Logprobs
+are those of this processed distribution before temperature; the chosen id advances the
 constraint. Greedy is argmax. Otherwise: temperature, then top-k, top-p and min-p filters, then an
 exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p. The noise for a
 request at position ``p`` comes from a generator seeded with (seed, p) alone, so a request gets
@@ -10,6 +12,7 @@ the same tokens whatever else shares its batch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,16 +27,20 @@ _MIX = 0x9E3779B97F4A7C15
 @dataclass(slots=True)
 class Sampled:
     token: int
-    logprob: float  # of the sampled token under the model's (untempered, constrained) distribution
+    logprob: float  # of the sampled token under the processed (penalised, constrained) untempered distribution
     top: list[tuple[int, float]]
     finish: str | None = None  # from the constraint: "stop" = output complete, "error" = token rejected
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
-           constraints: Sequence[TokenConstraint | None] | None = None) -> list[Sampled]:
-    """logits: [N, V] fp32, one row per request (masked in place where a row has a constraint);
-    ``positions`` is where each token will go; ``constraints[i]`` is advanced by row i's token."""
+           constraints: Sequence[TokenConstraint | None] | None = None,
+           counts: Sequence[Counter[int] | None] | None = None) -> list[Sampled]:
+    """logits: [N, V] fp32, one row per request (penalised and masked in place); ``positions``
+    is where each token will go; ``constraints[i]`` is advanced by row i's token; ``counts[i]``:
+    how often each id occurs in row i's output before its position (for the penalties)."""
     constraints = constraints or [None] * len(params)
+    if counts is not None:
+        _penalize(logits, params, counts)
     _mask(logits, constraints)
     out: list[Sampled] = []
     want_lp = any(p.logprobs or p.top_logprobs for p in params)
@@ -49,6 +56,21 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
                 top = list(zip(ids.tolist(), vals.tolist(), strict=True))
         out.append(Sampled(token, lp, top, _advance(constraints[row], token)))
     return out
+
+
+def _penalize(logits: torch.Tensor, params: Sequence[SamplingParams], counts: Sequence[Counter[int] | None]) -> None:
+    for row, (p, c) in enumerate(zip(params, counts, strict=True)):
+        if c and p.penalized:
+            ids = torch.tensor(list(c.keys()), dtype=torch.long)
+            n = torch.tensor(list(c.values()), dtype=logits.dtype)
+            logits[row, ids] -= penalty(n, p.frequency_penalty, p.presence_penalty)
+
+
+def penalty(counts: torch.Tensor, frequency: float, presence: float) -> torch.Tensor:
+    """What each id's logit loses, from its count in the output so far (any shape; 0 where the
+    count is 0). The reference (``reference_generate``) writes the same expression, so that the
+    two round alike."""
+    return frequency * counts + presence * (counts > 0).to(counts.dtype)
 
 
 def _mask(logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> None:

@@ -19,7 +19,12 @@ class Generate(Message):
 
 
 class TokenChunk(Message):
-    """New tokens of one request since the last chunk; ``finish`` is set on the last one."""
+    """New tokens of one request since the last chunk; ``finish`` is set on the last one.
+
+    ``cached_tokens``: leading prompt tokens the engine loaded from the store instead of
+    computing (what usage reports). ``logprobs`` / ``top_logprobs``: one entry per token id,
+    when the request asked for them (``SamplingParams.logprobs`` / ``top_logprobs``); a top
+    entry lists (id, logprob) pairs, most likely first."""
 
     request_id: str
     token_ids: list[int]
@@ -27,6 +32,7 @@ class TokenChunk(Message):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = []
+    top_logprobs: list[list[tuple[int, float]]] = []
 
 
 class Abort(Message):

@@ -63,6 +63,7 @@ class Prefilled(Message):
     replay_tokens: int = 0  # positions recomputed only to rebuild SWA rings
     replay_start: int = 0  # R: where the producer SWA keys of a hit start (engine semantics)
     finish: str = ""  # set when the first token already ended the request: nothing was written
+    top_logprobs: list[list[tuple[int, float]]] = []  # per token of ``output`` when the request asked
 
 
 class PullState(Message):

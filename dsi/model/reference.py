@@ -116,14 +116,21 @@ def _layer(cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor
 
 @torch.no_grad()
 def reference_generate(cfg: ModelConfig, w: dict[str, torch.Tensor], prompt: list[int], max_tokens: int,
-                       keep: int | None, hit: int = 0) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy continuation by full recomputation; returns (tokens, last-position logits per step).
-    ``hit``: prefix hit length (see the module docstring)."""
+                       keep: int | None, hit: int = 0, frequency_penalty: float = 0.0,
+                       presence_penalty: float = 0.0) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy continuation by full recomputation; returns (tokens, per step the last-position
+    logits the token was chosen from). ``hit``: prefix hit length (see the module docstring).
+    Penalties (OpenAI's): before each choice, id t loses ``frequency_penalty * n + presence_penalty``
+    where n > 0 is its count in the output so far (the prompt does not count)."""
     tokens, out, logits = list(prompt), [], []
+    counts = torch.zeros(cfg.vocab_size)
     for _ in range(max_tokens):
         row = reference_logits(cfg, w, tokens, len(prompt), keep, last_only=True, hit=hit)[0]
+        if frequency_penalty or presence_penalty:
+            row = row - (frequency_penalty * counts + presence_penalty * (counts > 0).to(counts.dtype))
         logits.append(row)
         nxt = int(row.argmax())
         out.append(nxt)
         tokens.append(nxt)
+        counts[nxt] += 1
     return out, logits

@@ -14,6 +14,10 @@ most one chunk per step)::
 
 With ``include_usage`` every chunk carries ``"usage": null`` and one more chunk carries the
 usage with empty ``choices``. A failure ends the stream with ``data: {"error": {...}}``.
+
+With ``logprobs`` a content chunk's choice carries ``"logprobs": {"content": [...], "refusal":
+null}`` with the entries of the content ids generated since the last such chunk (the finish
+chunk takes any left); the body's choice lists them all (see ``dsi.recipe.logprobs``).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dsi.recipe.emit_common import OutputOptions, Usage, sse_data, to_json
+from dsi.recipe.emit_common import OutputOptions, StepEvent, Usage, sse_data, to_json
+from dsi.recipe.logprobs import ContentLogprobs
 from dsi.recipe.parser import (
     ContentDelta,
     Finish,
     FinishReason,
-    OutputEvent,
     ReasoningDelta,
     ToolCallDelta,
     ToolCallStart,
@@ -73,29 +77,43 @@ class ChatWriter:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: list[tuple[str, str, list[str]]] = []  # id, name, argument fragments
+        self._logprobs: list[dict[str, Any]] = []  # every content entry, for the body
+        self._unsent: list[dict[str, Any]] = []  # entries no chunk carried yet
         self._finish: Finish | None = None
         self._usage: Usage | None = None
         self._error: dict[str, Any] | None = None
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None, with_logprobs: bool = False
+    ) -> str:
         if not self._role_sent:
             delta = {"role": "assistant", **delta}
             self._role_sent = True
         reason = "null" if finish_reason is None else f'"{finish_reason}"'
-        return f'{self._prefix}{to_json(delta)},"logprobs":null,"finish_reason":{reason}}}]{self._usage_null}}}\n\n'
+        logprobs = "null"
+        if with_logprobs and self._unsent:
+            logprobs = to_json({"content": self._unsent, "refusal": None})
+            self._unsent = []
+        return (
+            f'{self._prefix}{to_json(delta)},"logprobs":{logprobs},"finish_reason":{reason}}}]'
+            f"{self._usage_null}}}\n\n"
+        )
 
-    def start(self) -> list[str]:
+    def start(self, usage: Usage) -> list[str]:
         return []
 
-    def step(self, events: Sequence[OutputEvent]) -> list[str]:
+    def step(self, events: Sequence[StepEvent]) -> list[str]:
         out: list[str] = []
         for e in events:
-            if type(e) is ReasoningDelta:
+            if type(e) is ContentLogprobs:
+                self._logprobs += e.entries
+                self._unsent += e.entries
+            elif type(e) is ReasoningDelta:
                 self._reasoning.append(e.text)
                 out.append(self._chunk({"reasoning_content": e.text}))
             elif type(e) is ContentDelta:
                 self._content.append(e.text)
-                out.append(self._chunk({"content": e.text}))
+                out.append(self._chunk({"content": e.text}, with_logprobs=True))
             elif type(e) is ToolCallStart:
                 self._calls.append((e.id, e.name, []))
                 call = {"index": e.index, "id": e.id, "type": "function"}
@@ -108,7 +126,7 @@ class ChatWriter:
                     self._chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.arguments}}]})
                 )
         if not self._role_sent:
-            out.append(self._chunk({"content": ""}))
+            out.append(self._chunk({"content": ""}, with_logprobs=True))
         return out
 
     def end(self, finish: Finish, usage: Usage, message: str) -> list[str]:
@@ -116,7 +134,7 @@ class ChatWriter:
         if finish.reason in ("abort", "error"):
             self._error = error_json(message)
             return [sse_data(self._error)]
-        out = [self._chunk({}, _FINISH[finish.reason])]
+        out = [self._chunk({}, _FINISH[finish.reason], with_logprobs=True)]
         if self._o.include_usage:
             o = self._o
             last = {
@@ -156,7 +174,7 @@ class ChatWriter:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": {"content": self._logprobs, "refusal": None} if o.logprobs else None,
                     "finish_reason": _FINISH[self._finish.reason],
                 }
             ],

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from dsi.recipe.logprobs import ContentLogprobs
 from dsi.recipe.parser import Finish, OutputEvent
 
 ProtocolName = Literal["chat", "responses", "messages"]
@@ -33,7 +34,10 @@ class OutputOptions:
     ``tool_names`` are the declared tools: DSML tool calls are parsed only when there is one.
     ``stop`` applies to content only. ``include_usage`` is Chat Completions'
     ``stream_options.include_usage``. ``prompt_tokens`` / ``cached_tokens`` are counts of the
-    encoded prompt and of its prefix-cache hit. ``response_fields`` are request settings the
+    encoded prompt and of its prefix-cache hit (``OutputStream.set_cached_tokens`` replaces the
+    latter with the engine's count). ``logprobs``: report per-token logprobs (Chat Completions
+    ``logprobs``, Responses ``include: ["message.output_text.logprobs"]``; see
+    ``dsi.recipe.logprobs``). ``response_fields`` are request settings the
     Responses object echoes (``instructions``, ``tools``, ``temperature``, ...), merged over
     the defaults.
     """
@@ -54,6 +58,7 @@ class OutputOptions:
     # Ids the prompt ended with that belong to the output's syntax (a tool-call block opener
     # prefilled for tool_choice required / named): parsed first, never emitted or counted.
     prefill_ids: tuple[int, ...] = ()
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -92,11 +97,15 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-class ProtocolWriter(Protocol):
-    """One protocol's wire format over parser events (``Finish`` is given to ``end`` only)."""
+StepEvent = OutputEvent | ContentLogprobs
 
-    def start(self) -> list[str]: ...
-    def step(self, events: Sequence[OutputEvent]) -> list[str]: ...
+
+class ProtocolWriter(Protocol):
+    """One protocol's wire format over parser events (``Finish`` is given to ``end`` only).
+    ``start`` gets the usage known before any output (prompt and cached tokens)."""
+
+    def start(self, usage: Usage) -> list[str]: ...
+    def step(self, events: Sequence[StepEvent]) -> list[str]: ...
     def end(self, finish: Finish, usage: Usage, message: str) -> list[str]: ...
     def body(self) -> dict[str, Any]: ...
 

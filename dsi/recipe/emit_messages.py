@@ -17,12 +17,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from dsi.recipe.emit_common import OutputOptions, Usage, derived_id, sse_event
+from dsi.recipe.emit_common import OutputOptions, StepEvent, Usage, derived_id, sse_event
 from dsi.recipe.parser import (
     ContentDelta,
     Finish,
     FinishReason,
-    OutputEvent,
     ReasoningDelta,
     ToolCallDelta,
     ToolCallEnd,
@@ -69,7 +68,8 @@ class MessagesWriter:
         }
         self._error: dict[str, Any] | None = None
 
-    def start(self) -> list[str]:
+    def start(self, usage: Usage) -> list[str]:
+        self._message["usage"] = usage_json(usage)
         return [sse_event("message_start", {"type": "message_start", "message": self._message})]
 
     def _start_block(self, block: dict[str, Any], out: list[str]) -> None:
@@ -105,7 +105,7 @@ class MessagesWriter:
             block["input"] = json.loads(text)
         out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
 
-    def step(self, events: Sequence[OutputEvent]) -> list[str]:
+    def step(self, events: Sequence[StepEvent]) -> list[str]:
         out: list[str] = []
         for e in events:
             kind = None if self._open is None else self._open["type"]

@@ -12,6 +12,12 @@
 No ``[DONE]``. An item cut by the length limit is done with status ``incomplete``. The
 non-streamed body is the response object that ``response.completed`` (or ``incomplete``)
 carries.
+
+With ``logprobs`` each ``output_text.delta`` carries the entries of the content ids generated
+since the last one (entries left when the message closes come in a delta with empty text);
+``output_text.done`` and the ``output_text`` part list all of the message's (see
+``dsi.recipe.logprobs``). Entries of content ids whose text never reached a message
+(only newlines before a tool call) are not reported. Without it, ``logprobs`` is ``[]``.
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dsi.recipe.emit_common import OutputOptions, Usage, derived_id, sse_event
+from dsi.recipe.emit_common import OutputOptions, StepEvent, Usage, derived_id, sse_event
+from dsi.recipe.logprobs import ContentLogprobs
 from dsi.recipe.parser import (
     ContentDelta,
     Finish,
-    OutputEvent,
     ReasoningDelta,
     ToolCallDelta,
     ToolCallEnd,
@@ -47,12 +53,13 @@ def error_json(message: str, kind: str = "server_error") -> dict[str, Any]:
 
 
 class _Item:
-    """One output item in progress: its JSON and where its text goes."""
+    """One output item in progress: its JSON, where its text (and a message's logprobs) go."""
 
-    __slots__ = ("index", "json", "parts")
+    __slots__ = ("index", "json", "logprobs", "parts")
 
     def __init__(self, index: int, item: dict[str, Any]) -> None:
         self.index, self.json, self.parts = index, item, []
+        self.logprobs: list[dict[str, Any]] = []
 
 
 class ResponsesWriter:
@@ -61,6 +68,7 @@ class ResponsesWriter:
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         self._item: _Item | None = None
+        self._unsent: list[dict[str, Any]] = []  # content logprob entries no delta carried yet
         self._response: dict[str, Any] = self._response_json("in_progress")
         self._error: dict[str, Any] | None = None
 
@@ -98,7 +106,7 @@ class ResponsesWriter:
         self._seq += 1
         return sse_event(name, data)
 
-    def start(self) -> list[str]:
+    def start(self, usage: Usage) -> list[str]:
         r = self._response
         return [
             self._event("response.created", {"response": r}),
@@ -120,18 +128,18 @@ class ResponsesWriter:
         self._output.append(item)
         self._item = it = _Item(index, item)
         out.append(self._event("response.output_item.added", {"output_index": index, "item": dict(item)}))
-        part = self._part(kind, "")
+        part = self._part(kind, "", [])
         if part is not None:
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             out.append(self._event("response.content_part.added", {**ids, "part": part}))
         return it
 
     @staticmethod
-    def _part(kind: str, text: str) -> dict[str, Any] | None:
+    def _part(kind: str, text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any] | None:
         if kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
         if kind == "message":
-            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
         return None
 
     def _close(self, out: list[str], status: str) -> None:
@@ -145,11 +153,13 @@ class ResponsesWriter:
             item["arguments"] = text
             out.append(self._event("response.function_call_arguments.done", {**ids, "arguments": text}))
         else:
-            part = self._part(kind, text)
+            if kind == "message" and self._unsent:  # entries of ids whose text never came: an empty delta
+                self._delta(it, "response.output_text.delta", "", out)
+            part = self._part(kind, text, it.logprobs)
             item["content"] = [part]
             done = {**ids, "content_index": 0, "text": text}
             if kind == "message":
-                done["logprobs"] = []
+                done["logprobs"] = it.logprobs
             name = "response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done"
             out.append(self._event(name, done))
             out.append(self._event("response.content_part.done", {**ids, "content_index": 0, "part": part}))
@@ -162,14 +172,17 @@ class ResponsesWriter:
         if name != "response.function_call_arguments.delta":
             payload["content_index"] = 0
         if name == "response.output_text.delta":
-            payload["logprobs"] = []
+            payload["logprobs"], self._unsent = self._unsent, []
+            it.logprobs += payload["logprobs"]
         out.append(self._event(name, {**payload, "delta": text}))
 
-    def step(self, events: Sequence[OutputEvent]) -> list[str]:
+    def step(self, events: Sequence[StepEvent]) -> list[str]:
         out: list[str] = []
         for e in events:
             it = self._item
-            if type(e) is ReasoningDelta:
+            if type(e) is ContentLogprobs:
+                self._unsent += e.entries
+            elif type(e) is ReasoningDelta:
                 if it is None or it.json["type"] != "reasoning":
                     it = self._open("reasoning", out, summary=[], content=[])
                 self._delta(it, "response.reasoning_text.delta", e.text, out)

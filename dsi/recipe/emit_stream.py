@@ -7,14 +7,17 @@ Use::
 
     out = OutputStream(options)
     for ids in engine_steps:
-        await send(out.feed(ids))      # SSE pieces of this step (possibly none)
+        await send(out.feed(ids))      # SSE pieces of this step (possibly none); with
+                                       # options.logprobs, also the step's logprobs
         if out.done:                   # EOS or a stop string: the message is over
             break                      # abort the engine request
     await send(out.finish(reason))     # "stop" | "length" | "abort" | "error"; [] when done
     body = out.body()                  # the non-streamed response, from the same events
 
 The first ``feed`` (or ``finish``) also returns the protocol's opening events. Deltas of one
-kind are coalesced within a step, so a step yields at most one delta event per kind.
+kind are coalesced within a step, so a step yields at most one delta event per kind. With
+``options.logprobs`` a step's ids go through the parser one at a time, so that each id is known
+to be content or not (see ``dsi.recipe.logprobs``); the events are the same.
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ from dsi.recipe.emit_chat import ChatWriter
 from dsi.recipe.emit_common import OutputOptions, ProtocolWriter, Usage, derived_id
 from dsi.recipe.emit_messages import MessagesWriter
 from dsi.recipe.emit_responses import ResponsesWriter
-from dsi.recipe.parser import EngineFinish, Finish, OutputParser
+from dsi.recipe.logprobs import ContentLogprobs, TokenLogprobs
+from dsi.recipe.parser import (
+    ContentDelta,
+    EngineFinish,
+    Finish,
+    OutputEvent,
+    OutputParser,
+    ReasoningDelta,
+    ToolCallDelta,
+)
 
 _WRITERS = {"chat": ChatWriter, "responses": ResponsesWriter, "messages": MessagesWriter}
 _TOOL_ID_PREFIX = {"chat": "call_", "responses": "call_", "messages": "toolu_"}
@@ -53,6 +65,8 @@ class OutputStream:
             raise ValueError("prefill_ids: the prefilled ids must not produce output by themselves")
         self._started = False
         self._finish: Finish | None = None
+        self._logprobs = TokenLogprobs(tokenizer) if options.logprobs else None
+        self._cached_tokens = options.cached_tokens
         self.completion_tokens = 0
 
     @property
@@ -68,26 +82,60 @@ class OutputStream:
 
     def usage(self) -> Usage:
         o = self.options
-        return Usage(o.prompt_tokens, self.completion_tokens, o.cached_tokens, self._parser.reasoning_tokens)
+        return Usage(
+            o.prompt_tokens, self.completion_tokens, self._cached_tokens, self._parser.reasoning_tokens
+        )
+
+    def set_cached_tokens(self, n: int) -> None:
+        """The prompt tokens the engine reused from the cache (what usage reports from now on;
+        set before the first ``feed`` so that an opening event reports it too)."""
+        self._cached_tokens = min(max(0, n), self.options.prompt_tokens)
 
     def _opening(self) -> list[str]:
         if self._started:
             return []
         self._started = True
-        return self._writer.start()
+        return self._writer.start(self.usage())
 
-    def feed(self, token_ids: Sequence[int]) -> list[str]:
-        """SSE pieces for the ids one engine step generated."""
+    def feed(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] = (),
+        top_logprobs: Sequence[Sequence[tuple[int, float]]] = (),
+    ) -> list[str]:
+        """SSE pieces for the ids one engine step generated; ``logprobs`` / ``top_logprobs``:
+        the engine's, per id (used with ``options.logprobs``)."""
         out = self._opening()
         self.completion_tokens += len(token_ids)
         if self._finish is not None:
             return out
-        events = self._parser.feed(token_ids)
+        if self._logprobs is None:
+            events: list = self._parser.feed(token_ids)
+        else:
+            events = self._feed_scored(token_ids, logprobs, top_logprobs)
         finish = events.pop() if events and type(events[-1]) is Finish else None
         out += self._writer.step(events)
         if finish is not None:
             out += self._end(finish, None, "")
         return out
+
+    def _feed_scored(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        top: Sequence[Sequence[tuple[int, float]]],
+    ) -> list:
+        """The step's events, fed one id at a time, led by the entries of its content ids."""
+        assert self._logprobs is not None
+        events: list[OutputEvent] = []
+        entries = []
+        for i, token in enumerate(token_ids):
+            if self._parser.finished:
+                break
+            if self._parser.takes_as_content(token) and i < len(logprobs):
+                entries.append(self._logprobs.entry(token, logprobs[i], top[i] if i < len(top) else ()))
+            _merge(events, self._parser.feed([token]))
+        return [ContentLogprobs(entries), *events] if entries else events
 
     def finish(self, reason: EngineFinish, usage: Usage | None = None, message: str = "") -> list[str]:
         """End of generation. ``usage`` overrides the counted usage; ``message`` is the error
@@ -107,6 +155,18 @@ class OutputStream:
     def body(self) -> dict[str, Any]:
         """The non-streamed response body (or the protocol's error body)."""
         return self._writer.body()
+
+
+def _merge(events: list[OutputEvent], more: list[OutputEvent]) -> None:
+    """Append ``more``, joining deltas of one kind as a single ``feed`` of the ids would."""
+    for e in more:
+        last = events[-1] if events else None
+        if type(e) in (ReasoningDelta, ContentDelta) and type(last) is type(e):
+            last.text += e.text  # type: ignore[union-attr]
+        elif type(e) is ToolCallDelta and type(last) is ToolCallDelta and last.index == e.index:
+            last.arguments += e.arguments
+        else:
+            events.append(e)
 
 
 def collect(

@@ -200,6 +200,11 @@ class OutputParser:
     def in_reasoning(self) -> bool:
         return self._state == _REASONING
 
+    def takes_as_content(self, token_id: int) -> bool:
+        """Whether ``token_id``, fed next, is text of the content section: the parser is in
+        content (not reasoning, a tool-call block, or past the end) and it is no control id."""
+        return self._state == _CONTENT and token_id not in self._ctrl_set
+
     def feed(self, token_ids: Sequence[int]) -> list[OutputEvent]:
         """Events of one engine step (``token_ids``: the ids generated in it)."""
         if self._state == _FINISHED or not token_ids:

@@ -98,6 +98,8 @@ class ResolvedRequest:
             seed=self.seed,
             logprobs=self.logprobs,
             top_logprobs=self.top_logprobs,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
         )
 
 

@@ -85,7 +85,7 @@ class DecodeActor(EngineRole):
             done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
             if done.finish:  # the first token ended it: nothing was written
                 yield TokenChunk(req.request_id, done.output, done.finish, len(req.token_ids), done.cached_tokens,
-                                 done.logprobs)
+                                 done.logprobs, done.top_logprobs)
                 return
             try:
                 buf = await inbound.wait()
@@ -100,7 +100,7 @@ class DecodeActor(EngineRole):
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
-                             list(done.logprobs))
+                             list(done.logprobs), list(done.top_logprobs))
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     yield _chunk(req.request_id, out, len(req.token_ids), done.cached_tokens)
@@ -172,4 +172,4 @@ class DecodeActor(EngineRole):
 
 def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0) -> TokenChunk:
     return TokenChunk(request_id, out.new_tokens, out.finish_reason or "" if out.finished else "", prompt_tokens,
-                      cached_tokens, out.new_logprobs)
+                      cached_tokens, out.new_logprobs, out.new_top_logprobs)

@@ -4,7 +4,9 @@
     POST /v1/responses          OpenAI Responses
     POST /v1/messages           Anthropic Messages
     GET  /v1/models             served model names
-    GET  /health                {"status": "ok", "instances": N decode, "prefill_instances": M}
+    GET  /health                200 {"status": "ok", "instances": N decode, "prefill_instances": M}
+                                when a request can be served, else 503 with "status":
+                                "unavailable" and the "reason" (see ``health_status``)
     GET  /metrics               Prometheus text
     GET  /openapi.json          the OpenAPI document of these routes
 
@@ -36,8 +38,8 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Ap
         return web.json_response({"object": "list", "data": data})
 
     async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "instances": len(gateway.pool.ready),
-                                  "prefill_instances": len(gateway.pool.prefill_ready)})
+        status, body = health_status(len(gateway.pool.ready), len(gateway.pool.prefill_ready))
+        return web.json_response(body, status=status)
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(text=gateway.metrics.render(), content_type="text/plain")
@@ -50,6 +52,20 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Ap
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     return app
+
+
+def health_status(decode_ready: int, prefill_ready: int) -> tuple[int, dict[str, object]]:
+    """(HTTP status, body) of ``/health`` from the ready instances the gateway knows. Every request
+    streams from a decode instance, which also prefills when no prefill instance is ready, so
+    the cluster can serve exactly when one decode instance is ready; prefill instances alone
+    cannot."""
+    body: dict[str, object] = {"status": "ok", "instances": decode_ready, "prefill_instances": prefill_ready}
+    if decode_ready:
+        return 200, body
+    reason = "no ready decode instance"
+    if prefill_ready:
+        reason += f" ({prefill_ready} prefill ready, but a request needs a decode instance to stream from)"
+    return 503, {**body, "status": "unavailable", "reason": reason}
 
 
 def _handler(gateway: Gateway, protocol: str):

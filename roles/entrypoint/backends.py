@@ -180,7 +180,8 @@ class DecodePool:
                             if n == len(chunk.token_ids) and not chunk.finish:
                                 continue
                             chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
-                                                            logprobs=chunk.logprobs[n:])
+                                                            logprobs=chunk.logprobs[n:],
+                                                            top_logprobs=chunk.top_logprobs[n:])
                         delivered += len(chunk.token_ids)
                         yield chunk
                 return

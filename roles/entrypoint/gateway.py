@@ -1,8 +1,9 @@
 """Gateway: one HTTP request of any protocol -> an engine request -> the protocol's response.
 
     body --recipe (parse, render, encode)--> Prepared(token ids, SamplingParams, OutputOptions)
-         --PrefixLookup (CHECK replica, no I/O)--> cached tokens, in Generate and in usage
-         --DecodePool.generate--> TokenChunk per engine step
+         --PrefixLookup (CHECK replica, no I/O)--> predicted cached tokens, in Generate and metrics
+         --DecodePool.generate--> TokenChunk per engine step (ids, logprobs, the cached tokens
+                                  the engine reused: what usage reports)
          --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
 
 The request leaves the engine as soon as the client is gone (its stream is closed, which sends
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
@@ -95,8 +96,6 @@ class Gateway:
         self.metrics.prompt_tokens += len(prep.token_ids)
         salt = caller.entry.cache_salt
         cached = self._cached_tokens(prep.token_ids, salt, prep.hit_policy)
-        if cached:
-            prep.options = replace(prep.options, cached_tokens=cached)
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
         msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
                        cached_tokens=cached, hit_policy=prep.hit_policy)
@@ -106,7 +105,9 @@ class Gateway:
 
     def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
         """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path), as
-        the request's hit policy would take it (see dsi.engine.hit_policy.predicted_hit)."""
+        the request's hit policy would take it (see dsi.engine.hit_policy.predicted_hit). A
+        prediction: the engine may reuse less (a corrupt block, the store away, no SWA state for
+        an exact hit), and usage reports what it reused."""
         stored = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
         hit = predicted_hit(policy, stored, len(token_ids), self.keep, BLOCK_TOKENS)
         self.metrics.prefix_lookup_tokens += len(token_ids)
@@ -145,7 +146,7 @@ class Gateway:
     async def _run(self, out: OutputStream, msg: Generate, resp: web.StreamResponse | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
         start = last = time.perf_counter()
-        generated = 0
+        generated = cached = 0
         try:
             async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
                 async for chunk in chunks:
@@ -153,7 +154,9 @@ class Gateway:
                     (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
                     last = now
                     generated += len(chunk.token_ids)
-                    pieces = out.feed(chunk.token_ids)
+                    cached = chunk.cached_tokens
+                    out.set_cached_tokens(cached)
+                    pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
                     if not out.done and chunk.finish:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None:
@@ -170,6 +173,7 @@ class Gateway:
                 await send(resp, pieces)
         finally:
             self.metrics.generated_tokens += generated
+            self.metrics.engine_cached_tokens += cached
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None:

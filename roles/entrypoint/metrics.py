@@ -8,6 +8,9 @@
     dsi_requests_in_flight (gauge)
     dsi_prefix_lookup_tokens_total / dsi_prefix_hit_tokens_total   prompt tokens looked up in the
                                                CHECK replica, and those it holds (hit ratio)
+    dsi_engine_cached_tokens_total             prompt tokens the engines reused from the store
+                                               (what usage reports; below the hits when a block
+                                               was corrupt or the store away)
     + the lines of each ``sources`` callable (the replica's gauges, see PrefixLookup)
 """
 
@@ -54,6 +57,7 @@ class Metrics:
     itl: Histogram = field(default_factory=Histogram)
     prefix_lookup_tokens: int = 0
     prefix_hit_tokens: int = 0
+    engine_cached_tokens: int = 0
     sources: list[Callable[[], list[str]]] = field(default_factory=list)
 
     def request_done(self, protocol: str, status: int) -> None:
@@ -74,7 +78,9 @@ class Metrics:
                   "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds"),
                   "# TYPE dsi_prefix_lookup_tokens_total counter",
                   f"dsi_prefix_lookup_tokens_total {self.prefix_lookup_tokens}",
-                  "# TYPE dsi_prefix_hit_tokens_total counter", f"dsi_prefix_hit_tokens_total {self.prefix_hit_tokens}"]
+                  "# TYPE dsi_prefix_hit_tokens_total counter", f"dsi_prefix_hit_tokens_total {self.prefix_hit_tokens}",
+                  "# TYPE dsi_engine_cached_tokens_total counter",
+                  f"dsi_engine_cached_tokens_total {self.engine_cached_tokens}"]
         for source in self.sources:
             lines += source()
         return "\n".join(lines) + "\n"

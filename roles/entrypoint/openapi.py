@@ -34,15 +34,19 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
                 "max_completion_tokens": {"type": "integer"}, "n": {"type": "integer"}, "stop": {},
                 "seed": {"type": "integer"}, "response_format": {"type": "object"},
                 "stream_options": {"type": "object"}, "reasoning_effort": {"type": "string"},
-                "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer"}}),
+                "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer"},
+                "frequency_penalty": {"type": "number"}, "presence_penalty": {"type": "number"}}),
             "/v1/responses": _post("OpenAI Responses", ["model", "input"], {
                 "input": {}, "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer"},
-                "reasoning": {"type": "object"}, "text": {"type": "object"}}),
+                "reasoning": {"type": "object"}, "text": {"type": "object"},
+                "include": {"type": "array", "items": {"type": "string"}}, "top_logprobs": {"type": "integer"}}),
             "/v1/messages": _post("Anthropic Messages", ["model", "messages", "max_tokens"], {
                 "messages": {"type": "array", "items": _MESSAGE}, "system": {}, "max_tokens": {"type": "integer"},
                 "stop_sequences": {"type": "array", "items": {"type": "string"}}, "thinking": {"type": "object"},
                 "top_k": {"type": "integer"}, "metadata": {"type": "object"}}),
             "/v1/models": {"get": {"summary": "served models", "responses": {"200": {"description": "model list"}}}},
-            "/health": {"get": {"summary": "liveness", "responses": {"200": {"description": "ok"}}}},
+            "/health": {"get": {"summary": "whether a request can be served",
+                                "responses": {"200": {"description": "ok"},
+                                              "503": {"description": "no ready decode instance"}}}},
         },
     }

@@ -56,7 +56,7 @@ class Preparer:
             thinking=req.thinking, starts_in_reasoning=req.ends_in_thinking, model_version=req.model_version.value,
             tool_names=tuple(t.name for t in req.conversation.active_tools), stop=req.stop,
             include_usage=req.include_usage, prompt_tokens=len(ids), response_fields=req.echo,
-            prefill_ids=tuple(prefill))
+            prefill_ids=tuple(prefill), logprobs=req.logprobs)
         return Prepared(request_id, ids, sampling, options, req.stream, _traffic_class(req, traffic_class),
                         _hit_policy(req, self.hit_policy))
 

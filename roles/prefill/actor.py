@@ -68,13 +68,14 @@ class PrefillActor(EngineRole):
                 fetched.release()
             asyncio.get_running_loop().call_later(5.0, self._unshared.discard, rid)
         last = outputs[-1]
+        top = [t for o in outputs for t in o.new_top_logprobs]  # the first token's, when asked for
         self.counters.prefills += 1
         stats = self.engine.stats.last_request(rid)
         replay = stats.replay_tokens if stats is not None else 0
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
             return Prefilled(lease.lease_id, list(last.output), list(last.logprobs or []), 0, 0, 0,
                              cached_tokens=cached.num_tokens if cached is not None else 0, replay_tokens=replay,
-                             finish=last.finish_reason or "stop")
+                             finish=last.finish_reason or "stop", top_logprobs=top)
         # Shielded: a caller that goes away now must not leave the prefilled request (and its
         # pages) behind in the engine; the exported copy is dropped with this task.
         state = await asyncio.shield(self.service.export(rid))
@@ -87,7 +88,7 @@ class PrefillActor(EngineRole):
         self.counters.handoffs += 1
         return Prefilled(lease.lease_id, list(state.output), list(state.logprobs), state.seed, state.consumer_start,
                          state.num_computed, cached_tokens=state.num_cached, replay_tokens=replay,
-                         replay_start=state.replay_start)
+                         replay_start=state.replay_start, top_logprobs=top)
 
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt the policy can use (at least its last token is

@@ -205,6 +205,8 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
     "chat-too-many-stops": ("chat", chat(stop=[str(i) for i in range(17)]), 400, "stop"),
     "chat-empty-stop": ("chat", chat(stop=[""]), 400, "stop[0]"),
     "chat-negative-seed": ("chat", chat(seed=-1), 400, "seed"),
+    "chat-frequency-penalty-2.5": ("chat", chat(frequency_penalty=2.5), 400, "frequency_penalty"),
+    "chat-presence-penalty--3": ("chat", chat(presence_penalty=-3), 400, "presence_penalty"),
     "chat-unknown-effort": ("chat", chat(reasoning_effort="ultra"), 400, "reasoning_effort"),
     "chat-prefix-not-last": (
         "chat",
@@ -265,6 +267,9 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
     ),
     "messages-temperature-1.5": ("messages", msgs(temperature=1.5), 400, "temperature"),
     "messages-top-k-negative": ("messages", msgs(top_k=-1), 400, "top_k"),
+    # Messages has no logprobs: refused, never accepted and ignored.
+    "messages-logprobs": ("messages", msgs(logprobs=True), 400, "logprobs"),
+    "messages-top-logprobs": ("messages", msgs(top_logprobs=2), 400, "top_logprobs"),
     "messages-empty-content": (
         "messages",
         msgs(messages=[{"role": "user", "content": []}]),

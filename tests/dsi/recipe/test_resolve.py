@@ -43,6 +43,7 @@ def test_passthrough_and_engine_params(recipe: Recipe) -> None:
             "user": "u-1",
             "metadata": {"k": "v"},
             "frequency_penalty": 0.5,
+            "presence_penalty": -1.25,
             "parallel_tool_calls": False,
         },
     )
@@ -52,7 +53,14 @@ def test_passthrough_and_engine_params(recipe: Recipe) -> None:
     params = req.sampling_params()
     params.validate(129_280)
     assert params == SamplingParams(
-        max_tokens=33, temperature=0.2, top_p=0.9, seed=7, logprobs=True, top_logprobs=2
+        max_tokens=33,
+        temperature=0.2,
+        top_p=0.9,
+        seed=7,
+        logprobs=True,
+        top_logprobs=2,
+        frequency_penalty=0.5,
+        presence_penalty=-1.25,
     )
 
 

@@ -7,10 +7,16 @@ from dsi.roles.entrypoint.backends import NoInstance
 
 
 class FakePool:
-    def __init__(self, tokens=(1000, 2000, 3000), delay_s: float = 0.0, ready: bool = True) -> None:
+    """``engine_cached``: the cached tokens the fake engine reports (None: what the request's
+    prediction says). With ``sampling.logprobs`` token i gets logprob -(i + 1) / 4 and a top
+    list of the token itself and the ids after it, each 1.0 less likely."""
+
+    def __init__(self, tokens=(1000, 2000, 3000), delay_s: float = 0.0, ready: bool = True,
+                 engine_cached: int | None = None) -> None:
         self.tokens = list(tokens)
         self.delay_s = delay_s
         self._ready = ready
+        self.engine_cached = engine_cached
         self.requests: list[Generate] = []
         self.cancelled = 0
 
@@ -36,7 +42,12 @@ class FakePool:
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 last = i == n - 1
-                yield TokenChunk(msg.request_id, [self.tokens[i]], "length" if last else "", len(msg.token_ids))
+                cached = msg.cached_tokens if self.engine_cached is None else self.engine_cached
+                token, lp = self.tokens[i], -(i + 1) / 4
+                logprobs = [lp] if msg.sampling.logprobs else []
+                top = [[(token + k, lp - k) for k in range(msg.sampling.top_logprobs)]] if logprobs else []
+                yield TokenChunk(msg.request_id, [token], "length" if last else "", len(msg.token_ids), cached,
+                                 logprobs, top)
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled += 1
             raise

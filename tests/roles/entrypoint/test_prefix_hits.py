@@ -1,7 +1,8 @@
 """Prefix hits in the gateway: blocks put into a real kvstore reach the entrypoint's CHECK replica,
-and a request with that prefix reports them (Generate, usage of each protocol, metrics); the
-kvstore is found through the controller; with no kvstore the gateway serves with hit 0; the
-request's hit policy (metadata, else the cluster's) reaches Generate and shapes the prediction."""
+and a request with that prefix carries them as a prediction (Generate, metrics); usage reports
+what the engine reused; the kvstore is found through the controller; with no kvstore the
+gateway serves with hit 0; the request's hit policy (metadata, else the cluster's) reaches
+Generate and shapes the prediction."""
 
 import asyncio
 
@@ -107,7 +108,7 @@ async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvsto
                 async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
                     answer = await resp.json()
                     assert resp.status == 200 and cached_in_usage(protocol, answer) == 256, answer
-                assert pool.requests[-1].cached_tokens == 256
+                assert pool.requests[-1].cached_tokens == 256  # the fake engine reuses all of it
             # a stream reports it too (chat with include_usage)
             body = {**BODIES["chat"], "stream": True, "stream_options": {"include_usage": True}}
             async with http.post(server.make_url(PATHS["chat"]), json=body) as resp:
@@ -119,6 +120,46 @@ async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvsto
         assert "dsi_prefix_hit_tokens_total 1024" in text  # 3 protocols + the stream, 256 each
         assert "dsi_kv_replica_blocks 6" in text and "dsi_kv_replica_synced 1" in text
         assert "dsi_kv_replica_resyncs_total 1" in text
+    finally:
+        await server.close()
+        await prefix.close()
+
+
+STREAM_USAGE = {"chat": '"cached_tokens":{}', "responses": '"cached_tokens":{}',
+                "messages": '"cache_read_input_tokens":{}'}
+
+
+async def test_usage_reports_what_the_engine_reused_not_the_prediction(recipe, kvstores, ctx):
+    """The replica holds two blocks of the prompt, the engine reused one (the second was
+    corrupt, say): usage says 128 in every protocol, streamed or not; the metrics keep both."""
+    run = await kvstores.start(publish_interval_s=0.2)
+    prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
+    await prefix.start()
+    pool = FakePool(engine_cached=0)
+    server = await _gateway(recipe, prefix, pool)
+    try:
+        async with ClientSession() as http:
+            for protocol, body in BODIES.items():
+                pool.engine_cached = 0
+                async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                    assert resp.status == 200 and cached_in_usage(protocol, await resp.json()) == 0
+                await run.peer.ask(put_msg(CHAIN.hashes(pool.requests[-1].token_ids)[:2 * 16], block_bytes(2)))
+                await _synced(prefix, run.peer)
+                pool.engine_cached = 128
+                async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                    answer = await resp.json()
+                    assert resp.status == 200 and cached_in_usage(protocol, answer) == 128, answer
+                assert pool.requests[-1].cached_tokens == 256
+                streamed = {**body, "stream": True}
+                if protocol == "chat":
+                    streamed["stream_options"] = {"include_usage": True}
+                async with http.post(server.make_url(PATHS[protocol]), json=streamed) as resp:
+                    text = (await resp.text()).replace(" ", "")
+                assert STREAM_USAGE[protocol].format(128) in text and STREAM_USAGE[protocol].format(256) not in text
+            async with http.get(server.make_url("/metrics")) as resp:
+                metrics = await resp.text()
+        assert "dsi_prefix_hit_tokens_total 1536" in metrics  # 3 protocols x 2 requests x 256 predicted
+        assert "dsi_engine_cached_tokens_total 768" in metrics  # x 128 reused
     finally:
         await server.close()
         await prefix.close()

@@ -10,6 +10,15 @@ import anthropic
 import openai
 import pytest
 
+from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine.params import SamplingParams
+from dsi.model.prepare import ensure_model
+from dsi.model.weights import load_model
+from dsi.recipe import ModelVersion, Recipe
+from dsi.recipe.detok import byte_table
+from dsi.tokenizer import load_tokenizer
+from tests.dsi.cli.procs import SHARED_MODEL_DIR
+
 pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -83,3 +92,79 @@ def test_anthropic_messages_create_and_stream_with_tools_and_thinking(claude):
         final = stream.get_final_message()
     assert final.stop_reason == "max_tokens" and final.content[0].type == "thinking"
     assert final.usage.output_tokens == 8
+
+
+# -- logprobs and penalties: the engine's own values, through the disaggregated cluster ----------
+
+LP_CHAT = {"model": "dsi-tiny", "messages": MSGS, "max_tokens": 6, "temperature": 0, "reasoning_effort": "none"}
+LP_RESPONSES = {"model": "dsi-tiny", "input": "What is the weather in Paris?", "max_output_tokens": 6,
+                "temperature": 0, "reasoning": {"effort": "none"}}
+
+
+def engine_run(protocol, body, **sampling):
+    """The tokens, logprobs and top 3 an in-process engine gives the request's prompt (greedy)."""
+    cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
+    ids = list(Recipe({"dsi-tiny": ModelVersion.V4}).prepare(protocol, body).prompt_token_ids)
+    engine = Engine(cfg, w, EngineConfig(async_scheduling=False))
+    engine.add_request("r", ids, SamplingParams(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+                                                **sampling))
+    outs = [o for o in engine.run_until_done() if o.request_id == "r"]
+    engine.close()
+    tops = [t for o in outs for t in o.new_top_logprobs]
+    return outs[-1].output, outs[-1].logprobs, tops
+
+
+@pytest.fixture(scope="module")
+def chat_run():
+    return engine_run("chat", LP_CHAT)
+
+
+def spelled(token_id):
+    """An id's bytes; a special id (no bytes of its own) is reported by its spelling."""
+    return byte_table()[token_id] or load_tokenizer().id_to_token(token_id).encode()
+
+
+def assert_engine_logprobs(entries, run):
+    """``entries`` (SDK objects with token, bytes, logprob, top_logprobs) are the engine's, id by id."""
+    tokens, logprobs, tops = run
+    assert not {1, 128821, 128822, 128825} & set(tokens)  # all content: every id is listed
+    assert [bytes(e.bytes) for e in entries] == [spelled(t) for t in tokens]
+    assert [e.logprob for e in entries] == pytest.approx(logprobs, abs=1e-4)
+    for e, top in zip(entries, tops, strict=True):
+        assert [bytes(t.bytes) for t in e.top_logprobs] == [spelled(i) for i, _ in top]
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx([lp for _, lp in top], abs=1e-4)
+
+
+def test_chat_completions_logprobs_are_the_engines(oai, chat_run):
+    out = oai.chat.completions.create(**LP_CHAT, logprobs=True, top_logprobs=3)
+    assert_engine_logprobs(out.choices[0].logprobs.content, chat_run)
+    chunks = list(oai.chat.completions.create(**LP_CHAT, logprobs=True, top_logprobs=3, stream=True))
+    streamed = [e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert_engine_logprobs(streamed, chat_run)
+    # LengthFinishReasonError is the accumulator's way to say "length"
+    with (pytest.raises(openai.LengthFinishReasonError) as cut,
+          oai.chat.completions.stream(**LP_CHAT, logprobs=True, top_logprobs=3) as stream):
+        stream.get_final_completion()
+    assert_engine_logprobs(cut.value.completion.choices[0].logprobs.content, chat_run)
+
+
+def test_responses_logprobs_are_the_engines(oai):
+    run = engine_run("responses", LP_RESPONSES)
+    kwargs = {**LP_RESPONSES, "include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    resp = oai.responses.create(**kwargs)
+    part = next(item for item in resp.output if item.type == "message").content[0]
+    assert_engine_logprobs(part.logprobs, run)
+    events = list(oai.responses.create(**kwargs, stream=True))
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.logprob for lp in deltas] == pytest.approx(run[1], abs=1e-4)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert_engine_logprobs(done.logprobs, run)
+
+
+def test_penalties_reach_the_engine(oai, chat_run):
+    """A presence penalty of -2 makes the tiny model repeat itself: the cluster's output is the
+    in-process engine's with the same penalty, not the one without."""
+    tokens, _, _ = engine_run("chat", LP_CHAT, presence_penalty=-2.0, frequency_penalty=0.5)
+    assert tokens != chat_run[0]
+    out = oai.chat.completions.create(**LP_CHAT, logprobs=True, presence_penalty=-2.0, frequency_penalty=0.5)
+    assert [bytes(e.bytes) for e in out.choices[0].logprobs.content] == [spelled(t) for t in tokens]
