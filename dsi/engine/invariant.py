@@ -33,6 +33,7 @@ from dsi.model.config import ModelConfig
 
 ROW_TILE = 8
 KEY_BLOCK = 128
+VECTOR_RUN = 64  # elements: a multiple of what torch's vectorised loops take per iteration (AVX2, AVX-512)
 
 
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -53,6 +54,19 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a, b)[:, :m]
 
 
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """``torch.exp`` with every element on the vectorised path. torch's elementwise loops finish
+    a length that is not a multiple of their vector run with the scalar ``exp``, whose last bit
+    can differ from the vector one; so a [rows, heads] tensor would give a row other bits when
+    the row count changes. Padding the flat length to VECTOR_RUN avoids the scalar tail."""
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    padded = -(-n // VECTOR_RUN) * VECTOR_RUN
+    if padded != n:
+        flat = torch.cat([flat, flat.new_zeros(padded - n)])
+    return torch.exp(flat)[:n].view(x.shape)
+
+
 class _Softmax:
     """Online-softmax state of ``rows`` query rows x ``heads`` heads: max, sum, weighted values."""
 
@@ -65,9 +79,9 @@ class _Softmax:
         """Fold in the max of scores ``s`` [n, heads, KEY_BLOCK] of rows ``r``; returns (e, alpha)."""
         m_new = torch.maximum(self.m[r], s.amax(-1))
         ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # nothing seen yet: stay 0
-        alpha = torch.exp(self.m[r] - ref)
+        alpha = exp(self.m[r] - ref)
         self.m[r] = m_new
-        return torch.exp(s - ref[..., None]), alpha
+        return exp(s - ref[..., None]), alpha
 
     def add(self, r: slice, e: torch.Tensor, alpha: torch.Tensor, weighted: torch.Tensor) -> None:
         self.l[r] = self.l[r] * alpha + e.sum(-1)

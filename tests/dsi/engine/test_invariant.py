@@ -100,3 +100,12 @@ def test_alone_together_chunked_and_preempted_give_the_same_bits(tiny, async_sch
                                  max_tokens=24)
     assert preemptions > 0
     assert squeezed == [_run(tiny, [p], base, max_tokens=24)[0][0] for p in crossing]
+
+
+def test_exp_gives_each_element_the_same_bits_whatever_the_length():
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 30
+    want = invariant.exp(x)
+    for n in [1, 3, 4, 17, 31, 33, 100, 1000]:
+        assert torch.equal(invariant.exp(x[:n]), want[:n]), n
+    assert torch.equal(invariant.exp(x.view(64, 64)), want.view(64, 64))
