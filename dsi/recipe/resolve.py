@@ -29,7 +29,7 @@ from dsi.recipe.conversation import (
     ToolChoice,
     ToolSpec,
 )
-from dsi.recipe.encode import PromptEncoder
+from dsi.recipe.encode import MissingControlToken, PromptEncoder
 from dsi.recipe.errors import Protocol, RequestError
 from dsi.recipe.models import ServedModel
 from dsi.recipe.render import render
@@ -47,9 +47,8 @@ DEFAULT_MAX_EFFORT_MAX_TOKENS = 131_072
 class ResolvedRequest:
     """Everything the gateway needs to run one request and answer in its protocol.
 
-    ``prompt_token_ids`` is None for V4.1 (its control tokens are not in the V4 vocabulary);
-    ``prompt_tokens`` is then an estimate (V4 BPE on the text, one per control token).
-    ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
+    ``prompt_token_ids`` come from the served model's tokenizer file; ``prompt_tokens`` is their
+    number. ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
     """
 
     protocol: Protocol
@@ -57,7 +56,7 @@ class ResolvedRequest:
     model_version: ModelVersion
     conversation: Conversation
     prompt: RenderedPrompt
-    prompt_token_ids: tuple[int, ...] | None
+    prompt_token_ids: tuple[int, ...]
     prompt_tokens: int
     thinking: bool
     effort: Effort | None
@@ -122,12 +121,8 @@ def resolve(
     )
     version = served.version
     rendered = render(conv, version)
-    if version is ModelVersion.V4:
-        ids: tuple[int, ...] | None = tuple(encoder.encode(rendered.prompt))
-        count = len(ids)
-    else:
-        ids = None
-        count = encoder.count_tokens(rendered.prompt)
+    ids = _encode(rendered.prompt, served, encoder)
+    count = len(ids)
     opts = parsed.options
     return ResolvedRequest(
         protocol=parsed.protocol,
@@ -162,6 +157,19 @@ def resolve(
         images=conv.images() if version is ModelVersion.V41 else (),
         echo=parsed.echo,
     )
+
+
+def _encode(prompt: RenderedPrompt, served: ServedModel, encoder: PromptEncoder) -> tuple[int, ...]:
+    """The prompt's ids in ``served``'s vocabulary; a 400 naming a control token it lacks."""
+    try:
+        return tuple(encoder.encode(prompt))
+    except MissingControlToken as exc:
+        raise RequestError(
+            400,
+            f"This request needs the control token {exc.token.value}, which is not in the vocabulary of "
+            f"the tokenizer of model `{served.name}` ({exc.tokenizer.name}).",
+            code="unsupported_control_token",
+        ) from None
 
 
 def _thinking(req: ThinkingRequest, default: bool) -> tuple[bool, Effort | None]:

@@ -34,9 +34,6 @@ class Preparer:
             raise RequestError(400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
                                code="invalid_request_body") from None
         req = self.recipe.prepare(protocol, text)
-        if req.prompt_token_ids is None:
-            raise RequestError(400, f"model {req.model!r} speaks {req.model_version.value}, whose control tokens "
-                               "this deployment's V4 vocabulary does not have", param="model", code="model_not_found")
         ids = list(req.prompt_token_ids)
         room = self.max_context - len(ids)
         if room <= 0:

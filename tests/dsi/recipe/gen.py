@@ -393,3 +393,32 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
 
 
 GENERATORS = {"chat": chat, "responses": responses, "messages": messages}
+
+
+# -- V4.1 within the shipped vocabulary -----------------------------------------------------
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def without_system_token(body: dict[str, Any], protocol: str) -> dict[str, Any]:
+    """``body`` without what opens a ``<｜System｜>`` block in a V4.1 prompt: thinking off, and no
+    system or developer messages, instructions, tools or response format. What is left renders
+    with control tokens that the shipped V4 vocabulary has."""
+    out = {k: v for k, v in body.items() if k not in _SYSTEM_KEYS[protocol]}
+    if protocol == "chat":
+        out["messages"] = [m for m in body["messages"] if m["role"] not in _SYSTEM_ROLES]
+        out["thinking"] = {"type": "disabled"}
+    elif protocol == "responses":
+        if isinstance(body["input"], list):
+            out["input"] = [i for i in body["input"] if i.get("role") not in _SYSTEM_ROLES]
+        out["reasoning"] = {"effort": "none"}
+    else:
+        out["thinking"] = {"type": "disabled"}
+    return out
+
+
+_SYSTEM_KEYS = {
+    "chat": ("tools", "tool_choice", "response_format", "reasoning_effort", "thinking"),
+    "responses": ("instructions", "tools", "tool_choice", "text", "reasoning"),
+    "messages": ("system", "tools", "tool_choice", "output_config", "thinking"),
+}
