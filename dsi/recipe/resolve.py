@@ -9,7 +9,9 @@ every sampling setting resolved the way DeepSeek's API resolves it.
                  V4.1: thinking -> the request's value raised to at least 0.95 (1.0 if absent);
                  no thinking -> 1.0
     thinking     off for ``thinking: disabled`` or effort ``none``; an explicit enable wins over
-                 effort ``none`` (effort then ``high``); named/required tool_choice needs it off
+                 effort ``none`` (effort then ``high``); named/required tool_choice needs it off,
+                 except Messages ``any``: its prompt declares the tools as for ``auto`` (as
+                 deepseek-recipe renders it) and the call is required after the reasoning
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dsi.recipe.models import ServedModel
 from dsi.recipe.render import render
 from dsi.recipe.request import EFFORTS, ParsedRequest, ThinkingRequest
 from dsi.recipe.segments import RenderedPrompt
+from dsi.recipe.vision import v41_images
 from dsi.recipe.wire import fail
 
 MAX_OUTPUT_TOKENS = 393_216
@@ -108,18 +111,22 @@ def resolve(
     max_output_tokens: int = MAX_OUTPUT_TOKENS,
 ) -> ResolvedRequest:
     thinking, effort = _thinking(parsed.thinking, default_thinking)
+    prompt_choice = parsed.tool_choice
     if thinking and parsed.tool_choice == "required":
-        raise fail("Thinking mode does not support this tool_choice", parsed.tool_choice_param)
+        if not parsed.required_after_reasoning or parsed.forced_tool is not None:
+            raise fail("Thinking mode does not support this tool_choice", parsed.tool_choice_param)
+        prompt_choice = "auto"
     conv = Conversation(
         _fill_reasoning(parsed.messages, thinking),
         parsed.tools,
-        parsed.tool_choice,
+        prompt_choice,
         parsed.forced_tool,
         thinking,
         effort,
         parsed.response_format,
     )
     version = served.version
+    images = v41_images(conv) if version is ModelVersion.V41 else ()
     rendered = render(conv, version)
     ids = _encode(rendered.prompt, served, encoder)
     count = len(ids)
@@ -154,7 +161,7 @@ def resolve(
         parallel_tool_calls=opts.parallel_tool_calls,
         user=opts.user,
         metadata=opts.metadata,
-        images=conv.images() if version is ModelVersion.V41 else (),
+        images=images,
         echo=parsed.echo,
     )
 

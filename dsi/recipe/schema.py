@@ -15,7 +15,8 @@ from typing import Any
 
 from dsi.recipe.errors import RequestError
 
-TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_TOOL_NAME = 128  # characters, as deepseek-recipe allows (OpenAI allows 64)
+TOOL_NAME_RE = re.compile(rf"[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME}}}")
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 STRING_FORMATS = frozenset(
     {"email", "hostname", "ipv4", "ipv6", "uuid", "date-time", "date", "time", "duration"}
@@ -49,7 +50,7 @@ def check_tool_name(name: str, param: str) -> None:
         raise RequestError(
             400,
             f"Invalid '{param}': string does not match pattern. Expected a string that "
-            "matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+            f"matches the pattern '^[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME}}}$'.",
             param=param,
         )
 

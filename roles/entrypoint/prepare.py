@@ -86,6 +86,8 @@ def _structured(req: ResolvedRequest, opener_in_prompt: bool) -> StructuredSpec 
     fmt = req.response_format
     if fmt.kind == "json_object":
         return StructuredSpec.json_object(after_think=after_think)
+    if fmt.kind == "regex":
+        return StructuredSpec.for_regex(fmt.regex or "", after_think=after_think)
     if fmt.kind == "json_schema":
         schema = fmt.schema if fmt.schema is not None else {}
         return StructuredSpec.json_schema(schema if isinstance(schema, dict) else json.loads(schema),
