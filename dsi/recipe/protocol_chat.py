@@ -80,6 +80,7 @@ def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
         raise fail("Function call should not be used with prefix", "tools")
     if prefix and isinstance(req.response_format, JsonObjectFormat):
         raise fail("response_format json_object should not be used with prefix", "response_format")
+    declared = req.tool_choice != "none"
     tools = unique_tools(
         [
             tool_spec(
@@ -89,10 +90,12 @@ def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
                 t.function.strict,
                 f"tools[{i}].function",
                 {},
+                declared=declared,
             )
             for i, t in enumerate(req.tools or [])
         ],
         "tools",
+        declared,
     )
     choice = req.tool_choice or "auto"
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
@@ -139,6 +142,8 @@ def _messages(wires: list[MessageWire]) -> tuple[Message, ...]:
         if isinstance(w, AssistantWire):
             _check_assistant(w, i)
             calls[len(out)] = {c.id for c in w.tool_calls or []}
+        if isinstance(w, SystemWire) and not _text(w.content):
+            continue  # deepseek-recipe leaves an empty system message out
         out.append((_message(w, param), param))
     check_tool_results(out, calls)
     return tuple(m for m, _ in out)

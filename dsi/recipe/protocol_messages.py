@@ -69,14 +69,18 @@ def parse_messages(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     if not req.messages:
         raise fail("at least one message is required", "messages")
     messages = _system(req.system) + _messages(req.messages)
+    choice = req.tool_choice or ToolChoice("auto")
+    declared = choice.type != "none"
     tools = unique_tools(
         [
-            tool_spec(t.name, t.description, t.input_schema, None, f"tools[{i}]")
+            tool_spec(
+                t.name, t.description, t.input_schema, None, f"tools[{i}]", declared=declared, required=True
+            )
             for i, t in enumerate(req.tools or [])
         ],
         "tools",
+        declared,
     )
-    choice = req.tool_choice or ToolChoice("auto")
     if choice.type == "tool" and choice.name is None:
         raise fail(
             "Missing required parameter: 'tool_choice.name'.",
@@ -130,7 +134,7 @@ def _system(system: str | list[TextBlock] | None) -> tuple[Message, ...]:
         return ()
     if isinstance(system, str):
         return (SystemMessage((system,)),)
-    return (SystemMessage(("\n\n".join(b.text for b in system),)),) if system else ()
+    return (SystemMessage(("\n\n".join(b.text for b in system),)),)
 
 
 def _messages(wires: list[MessageWire]) -> tuple[Message, ...]:
@@ -138,7 +142,7 @@ def _messages(wires: list[MessageWire]) -> tuple[Message, ...]:
     open_calls: dict[str, str] = {}  # tool_use ids of the previous assistant message -> its path
     for i, w in enumerate(wires):
         param = f"messages[{i}]"
-        if isinstance(w.content, list) and not w.content:
+        if isinstance(w.content, list) and not w.content and w.role != "system":
             raise fail("all messages must have non-empty content", f"{param}.content")
         blocks = [TextBlock(w.content)] if isinstance(w.content, str) else w.content
         if w.role == "assistant":

@@ -77,13 +77,17 @@ def parse_responses(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     if req.background:
         raise fail("background responses are not supported", "background")
     messages = _messages(req)
+    declared = req.tool_choice != "none"
     tools = unique_tools(
         [
-            tool_spec(t.name or "", t.description, t.parameters, t.strict, f"tools[{i}]", {})
+            tool_spec(
+                t.name or "", t.description, t.parameters, t.strict, f"tools[{i}]", {}, declared=declared
+            )
             for i, t in enumerate(req.tools or [])
             if _function_tool(t, i)
         ],
         "tools",
+        declared,
     )
     hosted = isinstance(req.tool_choice, WebSearchChoice | DatedWebSearchChoice)
     choice = "auto" if hosted else req.tool_choice or "auto"
@@ -136,7 +140,7 @@ def _function_tool(tool: FunctionTool, i: int) -> bool:
 
 
 def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
-    out: list[Message] = [SystemMessage((req.instructions,))] if req.instructions is not None else []
+    out: list[Message] = [SystemMessage((req.instructions,))] if req.instructions else []
     if req.input is None:
         if not out:
             raise fail("Either input or instructions must be provided", "input")
@@ -147,6 +151,7 @@ def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
         raise fail("Input items array must not be empty", "input")
     turn: _AssistantTurn | None = None
     pending: dict[str, str] = {}  # call id -> path of a function call still waiting for its output
+    called: set[str] = set()  # every call id so far: one call per id in the whole input
     for i, raw in enumerate(req.input):
         param = f"input[{i}]"
         item = _item(raw, param)
@@ -169,6 +174,9 @@ def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
             if turn is not None:
                 out[turn.index] = turn.add(item, param)
             if isinstance(item, FunctionCallItem):
+                if item.call_id in called:
+                    raise fail(f"Duplicate 'call_id': {item.call_id}.", f"{param}.call_id")
+                called.add(item.call_id)
                 pending[item.call_id] = param
         else:
             turn = None

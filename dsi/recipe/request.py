@@ -84,14 +84,26 @@ class ParsedRequest:
 
 
 def tool_spec(
-    name: str, description: str | None, parameters: Any, strict: bool | None, param: str, default: Any = None
+    name: str,
+    description: str | None,
+    parameters: Any,
+    strict: bool | None,
+    param: str,
+    default: Any = None,
+    *,
+    declared: bool = True,
+    required: bool = False,
 ) -> ToolSpec:
     """A checked tool; a strict tool's parameters are normalized to strict form. ``default``
-    stands for parameters the client left out."""
+    stands for parameters the client left out (``required``: null is checked as a schema).
+    A tool that is not ``declared`` (``tool_choice: none``) is never shown or called, so only
+    its name is checked, as deepseek-recipe checks it."""
     check_tool_name(name, f"{param}.name")
-    if parameters is None:
-        parameters = default
-    elif parameters is not None:
+    if not declared:
+        return ToolSpec(name, description, parameters, strict)
+    if parameters is None and not required:
+        parameters = strict_schema({"type": "object"}) if strict and default is not None else default
+    else:
         check_parameters(parameters, name, f"{param}.parameters")
         if strict:
             try:
@@ -101,10 +113,11 @@ def tool_spec(
     return ToolSpec(name, description, parameters, strict)
 
 
-def unique_tools(tools: list[ToolSpec], param: str) -> tuple[ToolSpec, ...]:
+def unique_tools(tools: list[ToolSpec], param: str, declared: bool = True) -> tuple[ToolSpec, ...]:
+    """``tools``, whose names must differ when they are ``declared``."""
     seen: set[str] = set()
     for i, tool in enumerate(tools):
-        if tool.name in seen:
+        if tool.name in seen and declared:
             raise fail("Tool names must be unique.", f"{param}[{i}].name")
         seen.add(tool.name)
     return tuple(tools)

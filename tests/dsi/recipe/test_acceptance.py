@@ -128,6 +128,9 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "messages-tool-choice-any-without-tools": msgs(tool_choice={"type": "any"}),
     "messages-tool-name-of-128": msgs(tools=[{**TOOL_M, "name": "f" * 128}]),
+    "messages-empty-system-lists": msgs(
+        V41, system=[], thinking={"type": "disabled"}, messages=[{"role": "system", "content": []}, *USER]
+    ),
     "messages-output-format-object-without-properties": msgs(
         output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}
     ),
@@ -190,8 +193,24 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ],
     ),
+    "chat-empty-system-messages-left-out": chat(
+        V41,
+        thinking={"type": "disabled"},
+        messages=[{"role": "system", "content": ""}, *USER, {"role": "system", "content": []}, *USER],
+    ),
+    "chat-tool-choice-none-skips-schema-checks": chat(
+        tool_choice="none",
+        tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}},
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}},
+        ],
+    ),
+    "chat-strict-tool-without-parameters": chat(
+        tools=[{"type": "function", "function": {"name": "f", "strict": True}}], thinking={"type": "disabled"}
+    ),
     # Responses
     "responses-effort-ultra": resp(reasoning={"effort": "ultra"}),
+    "responses-empty-instructions": resp(V41, instructions="", reasoning={"effort": "none"}),
     "responses-stream-options-without-stream": resp(stream_options={"include_obfuscation": False}),
     "responses-defer-loading": resp(tools=[{"type": "function", "name": "f", "defer_loading": True}]),
     "responses-dated-web-search": resp(
@@ -382,7 +401,58 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str | None]] = {
         ),
         None,
     ),
-    "responses-neither-input-nor-instructions": ("responses", {"model": V4}, "input"),
+    "responses-neither-input-nor-instructions": ("responses", {"model": V4, "instructions": ""}, "input"),
+    "responses-duplicate-call-id": (
+        *resp(tools=[{"type": "function", "name": "f"}], input=[*USER, FC, FC_OUT, *USER, FC, FC_OUT]),
+        "input[4].call_id",
+    ),
+    "chat-strict-nested-object-without-properties": (
+        *chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "strict": True,
+                        "parameters": {"type": "object", "properties": {"o": {"type": "object"}}},
+                    },
+                }
+            ]
+        ),
+        "tools[0].function.parameters",
+    ),
+    "chat-strict-string-enum-of-numbers": (
+        *chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "strict": True,
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"a": {"type": "string", "enum": [1]}},
+                        },
+                    },
+                }
+            ]
+        ),
+        "tools[0].function.parameters",
+    ),
+    "chat-schema-type-null": (
+        *chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": None}}},
+                    },
+                }
+            ]
+        ),
+        "tools[0].function.parameters",
+    ),
     "responses-image-by-file-id-v41": (
         *resp(V41, input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]),
         None,
