@@ -222,8 +222,16 @@ def _assistant(blocks: list[Any], param: str, last: bool) -> tuple[AssistantMess
         elif not isinstance(b, RedactedThinkingBlock):
             raise fail(f"`{b.__struct_config__.tag}` blocks can only be in `user` messages", where)
     reasoning = "\n\n".join(thoughts) if thoughts else None
-    content = "\n\n".join(t for t in texts if t)
-    return AssistantMessage(content, reasoning, tuple(calls), prefix=last, image=image), ids
+    return AssistantMessage(_join_texts(texts), reasoning, tuple(calls), prefix=last, image=image), ids
+
+
+def _join_texts(texts: list[str]) -> str:
+    """Texts joined by blank lines, where a text only starts a separator once some text came
+    before it (``["", "a", ""]`` -> ``"a\n\n"``), as deepseek-recipe joins them."""
+    out = ""
+    for text in texts:
+        out = f"{out}\n\n{text}" if out else text
+    return out
 
 
 def _system_parts(blocks: list[Any], param: str) -> tuple[str | ImageRef, ...]:

@@ -118,6 +118,14 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
             *USER,
         ]
     ),
+    "messages-assistant-texts-joined-as-deepseek-recipe-joins-them": msgs(
+        messages=[
+            *USER,
+            {"role": "assistant", "content": [{"type": "text", "text": t} for t in ("", "x", "", "y", "")]},
+            *USER,
+        ],
+        thinking={"type": "disabled"},
+    ),
     "messages-tool-use-input-not-an-object": msgs(
         tools=[TOOL_M],
         messages=[
