@@ -131,45 +131,56 @@ def test_v41_within_the_shipped_vocabulary(shipped: Recipe, protocol: str, seed:
     assert list(ours.prompt_token_ids) == theirs
 
 
+FEATURES = (
+    "tool_calls",
+    "function_call_output",
+    "tool_result",
+    "reasoning_content",
+    "thinking",
+    "json_object",
+    "json_schema",
+    "latest_reminder",
+    "image",
+    "prefix",
+    "strict",
+    "'budget_tokens'",
+    "'regex'",
+    "'original'",
+    "'defer_loading'",
+    "'web_search_call'",
+    "'web_search_2025_08_26'",
+    "'phase'",
+    "'input_file'",
+    "'document'",
+    "'image/jpg'",
+    "'file_id'",
+    "_" * 60,  # a tool name longer than OpenAI's 64 characters
+)
+
+
+def _features(protocol: str, body: dict[str, Any]) -> set[str]:
+    text = repr(body)
+    seen = {f"marker:{m}" for m in gen.MARKERS if m in text}
+    seen |= {f"effort:{e}" for e in gen.EFFORTS if f"'{e}'" in text}
+    seen |= {f for f in FEATURES if f in text}
+    if protocol == "messages":
+        if any(m["role"] == "system" for m in body["messages"]):
+            seen.add("messages:system-role")
+        budget = body.get("thinking", {}).get("budget_tokens")
+        if budget is not None and budget >= body.get("max_tokens", 0):
+            seen.add("messages:budget>=max_tokens")
+        if "max_tokens" not in body:
+            seen.add("messages:no-max_tokens")
+    return seen
+
+
 def test_generated_requests_cover_the_features() -> None:
     """The generator really produces what the differential test claims to cover."""
     seen: set[str] = set()
     for protocol, seed in _cases():
-        body = gen.GENERATORS[protocol](random.Random(f"{protocol}-{seed}"), gen.MODELS[seed % 2])
-        text = repr(body)
-        for marker in gen.MARKERS:
-            if marker in text:
-                seen.add(f"marker:{marker}")
-        for effort in gen.EFFORTS:
-            if f"'{effort}'" in text:
-                seen.add(f"effort:{effort}")
-        for feature in (
-            "tool_calls",
-            "function_call_output",
-            "tool_result",
-            "reasoning_content",
-            "thinking",
-            "json_object",
-            "json_schema",
-            "latest_reminder",
-            "image",
-            "prefix",
-            "strict",
-        ):
-            if feature in text:
-                seen.add(feature)
-    missing = {f"marker:{m}" for m in gen.MARKERS} | {f"effort:{e}" for e in gen.EFFORTS}
-    missing |= {
-        "tool_calls",
-        "function_call_output",
-        "tool_result",
-        "reasoning_content",
-        "thinking",
-        "json_object",
-        "json_schema",
-        "latest_reminder",
-        "image",
-        "prefix",
-        "strict",
-    }
-    assert missing - seen == set()
+        seen |= _features(
+            protocol, gen.GENERATORS[protocol](random.Random(f"{protocol}-{seed}"), gen.MODELS[seed % 2])
+        )
+    wanted = {f"marker:{m}" for m in gen.MARKERS} | {f"effort:{e}" for e in gen.EFFORTS} | set(FEATURES)
+    wanted |= {"messages:system-role", "messages:budget>=max_tokens", "messages:no-max_tokens"}
+    assert wanted - seen == set()
