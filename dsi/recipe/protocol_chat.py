@@ -63,8 +63,6 @@ from dsi.recipe.wire import decode, fail
 
 FILE_PART_ERROR = "file parts are not supported; send an image as an image_url part"
 
-# -- conversion ----------------------------------------------------------------------------
-
 
 def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     req = decode(body, ChatRequest)

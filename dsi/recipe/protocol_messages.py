@@ -61,8 +61,6 @@ from dsi.recipe.wire import decode, fail
 
 FILE_IMAGE_ERROR = "file_id is not supported. Pass the image as a base64 data url instead."
 
-# -- conversion ----------------------------------------------------------------------------
-
 
 def parse_messages(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     req = decode(body, MessagesRequest)

@@ -64,8 +64,6 @@ DROPPED_TOOL_TYPES = frozenset({"web_search", "web_search_preview", "web_search_
 DROPPED_CHOICE_TYPES = ("web_search", "web_search_2025_08_26")
 FILE_TEXT = "[Unsupported Document]"
 
-# -- conversion ----------------------------------------------------------------------------
-
 
 def parse_responses(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     req = decode(body, ResponsesRequest)
