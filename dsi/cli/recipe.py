@@ -5,8 +5,9 @@
     {"prompt": "<｜begin▁of▁sentence｜>...", "special_ranges": [[0, 21], ...],
      "token_ids": [0, ...], "model_version": "V4"}
 
-``token_ids`` uses the V4 tokenizer and is null for V4.1 prompts. A bad request prints the
-protocol's error body and exits with status 2.
+``token_ids`` come from the shipped V4 vocabulary. A bad request prints the protocol's error
+body and exits with status 2; so does a prompt that needs a control token this vocabulary lacks
+(``<｜System｜>`` of V4.1).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _render(args: argparse.Namespace) -> int:
     out = {
         "prompt": req.prompt.text,
         "special_ranges": [list(r) for r in req.prompt.special_ranges],
-        "token_ids": list(req.prompt_token_ids) if req.prompt_token_ids is not None else None,
+        "token_ids": list(req.prompt_token_ids),
         "model_version": req.model_version.value,
     }
     print(json.dumps(out, ensure_ascii=False))

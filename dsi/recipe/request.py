@@ -16,6 +16,7 @@ MAX_STOP_SEQUENCES = 16
 MAX_TOP_LOGPROBS = 20
 
 # Client effort names -> the levels the templates know; "none" turns thinking off instead.
+# "max" and "ultra" are DeepSeek's names beyond OpenAI's list.
 EFFORTS: dict[str, Effort | None] = {
     "none": None,
     "minimal": Effort.LOW,
@@ -23,9 +24,10 @@ EFFORTS: dict[str, Effort | None] = {
     "medium": Effort.HIGH,
     "high": Effort.HIGH,
     "xhigh": Effort.XHIGH,
+    "ultra": Effort.MAX,
     "max": Effort.MAX,
 }
-EffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+EffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,17 +78,32 @@ class ParsedRequest:
     max_tokens_param: str = "max_tokens"
     clamp_max_tokens: bool = False  # Messages lowers a too-large max_tokens instead of refusing
     echo: dict[str, Any] = field(default_factory=dict)  # request settings responses report back
+    # thinking on: a required tool_choice is declared as auto and enforced after the reasoning
+    # (Messages ``any``, which deepseek-recipe accepts with thinking) instead of refused
+    required_after_reasoning: bool = False
 
 
 def tool_spec(
-    name: str, description: str | None, parameters: Any, strict: bool | None, param: str, default: Any = None
+    name: str,
+    description: str | None,
+    parameters: Any,
+    strict: bool | None,
+    param: str,
+    default: Any = None,
+    *,
+    declared: bool = True,
+    required: bool = False,
 ) -> ToolSpec:
     """A checked tool; a strict tool's parameters are normalized to strict form. ``default``
-    stands for parameters the client left out."""
+    stands for parameters the client left out (``required``: null is checked as a schema).
+    A tool that is not ``declared`` (``tool_choice: none``) is never shown or called, so only
+    its name is checked, as deepseek-recipe checks it."""
     check_tool_name(name, f"{param}.name")
-    if parameters is None:
-        parameters = default
-    elif parameters is not None:
+    if not declared:
+        return ToolSpec(name, description, parameters, strict)
+    if parameters is None and not required:
+        parameters = strict_schema({"type": "object"}) if strict and default is not None else default
+    else:
         check_parameters(parameters, name, f"{param}.parameters")
         if strict:
             try:
@@ -96,10 +113,11 @@ def tool_spec(
     return ToolSpec(name, description, parameters, strict)
 
 
-def unique_tools(tools: list[ToolSpec], param: str) -> tuple[ToolSpec, ...]:
+def unique_tools(tools: list[ToolSpec], param: str, declared: bool = True) -> tuple[ToolSpec, ...]:
+    """``tools``, whose names must differ when they are ``declared``."""
     seen: set[str] = set()
     for i, tool in enumerate(tools):
-        if tool.name in seen:
+        if tool.name in seen and declared:
             raise fail("Tool names must be unique.", f"{param}[{i}].name")
         seen.add(tool.name)
     return tuple(tools)
@@ -108,11 +126,10 @@ def unique_tools(tools: list[ToolSpec], param: str) -> tuple[ToolSpec, ...]:
 def choose_tool(
     choice: str, named: str | None, tools: tuple[ToolSpec, ...], param: str
 ) -> tuple[ToolChoice, str | None]:
-    """``(tool_choice, forced_tool)`` for ``auto``/``none``/``required`` or a named tool."""
+    """``(tool_choice, forced_tool)`` for ``auto``/``none``/``required`` or a named tool. With no
+    tools declared, a required or named choice is ``auto`` (as deepseek-recipe takes it)."""
     if choice in ("required", "named") and not tools:
-        raise fail(
-            f"Invalid value for '{param}': '{param}' is only allowed when 'tools' are specified.", param
-        )
+        return "auto", None
     if choice == "named":
         if named not in {t.name for t in tools}:
             raise fail(
@@ -202,22 +219,36 @@ def check_top_logprobs(top_logprobs: int | None, logprobs: bool, param: str = "t
 
 
 def check_tool_results(messages: list[tuple[Message, str]], calls: dict[int, set[str]]) -> None:
-    """Every tool result answers a call of the assistant message just before it (only other
-    results between). ``messages``: (message, its request path); ``calls``: position of an
-    assistant message -> the ids of its calls."""
-    open_calls: set[str] | None = None
+    """An assistant message's calls are answered by the tool results right after it, one each,
+    before any other message; a tool result answers nothing else. ``messages``: (message, its
+    request path); ``calls``: position of an assistant message -> the ids of its calls."""
+    waiting: set[str] = set()  # calls of the last assistant message not answered yet
+    asker = ""
     for i, (msg, param) in enumerate(messages):
-        if isinstance(msg, ToolResult):
-            if open_calls is None:
-                raise fail(
-                    "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'.",
-                    param,
-                )
-            if msg.call_id not in open_calls:
-                raise fail(
-                    f"Invalid parameter: tool_call_id '{msg.call_id}' was not found in the "
-                    "'tool_calls' of the preceding assistant message.",
-                    param,
-                )
-        else:
-            open_calls = calls.get(i)
+        if not isinstance(msg, ToolResult):
+            _check_all_answered(waiting, asker)
+            waiting, asker = set(calls.get(i, ())), param
+            continue
+        if not waiting:
+            raise fail(
+                "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'.",
+                param,
+            )
+        if msg.call_id not in waiting:
+            raise fail(
+                f"Invalid parameter: tool_call_id '{msg.call_id}' was not found in the "
+                "'tool_calls' of the preceding assistant message.",
+                param,
+            )
+        waiting.discard(msg.call_id)
+    _check_all_answered(waiting, asker)
+
+
+def _check_all_answered(waiting: set[str], param: str) -> None:
+    if waiting:
+        raise fail(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+            f"{', '.join(sorted(waiting))}",
+            param,
+        )

@@ -9,7 +9,9 @@ every sampling setting resolved the way DeepSeek's API resolves it.
                  V4.1: thinking -> the request's value raised to at least 0.95 (1.0 if absent);
                  no thinking -> 1.0
     thinking     off for ``thinking: disabled`` or effort ``none``; an explicit enable wins over
-                 effort ``none`` (effort then ``high``); named/required tool_choice needs it off
+                 effort ``none`` (effort then ``high``); named/required tool_choice needs it off,
+                 except Messages ``any``: its prompt declares the tools as for ``auto`` (as
+                 deepseek-recipe renders it) and the call is required after the reasoning
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from dsi.recipe.conversation import (
     ToolChoice,
     ToolSpec,
 )
-from dsi.recipe.encode import PromptEncoder
+from dsi.recipe.encode import MissingControlToken, PromptEncoder
 from dsi.recipe.errors import Protocol, RequestError
 from dsi.recipe.models import ServedModel
 from dsi.recipe.render import render
 from dsi.recipe.request import EFFORTS, ParsedRequest, ThinkingRequest
 from dsi.recipe.segments import RenderedPrompt
+from dsi.recipe.vision import v41_images
 from dsi.recipe.wire import fail
 
 MAX_OUTPUT_TOKENS = 393_216
@@ -47,9 +50,8 @@ DEFAULT_MAX_EFFORT_MAX_TOKENS = 131_072
 class ResolvedRequest:
     """Everything the gateway needs to run one request and answer in its protocol.
 
-    ``prompt_token_ids`` is None for V4.1 (its control tokens are not in the V4 vocabulary);
-    ``prompt_tokens`` is then an estimate (V4 BPE on the text, one per control token).
-    ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
+    ``prompt_token_ids`` come from the served model's tokenizer file; ``prompt_tokens`` is their
+    number. ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
     """
 
     protocol: Protocol
@@ -57,7 +59,7 @@ class ResolvedRequest:
     model_version: ModelVersion
     conversation: Conversation
     prompt: RenderedPrompt
-    prompt_token_ids: tuple[int, ...] | None
+    prompt_token_ids: tuple[int, ...]
     prompt_tokens: int
     thinking: bool
     effort: Effort | None
@@ -111,25 +113,25 @@ def resolve(
     max_output_tokens: int = MAX_OUTPUT_TOKENS,
 ) -> ResolvedRequest:
     thinking, effort = _thinking(parsed.thinking, default_thinking)
+    prompt_choice = parsed.tool_choice
     if thinking and parsed.tool_choice == "required":
-        raise fail("Thinking mode does not support this tool_choice", parsed.tool_choice_param)
+        if not parsed.required_after_reasoning or parsed.forced_tool is not None:
+            raise fail("Thinking mode does not support this tool_choice", parsed.tool_choice_param)
+        prompt_choice = "auto"
     conv = Conversation(
         _fill_reasoning(parsed.messages, thinking),
         parsed.tools,
-        parsed.tool_choice,
+        prompt_choice,
         parsed.forced_tool,
         thinking,
         effort,
         parsed.response_format,
     )
     version = served.version
+    images = v41_images(conv) if version is ModelVersion.V41 else ()
     rendered = render(conv, version)
-    if version is ModelVersion.V4:
-        ids: tuple[int, ...] | None = tuple(encoder.encode(rendered.prompt))
-        count = len(ids)
-    else:
-        ids = None
-        count = encoder.count_tokens(rendered.prompt)
+    ids = _encode(rendered.prompt, served, encoder)
+    count = len(ids)
     opts = parsed.options
     return ResolvedRequest(
         protocol=parsed.protocol,
@@ -161,9 +163,22 @@ def resolve(
         parallel_tool_calls=opts.parallel_tool_calls,
         user=opts.user,
         metadata=opts.metadata,
-        images=conv.images() if version is ModelVersion.V41 else (),
+        images=images,
         echo=parsed.echo,
     )
+
+
+def _encode(prompt: RenderedPrompt, served: ServedModel, encoder: PromptEncoder) -> tuple[int, ...]:
+    """The prompt's ids in ``served``'s vocabulary; a 400 naming a control token it lacks."""
+    try:
+        return tuple(encoder.encode(prompt))
+    except MissingControlToken as exc:
+        raise RequestError(
+            400,
+            f"This request needs the control token {exc.token.value}, which is not in the vocabulary of "
+            f"the tokenizer of model `{served.name}` ({exc.tokenizer.name}).",
+            code="unsupported_control_token",
+        ) from None
 
 
 def _thinking(req: ThinkingRequest, default: bool) -> tuple[bool, Effort | None]:

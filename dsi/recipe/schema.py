@@ -15,7 +15,8 @@ from typing import Any
 
 from dsi.recipe.errors import RequestError
 
-TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_TOOL_NAME = 128  # characters, as deepseek-recipe allows (OpenAI allows 64)
+TOOL_NAME_RE = re.compile(rf"[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME}}}")
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 STRING_FORMATS = frozenset(
     {"email", "hostname", "ipv4", "ipv6", "uuid", "date-time", "date", "time", "duration"}
@@ -49,7 +50,7 @@ def check_tool_name(name: str, param: str) -> None:
         raise RequestError(
             400,
             f"Invalid '{param}': string does not match pattern. Expected a string that "
-            "matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+            f"matches the pattern '^[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME}}}$'.",
             param=param,
         )
 
@@ -76,11 +77,8 @@ def check_schema(schema: Any, where: str = "") -> None:
         return
     if not isinstance(schema, dict):
         raise SchemaError(f'{_at(where)}{_show(schema)} is not of types "boolean", "object"')
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    for k in kinds:
-        if k not in JSON_TYPES:
-            raise SchemaError(f"{_at(where + '.type')}{_show(k)} is not a JSON Schema type")
+    if "type" in schema:
+        _check_type(schema["type"], where + ".type")
     for key in _SCHEMA_MAPS:
         if key in schema:
             value = _typed(schema, key, dict, "object", where)
@@ -117,18 +115,27 @@ def check_schema(schema: Any, where: str = "") -> None:
             _typed(schema, key, str, "string", where)
 
 
+def _check_type(kind: Any, where: str) -> None:
+    """``type``: a JSON type name, or a non-empty list of distinct ones."""
+    kinds = kind if isinstance(kind, list) else [kind]
+    if not kinds or len({json.dumps(k) for k in kinds}) != len(kinds):
+        raise SchemaError(f"{_at(where)}{_show(kind)} is not a non-empty list of distinct JSON Schema types")
+    for k in kinds:
+        if not isinstance(k, str) or k not in JSON_TYPES:
+            raise SchemaError(f"{_at(where)}{_show(k)} is not a JSON Schema type")
+
+
 def strict_schema(schema: Any, where: str = "", empty_object_ok: bool = True) -> Any:
-    """``schema`` under strict-mode rules (see the module docstring); raises SchemaError."""
+    """``schema`` under strict-mode rules (see the module docstring); raises SchemaError.
+    ``empty_object_ok``: the root may be an object without properties (a tool's parameters);
+    a nested one never may, as in deepseek-recipe."""
     if not isinstance(schema, dict):
         raise SchemaError(f"{_at(where)}one of `type`, `anyOf`, `$ref` field is required")
     if "$ref" in schema:
         return {"$ref": schema["$ref"], **_rest(schema, ("$ref", "description"))}
     if "anyOf" in schema:
         out: dict[str, Any] = {
-            "anyOf": [
-                strict_schema(s, f"{where}.anyOf[{i}]", empty_object_ok)
-                for i, s in enumerate(schema["anyOf"])
-            ]
+            "anyOf": [strict_schema(s, f"{where}.anyOf[{i}]", False) for i, s in enumerate(schema["anyOf"])]
         }
         return {**out, **_pick(schema, ("description",)), **_rest(schema, ("anyOf", "description"))}
     kind = schema.get("type")
@@ -150,22 +157,31 @@ def strict_schema(schema: Any, where: str = "", empty_object_ok: bool = True) ->
             raise SchemaError("Required properties must match all properties in the object")
         fields = {
             "properties": {
-                name: strict_schema(sub, f"{where}.properties.{name}", empty_object_ok)
-                for name, sub in props.items()
+                name: strict_schema(sub, f"{where}.properties.{name}", False) for name, sub in props.items()
             },
             "additionalProperties": False,
             "required": list(props),
         }
     elif main == "array" and "items" in schema:
-        fields = {"items": strict_schema(schema["items"], f"{where}.items", empty_object_ok)}
+        fields = {"items": strict_schema(schema["items"], f"{where}.items", False)}
     else:
         fields = {}
+    if main == "string" and "enum" in schema:
+        _check_string_enum(schema["enum"], kind, where)
     for key in order:
         if key in fields:
             out[key] = fields[key]
         elif key in schema:
             out[key] = schema[key]
     return {**out, **_rest(schema, ("type", *order))}
+
+
+def _check_string_enum(values: Any, kind: Any, where: str) -> None:
+    """A strict string schema's ``enum`` lists strings (and null when the type allows it)."""
+    nullable = isinstance(kind, list) and "null" in kind
+    for value in values if isinstance(values, list) else []:
+        if not isinstance(value, str) and not (value is None and nullable):
+            raise SchemaError(f"{_at(where + '.enum')}{_show(value)} is not a string")
 
 
 def _rest(schema: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:

@@ -99,8 +99,9 @@ def tools_section(tools: tuple[ToolSpec, ...], names: DsmlNames) -> list[Segment
 
 
 def response_format_section(fmt: ResponseFormat, v4: bool) -> list[Segment]:
-    """The system-block paragraph for ``json_object`` / ``json_schema``; empty for text."""
-    if fmt.kind == "text":
+    """The system-block paragraph for ``json_object`` / ``json_schema``; empty for text, for a
+    regex and for a format not stated in the prompt."""
+    if fmt.kind in ("text", "regex") or not fmt.in_prompt:
         return []
     if fmt.kind == "json_object" and v4:
         return [

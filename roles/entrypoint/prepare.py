@@ -39,9 +39,6 @@ class Preparer:
             raise RequestError(400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
                                code="invalid_request_body") from None
         req = self.recipe.prepare(protocol, text)
-        if req.prompt_token_ids is None:
-            raise RequestError(400, f"model {req.model!r} speaks {req.model_version.value}, whose control tokens "
-                               "this deployment's V4 vocabulary does not have", param="model", code="model_not_found")
         ids = list(req.prompt_token_ids)
         room = self.max_context - len(ids)
         if room <= 0:
@@ -103,6 +100,8 @@ def _structured(req: ResolvedRequest, opener_in_prompt: bool) -> StructuredSpec 
     fmt = req.response_format
     if fmt.kind == "json_object":
         return StructuredSpec.json_object(after_think=after_think)
+    if fmt.kind == "regex":
+        return StructuredSpec.for_regex(fmt.regex or "", after_think=after_think)
     if fmt.kind == "json_schema":
         schema = fmt.schema if fmt.schema is not None else {}
         return StructuredSpec.json_schema(schema if isinstance(schema, dict) else json.loads(schema),

