@@ -1,12 +1,12 @@
 """``dsi bench trace-hits``: prefix-cache hit rate of a public request trace, replayed through the
-real hash chain and BlockIndex with 128-token blocks.
+real hash chain and BlockIndex with the blocks of the full-size model (``FLASH.block_size``, 128).
 
 Each trace line has ``hash_ids``: prefix-block ids of 512 tokens (the last one partial). Block ids
-are expanded into 4 blocks of 128 tokens whose token ids are derived from (hash id, child index),
-then hashed with ``HashChain``; a partial last id gives only its full 128-token children.
+are expanded into 512 / B blocks of B tokens whose token ids are derived from (hash id, child
+index), then hashed with ``HashChain``; a partial last id gives only its full B-token children.
 Requests are replayed in timestamp order, the trace's clock driving the index clock:
 
-    hit = index.match_prefix(chain, touch=True)      hit tokens += 128 * hit
+    hit = index.match_prefix(chain, touch=True)      hit tokens += B * hit
     index.insert(the chain's blocks not held)        (capacity eviction: LRU)
 
 Hit rate = hit tokens / prompt tokens (``input_length``), for an unbounded index and for
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dsi.kvcache.hashchain import BLOCK_TOKENS, HashChain, keys_of
+from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.kvcache.index import BlockIndex, Locations
+from dsi.model.config import FLASH
 
 TRACE_BLOCK = 512
-CHILDREN = TRACE_BLOCK // BLOCK_TOKENS
 DEFAULT_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -54,15 +54,18 @@ def load_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
     return out
 
 
-def block_tokens(req: TraceRequest) -> np.ndarray:
-    """``[full_blocks * 128]`` synthetic token ids: 4 children per 512-token id, the partial last
-    id cut to its full 128-token children."""
+def block_tokens(req: TraceRequest, block_size: int) -> np.ndarray:
+    """``[full_blocks * block_size]`` synthetic token ids: ``512 / block_size`` children per
+    512-token id, the partial last id cut to its full children."""
+    if TRACE_BLOCK % block_size or block_size < 4:
+        raise ValueError(f"block_size {block_size} must divide the trace's {TRACE_BLOCK}-token blocks")
+    children = TRACE_BLOCK // block_size
     ids = np.asarray(req.hash_ids, dtype=np.uint64)
-    full = min(len(ids) * CHILDREN, req.input_length // BLOCK_TOKENS)
-    blocks = np.zeros((len(ids) * CHILDREN, BLOCK_TOKENS), dtype=np.uint32)
-    blocks[:, 0] = np.repeat(ids & np.uint64(0xFFFFFFFF), CHILDREN).astype(np.uint32)
-    blocks[:, 1] = np.repeat(ids >> np.uint64(32), CHILDREN).astype(np.uint32)
-    blocks[:, 2] = np.tile(np.arange(CHILDREN, dtype=np.uint32), len(ids))
+    full = min(len(ids) * children, req.input_length // block_size)
+    blocks = np.zeros((len(ids) * children, block_size), dtype=np.uint32)
+    blocks[:, 0] = np.repeat(ids & np.uint64(0xFFFFFFFF), children).astype(np.uint32)
+    blocks[:, 1] = np.repeat(ids >> np.uint64(32), children).astype(np.uint32)
+    blocks[:, 2] = np.tile(np.arange(children, dtype=np.uint32), len(ids))
     blocks[:, 3] = 0x5EED  # marks synthetic blocks
     return blocks[:full].reshape(-1)
 
@@ -75,7 +78,8 @@ class _TraceClock:
         return self.t
 
 
-def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int) -> tuple[float, int]:
+def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int,
+           block_size: int) -> tuple[float, int]:
     """(hit rate, distinct blocks held at the end) for one capacity (0 = unbounded)."""
     clock = _TraceClock()
     index = BlockIndex(capacity=capacity, clock=clock)
@@ -83,7 +87,7 @@ def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int
     for req, keys in zip(requests, chains, strict=True):
         clock.t = req.timestamp_s
         hit = index.match_prefix(keys, touch=True)
-        hit_tokens += hit * BLOCK_TOKENS
+        hit_tokens += hit * block_size
         prompt_tokens += req.input_length
         fresh = index.fresh(keys)
         if capacity:
@@ -97,11 +101,13 @@ def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int
 def run(trace: Path, limit: int = 0) -> dict:
     start = time.perf_counter()
     requests = load_trace(trace, limit)
-    chain = HashChain(root_seed=0, model="trace")
-    chains = [keys_of(chain.hashes(block_tokens(r))).copy() for r in requests]
+    chain = HashChain(root_seed=0, model="trace", block_size=FLASH.block_size)
+    bs = chain.block_size
+    chains = [keys_of(chain.hashes(block_tokens(r, bs))).copy() for r in requests]
     hash_s = time.perf_counter() - start
-    unbounded, distinct = replay(requests, chains, 0)
+    unbounded, distinct = replay(requests, chains, 0, bs)
     out = {
+        "block_size": bs,
         "requests": len(requests),
         "prompt_tokens": sum(r.input_length for r in requests),
         "distinct_blocks": distinct,
@@ -110,7 +116,7 @@ def run(trace: Path, limit: int = 0) -> dict:
     for label, fraction in (("10pct", 10), ("1pct", 100)):
         capacity = max(1, distinct // fraction)
         out[f"capacity_{label}"] = capacity
-        out[f"hit_rate_{label}"] = round(replay(requests, chains, capacity)[0], 4)
+        out[f"hit_rate_{label}"] = round(replay(requests, chains, capacity, bs)[0], 4)
     out["hash_s"] = round(hash_s, 2)
     out["total_s"] = round(time.perf_counter() - start, 2)
     return out
@@ -126,7 +132,7 @@ def resolve(trace: Path) -> Path:
 def format_table(f: dict) -> str:
     rows = [
         ("requests / prompt tokens", f"{f['requests']:,} / {f['prompt_tokens']:,}"),
-        ("distinct 128-token blocks", f"{f['distinct_blocks']:,}"),
+        (f"distinct {f['block_size']}-token blocks", f"{f['distinct_blocks']:,}"),
         ("hit rate, unbounded", f"{f['hit_rate_unbounded']:.4f}"),
         (f"hit rate, capacity 10% ({f['capacity_10pct']:,} blocks)", f"{f['hit_rate_10pct']:.4f}"),
         (f"hit rate, capacity 1% ({f['capacity_1pct']:,} blocks)", f"{f['hit_rate_1pct']:.4f}"),
@@ -143,7 +149,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("trace-hits", help="prefix-cache hit rate of a request trace (128-token blocks)")
+    parser = sub.add_parser("trace-hits", help="prefix-cache hit rate of a request trace (the model's blocks)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="JSONL trace with hash_ids")
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0 = all)")

@@ -103,7 +103,7 @@ class Engine:
         self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
                                    c.max_running)
         self.requests: dict[str, Request] = {}
-        self.hash_chain = HashChain(self.config.root_seed, cfg.name)
+        self.hash_chain = HashChain.of(cfg, self.config.root_seed)
         self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
         self.full_pages = FullPages(self.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
         if c.collect_ring_snapshots and not cfg.window - 1 <= cfg.block_size <= cfg.window:

@@ -41,12 +41,13 @@ def test_kvstore_bench_prints_every_figure(capsys, tmp_path):
 def test_trace_expansion_and_replay_on_a_hand_made_trace():
     a = TraceRequest(0.0, 1100, (1, 2, 3))  # 2 full ids + 76 tokens: 8 full blocks
     b = TraceRequest(1.0, 1024 + 300, (1, 2, 9))  # shares 1024 tokens with a
-    assert block_tokens(a).size == 8 * 128 and block_tokens(b).size == 10 * 128
-    chain = HashChain()
-    chains = [keys_of(chain.hashes(block_tokens(r))).copy() for r in (a, b)]
-    rate, distinct = replay([a, b], chains, 0)
+    assert block_tokens(a, 128).size == 8 * 128 and block_tokens(b, 128).size == 10 * 128
+    chain = HashChain(block_size=128)
+    chains = [keys_of(chain.hashes(block_tokens(r, 128))).copy() for r in (a, b)]
+    rate, distinct = replay([a, b], chains, 0, 128)
     assert distinct == 8 + 2 and rate == 8 * 128 / (1100 + 1324)
-    assert replay([a, b], chains, 1)[0] == 128 / (1100 + 1324)  # only the head block fits
+    assert replay([a, b], chains, 1, 128)[0] == 128 / (1100 + 1324)  # only the head block fits
+    assert block_tokens(a, 256).size == 4 * 256  # other block sizes: 2 children per 512-token id
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason=f"no trace at {TRACE}")

@@ -136,7 +136,7 @@ def test_full_pages_carry_the_chain_hash_of_prompt_and_output(tiny):
     cfg, w = tiny
     prompt = random_prompts([250], seed=64)[0]
     out, pages = _full_pages_of(cfg, w, prompt, 40)  # 290 tokens, 289 computed: pages 0 and 1
-    chain = HashChain(0, cfg.name).hashes((prompt + out)[:256])
+    chain = HashChain.of(cfg).hashes((prompt + out)[:256])
     assert [p.index for p in pages] == [0, 1] and {p.request_id for p in pages} == {"r"}
     assert b"".join(p.block_hash for p in pages) == chain
     assert all(p.data.shape == (BlockLayout(cfg).elems,) and p.data.dtype == torch.float32 for p in pages)
@@ -148,7 +148,7 @@ def test_persisted_pages_serve_a_hit_in_another_engine(tiny):
     _, pages = _full_pages_of(cfg, w, prompt, 1)
     assert [p.index for p in pages] == [0, 1, 2, 3, 4]
     # Another process hashes the same prompt and finds the pages under the same keys.
-    keys = HashChain(0, cfg.name).hashes(prompt[:640])
+    keys = HashChain.of(cfg).hashes(prompt[:640])
     by_hash = {p.block_hash: p.data for p in pages}
     found = [by_hash[keys[i:i + 16]] for i in range(0, len(keys), 16)]
     second = Engine(cfg, w)

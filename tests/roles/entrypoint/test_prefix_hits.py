@@ -14,6 +14,7 @@ from dsi.kvcache.hashchain import HashChain
 from dsi.messages import ALL
 from dsi.messages.control import Heartbeat
 from dsi.messages.kvstore import GetIndexInfo
+from dsi.model.config import TINY
 from dsi.recipe import ModelVersion, Recipe
 from dsi.roles.controller import ControllerActor
 from dsi.roles.entrypoint.app import make_app
@@ -28,7 +29,7 @@ from tests.roles.entrypoint.fakes import FakePool
 from tests.roles.kvstore.conftest import Clock, Kvstores, block_bytes, put_msg
 from tests.transport.procs import free_address
 
-CHAIN = HashChain(root_seed=5, model="tiny")
+CHAIN = HashChain.of(TINY, root_seed=5)
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks
 BODIES = {  # each its own prompt (the three protocols render the same text alike)
