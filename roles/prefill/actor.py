@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 import time
 
 import torch
 
 from dsi.actor import handles
-from dsi.engine import CachedPrefix
-from dsi.engine.prefix import exact_hit_limit, ring_snapshot_shape
+from dsi.engine import CachedPrefix, exact_hit_limit
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
@@ -65,7 +63,7 @@ class PrefillActor(EngineRole):
             asyncio.get_running_loop().call_later(5.0, self._unshared.discard, rid)
         last = outputs[-1]
         self.counters.prefills += 1
-        stats = self.engine.stats.last_request(rid)
+        stats = self.service.request_stats(rid)
         replay = stats.replay_tokens if stats is not None else 0
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
             return Prefilled(lease.lease_id, list(last.output), list(last.logprobs or []), 0, 0, 0,
@@ -87,16 +85,16 @@ class PrefillActor(EngineRole):
 
     async def _fetch_hits(self, req: Generate) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt (at least its last token is always computed)."""
-        bs = self.engine.cfg.block_size
+        bs = self.shape.block_size
         usable = (len(req.token_ids) - 1) // bs
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
-            packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
+            packed = self.shape.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         hashes = unpack(packed)
-        fetched = await self.kvstore.fetch(hashes, self.engine.page_bytes)
+        fetched = await self.kvstore.fetch(hashes, self.shape.page_bytes)
         if not len(fetched):
             fetched.release()
             return hashes, None
@@ -106,9 +104,9 @@ class PrefillActor(EngineRole):
         """The hit as the engine takes it: exact when the SWA state at its end can be pulled from
         the host that made it (the hit may shrink to where an exact hit is possible), else the
         whole run of blocks with bounded replay."""
-        cfg, bs = self.engine.cfg, self.engine.cfg.block_size
-        pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
-        exact = min(len(fetched), exact_hit_limit(len(req.token_ids), cfg.keep, bs) // bs)
+        shape, bs = self.shape, self.shape.block_size
+        pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
+        exact = min(len(fetched), exact_hit_limit(len(req.token_ids), shape.keep, bs) // bs)
         if exact > 0:
             rings = await self._pull_state(hashes[exact - 1], exact * bs)
             if rings is not None:
@@ -125,9 +123,9 @@ class PrefillActor(EngineRole):
         owner = await self.kvstore.find_state(block_hash)
         if not owner or owner == self.settings.address:
             return None
-        shape = ring_snapshot_shape(self.engine.cfg)
+        shape = self.shape.ring_shape
         transfer = f"{self.name}.state.{secrets.token_hex(6)}"
-        inbound = self.data.expect(transfer, math.prod(shape) * 4, self.state_pull_timeout_s)  # fp32
+        inbound = self.data.expect(transfer, self.shape.ring_bytes, self.state_pull_timeout_s)
         try:
             peer = await self.peer(owner, self.state_pull_timeout_s)
             lease = self.lease(inbound, 0, self.state_pull_timeout_s)

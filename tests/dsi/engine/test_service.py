@@ -50,11 +50,11 @@ async def test_leaving_the_stream_aborts_and_frees(service):
     await stream.__anext__()
     await stream.aclose()
     for _ in range(200):
-        if not service.engine.has_unfinished():
+        if service.load.running == 0 and service.load.free_pages == service.shape.num_pages:
             break
         await asyncio.sleep(0.02)
-    pool = service.engine.runner.pool
-    assert not service.engine.has_unfinished() and pool.num_free == pool.num_blocks - 1
+    assert service.load.running == service.load.waiting == 0
+    assert service.load.free_pages == service.shape.num_pages
 
 
 async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
@@ -78,8 +78,8 @@ async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
         base = await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free))
         res = await decode.reserve(3)
         buf = bytearray(b"".join(bytes(p) for p in state.to_parts()))
-        received = RequestState.from_buffer(decode.engine, buf, "r", prompt, state.output, params, state.seed,
-                                            state.consumer_start, state.num_computed, state.logprobs)
+        received = RequestState.from_buffer(decode.shape.state_layout(3), buf, "r", prompt, state.output, params,
+                                            state.seed, state.consumer_start, state.num_computed, state.logprobs)
         stream = decode.import_request(received, res)
         buf[:] = bytes(len(buf))  # the receive buffer is reused as soon as import_request returns
         outs = [o async for o in stream]
@@ -87,7 +87,7 @@ async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
         assert [p.index for p in decode.take_full_pages()] == [0, 1]
         assert await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free)) == base
         free = await prefill.call(lambda e: e.runner.pool.num_free)
-        assert free == prefill.engine.runner.pool.num_blocks - 1
+        assert free == prefill.shape.num_pages == prefill.load.free_pages
     finally:
         await prefill.close()
         await decode.close()
