@@ -119,3 +119,18 @@ async def test_call_returns_results_and_errors_and_refused_imports_release(servi
 
 async def _collect_stream(stream):
     return [o async for o in stream]
+
+
+async def test_load_and_request_stats_come_through_the_service(service):
+    assert service.load.free_pages == service.shape.num_pages and service.load.running == 0
+    prompt = random_prompts([300], seed=34)[0]
+    first = await _collect(service, "p", prompt, SamplingParams(max_tokens=4, temperature=0), prefill_only=True)
+    assert first[-1].finish_reason == "prefilled"
+    assert service.request_stats("p").computed_prompt_tokens == 300  # held by the engine, not freed yet
+    assert service.load.free_pages <= service.shape.num_pages - service.shape.blocks(300)
+    await service.export("p")
+    await _collect(service, "d", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0))
+    assert service.request_stats("d").computed_prompt_tokens == 3  # its pages may be freed a step later
+    assert service.request_stats("nobody") is None
+    load = service.load
+    assert (load.running, load.prompt_tokens, load.computed_prompt_tokens, load.cached_tokens) == (0, 303, 303, 0)
