@@ -1,10 +1,12 @@
-"""Block hash chain: one 128-bit ``BlockHash`` per full 128-token block of a prompt.
+"""Block hash chain: one 128-bit ``BlockHash`` per full block (``B = block_size`` tokens) of a prompt.
 
     root   = xxh3_128(root_seed, model, version, cache salt)          one per request
-    h[0]   = xxh3_128(root  || tokens[0:128]   (|| extra[0]))
-    h[i]   = xxh3_128(h[i-1] || tokens[128i:128(i+1)] (|| extra[i]))
+    h[0]   = xxh3_128(root  || tokens[0:B]   (|| extra[0]))
+    h[i]   = xxh3_128(h[i-1] || tokens[B i:B (i+1)] (|| extra[i]))
 
-Token ids are hashed as little-endian uint32 (512 bytes per block). ``extra[i]`` holds the extra
+The block size is the model's (``ModelConfig.block_size``, 128 for the V4 family): a block hash
+names one Block KV page, so the chain takes it from the model config (``HashChain.of``) and
+never has its own. Token ids are hashed as little-endian uint32 (``4 B`` bytes per block). ``extra[i]`` holds the extra
 keys that belong to block i (the hashes of the images whose placeholder tokens it covers); the
 input length differs from a block without extras, so the two can never be confused. A partial
 last block is never hashed: only full blocks are cached.
@@ -19,14 +21,16 @@ uses). The loop does one xxh3 call per block (about 1.6 ns per token, 8,192 bloc
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
-BLOCK_TOKENS = 128
+if TYPE_CHECKING:
+    from dsi.model.config import ModelConfig
+
 HASH_BYTES = 16
-_BLOCK_BYTES = BLOCK_TOKENS * 4
 
 BlockHash = bytes
 """16 bytes: one block's position in one prompt's prefix chain."""
@@ -34,15 +38,24 @@ BlockHash = bytes
 
 @dataclass(slots=True, frozen=True)
 class HashChain:
-    """Hashes prompts for one model; ``root_seed`` comes from ``cluster.root_seed``."""
+    """Hashes prompts for one model; ``root_seed`` comes from ``cluster.root_seed``,
+    ``block_size`` (tokens per hashed block) from the model config."""
 
     root_seed: int = 0
     model: str = ""
     version: str = ""
+    block_size: int = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not 0 <= self.root_seed < 2**64:
             raise ValueError(f"root_seed must fit in 64 bits, got {self.root_seed}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be a positive number of tokens, got {self.block_size!r}")
+
+    @classmethod
+    def of(cls, model: ModelConfig, root_seed: int = 0) -> HashChain:
+        """The chain of ``model``'s pages: what the engine hashes and the entrypoint matches."""
+        return cls(root_seed, model.name, block_size=model.block_size)
 
     def root(self, cache_salt: str = "") -> BlockHash:
         """The parent of block 0: different salts (tenants) or models never share a block."""
@@ -58,33 +71,33 @@ class HashChain:
         chain starts at ``root(cache_salt)``. ``extras`` maps a block index to its extra keys.
         """
         ids = np.ascontiguousarray(tokens, dtype="<u4")
-        full = ids.size // BLOCK_TOKENS
+        full = ids.size // self.block_size
         start = self.root(cache_salt) if parent is None else parent
         if len(start) != HASH_BYTES:
             raise ValueError(f"a parent BlockHash has {HASH_BYTES} bytes, got {len(start)}")
-        data = memoryview(ids[: full * BLOCK_TOKENS]).cast("B")
+        data = memoryview(ids[: full * self.block_size]).cast("B")
         if extras:
-            return _chain_with_extras(data, start, extras)
-        return _chain(data, start)
+            return _chain_with_extras(data, self.block_size * 4, start, extras)
+        return _chain(data, self.block_size * 4, start)
 
 
-def _chain(data: memoryview, parent: bytes) -> bytes:
+def _chain(data: memoryview, block_bytes: int, parent: bytes) -> bytes:
     digest = xxhash.xxh3_128_digest
     out: list[bytes] = []
     append = out.append
     h = parent
-    for off in range(0, len(data), _BLOCK_BYTES):
-        h = digest(h + data[off:off + _BLOCK_BYTES])
+    for off in range(0, len(data), block_bytes):
+        h = digest(h + data[off:off + block_bytes])
         append(h)
     return b"".join(out)
 
 
-def _chain_with_extras(data: memoryview, parent: bytes, extras: Mapping[int, bytes]) -> bytes:
+def _chain_with_extras(data: memoryview, block_bytes: int, parent: bytes, extras: Mapping[int, bytes]) -> bytes:
     digest = xxhash.xxh3_128_digest
     out: list[bytes] = []
     h = parent
-    for i, off in enumerate(range(0, len(data), _BLOCK_BYTES)):
-        h = digest(h + data[off:off + _BLOCK_BYTES] + extras.get(i, b""))
+    for i, off in enumerate(range(0, len(data), block_bytes)):
+        h = digest(h + data[off:off + block_bytes] + extras.get(i, b""))
         out.append(h)
     return b"".join(out)
 

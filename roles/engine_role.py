@@ -1,7 +1,8 @@
 """EngineRole: what prefill and decode instances share - an engine, its service, a data plane.
 
 The engine is built off the event loop (weights load, model generated on first use) and run by
-an :class:`EngineService`. The data plane carries KV + state between instances; a decode
+an :class:`EngineService`, the role's only way to it: its calls, its ``shape`` (sizes, hash
+chain) and its ``load``. The data plane carries KV + state between instances; a decode
 receives into leases, a prefill sends into them. ``EngineStats`` reports the memory both hold,
 so an operator (or a test) can see that nothing leaks after failures.
 
@@ -23,9 +24,8 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.config.sections import EngineSection
-from dsi.engine.engine import Engine, EngineConfig
+from dsi.engine import EngineConfig, EngineService, EngineShape
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
-from dsi.engine.service import EngineService
 from dsi.errors import DsiError
 from dsi.messages import ALL
 from dsi.messages.control import Load
@@ -69,7 +69,7 @@ class EngineRoleSettings:
     address: str = ""  # this role's control-plane address (where others pull its SWA states)
     state_cache_bytes: int = 256 << 20
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY  # [kvcache]: for requests that do not name one
-    engine: EngineSection = field(default_factory=EngineSection)  # [engine]: batch invariance, scheduling
+    compute: EngineSection = field(default_factory=EngineSection)  # [engine]: batch invariance, scheduling
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
@@ -79,7 +79,7 @@ class EngineRoleSettings:
             host = "127.0.0.1"
         return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
                    server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
-                   role.bind, hit_policy=node.kvcache.hit_policy, engine=node.engine)
+                   role.bind, hit_policy=node.kvcache.hit_policy, compute=node.engine)
 
 
 def lease_target(lease: KvLease) -> KvTarget:
@@ -110,14 +110,13 @@ class EngineRole(RoleActor):
         self._peers: dict[str, Peer] = {}  # other engine instances (prefills, SWA state owners)
 
     @property
-    def engine(self) -> Engine:
+    def shape(self) -> EngineShape:
         assert self.service is not None, "the engine is not started"
-        return self.service.engine
+        return self.service.shape
 
     async def on_start(self) -> None:
         self.ctx = zmq.asyncio.Context()
-        engine = await asyncio.get_running_loop().run_in_executor(None, self._build_engine)
-        self.service = EngineService(engine)
+        self.service = await asyncio.get_running_loop().run_in_executor(None, self._build_service)
         self.service.start()
         self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
         await self.data.start()
@@ -144,26 +143,26 @@ class EngineRole(RoleActor):
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
 
-    def _build_engine(self) -> Engine:
+    def _build_service(self) -> EngineService:
         from dsi.model.prepare import ensure_model
         from dsi.model.weights import load_model
 
         s = self.settings
-        shape, weights = load_model(ensure_model(s.model.dir, s.model.config))
+        model, weights = load_model(ensure_model(s.model.dir, s.model.config))
         cfg = EngineConfig(num_blocks=s.options.num_blocks, max_batch_tokens=s.options.max_batch_tokens,
                            max_running=s.options.max_running, num_slots=s.options.max_running,
                            root_seed=s.root_seed, collect_full_pages=self.collect_full_pages,
-                           collect_ring_snapshots=True, batch_invariant=s.engine.batch_invariant,
-                           async_scheduling=None if s.engine.scheduling == "auto" else s.engine.scheduling == "async")
-        log.info("%s: engine ready (%s, %d pages)", self.name, shape.name, cfg.num_blocks)
-        return Engine(shape, weights, cfg)
+                           collect_ring_snapshots=True, batch_invariant=s.compute.batch_invariant,
+                           async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async")
+        service = EngineService.create(model, weights, cfg)
+        log.info("%s: engine ready (%s, %d pages)", self.name, model.name, cfg.num_blocks)
+        return service
 
     def load(self) -> Load:
         if self.service is None:
             return super().load()
-        sched = self.engine.scheduler
-        kv = sum(r.num_computed for r in list(sched.running))
-        return Load(running=len(sched.running), queued=len(sched.waiting), kv_tokens=kv, inbox=self.inbox_depth)
+        now = self.service.load
+        return Load(running=now.running, queued=now.waiting, kv_tokens=now.kv_tokens, inbox=self.inbox_depth)
 
     @handles
     def engine_stats(self, msg: GetEngineStats) -> EngineStats:
@@ -173,13 +172,12 @@ class EngineRole(RoleActor):
                       states_served=c.states_served)
         if self.service is None:
             return EngineStats(**counts)
-        engine = self.engine
-        pool, slots, st = engine.runner.pool, engine.runner.slots, engine.stats
+        shape, now = self.service.shape, self.service.load
         return EngineStats(
-            total_blocks=pool.num_blocks - 1, free_blocks=pool.num_free, total_slots=slots.num_slots,
-            free_slots=slots.num_free, running=len(engine.scheduler.running) + len(engine.scheduler.waiting),
-            regions=self.data.stats.regions_live if self.data is not None else 0, cached_tokens=st.cached_tokens,
-            replay_tokens=st.replay_tokens, computed_prompt_tokens=st.computed_prompt_tokens,
+            total_blocks=shape.num_pages, free_blocks=now.free_pages, total_slots=shape.num_slots,
+            free_slots=now.free_slots, running=now.running + now.waiting,
+            regions=self.data.stats.regions_live if self.data is not None else 0, cached_tokens=now.cached_tokens,
+            replay_tokens=now.replay_tokens, computed_prompt_tokens=now.computed_prompt_tokens,
             states_kept=len(self.states), **counts)
 
     # ---- other engine instances and the data plane --------------------------------------------

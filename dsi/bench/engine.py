@@ -35,8 +35,9 @@ def _decode_run(weights, batch: int, steps: int, async_on: bool, invariant: bool
     params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
     for i, p in enumerate(_prompts(batch, 32, seed=batch)):
         engine.add_request(str(i), p, params)
-    while not all(r.output for r in engine.requests.values()):
-        engine.step()
+    started: set[str] = set()
+    while len(started) < batch:  # every prompt prefilled: from here on all steps are decode steps
+        started |= {o.request_id for o in engine.step() if o.new_tokens}
     first = len(engine.timings)
     for _ in range(steps):
         engine.step()

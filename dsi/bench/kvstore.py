@@ -44,6 +44,7 @@ from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.kvcache.index import BlockIndex, Locations
 from dsi.kvcache.shm import HostBuffer
 from dsi.kvcache.store import BlockStore
+from dsi.model.config import FLASH
 from dsi.roles.kvstore.reads import ReadPool, shm_dests
 
 BLOCK_BYTES = 112 << 10
@@ -65,11 +66,11 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def sha256_chain(tokens: np.ndarray) -> bytes:
+def sha256_chain(tokens: np.ndarray, block_size: int = FLASH.block_size) -> bytes:
     data = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
-    h = bytes(32)
-    for off in range(0, len(data) - len(data) % 512, 512):
-        h = hashlib.sha256(h + data[off:off + 512]).digest()
+    h, size = bytes(32), 4 * block_size
+    for off in range(0, len(data) - len(data) % size, size):
+        h = hashlib.sha256(h + data[off:off + size]).digest()
     return h
 
 
@@ -93,7 +94,7 @@ def build_index(blocks: int, prompt_keys: np.ndarray, seed: int = 0) -> BlockInd
 
 def bench_match(index_blocks: int, repeats: int) -> dict:
     tokens = np.random.default_rng(1).integers(0, 129_280, size=PROMPT_TOKENS, dtype=np.uint32)
-    chain = HashChain(root_seed=0, model="bench")
+    chain = HashChain(root_seed=0, model="bench", block_size=FLASH.block_size)
     prompt = keys_of(chain.hashes(tokens)).copy()
     rss0 = _rss()
     start = time.perf_counter()
@@ -232,7 +233,7 @@ def bench_io(io_mib: int, batch: int, workers: int, repeats: int, where: Path) -
     n = max(1, (io_mib << 20) // BLOCK_BYTES)
     rng = np.random.default_rng(2)
     payloads = [rng.integers(0, 256, size=BLOCK_BYTES, dtype=np.uint8).tobytes() for _ in range(n)]
-    hashes = HashChain().hashes(rng.integers(0, 129_280, size=128 * n, dtype=np.uint32))
+    hashes = HashChain.of(FLASH).hashes(rng.integers(0, 129_280, size=FLASH.block_size * n, dtype=np.uint32))
     mib = n * BLOCK_BYTES / (1 << 20)
     runs: dict[str, list[float]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dsi-bench-kvstore-", dir=where))

@@ -57,10 +57,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dsi.kvcache.hashchain import BLOCK_TOKENS, HashChain, keys_of
+from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.kvcache.index import BlockIndex, Locations
+from dsi.model.config import FLASH
 
 TRACE_BLOCK = 512
+BLOCK_TOKENS = FLASH.block_size  # the full-size model's pages
 CHILDREN = TRACE_BLOCK // BLOCK_TOKENS
 DEFAULT_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
 LAYOUTS = (("shared", 1), ("local4", 4), ("local16", 16))
@@ -169,7 +171,7 @@ def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int
 def run(trace: Path, limit: int = 0, persist_delay_s: float = 1.0) -> dict:
     start = time.perf_counter()
     requests = load_trace(trace, limit)
-    chain = HashChain(root_seed=0, model="trace")
+    chain = HashChain(root_seed=0, model="trace", block_size=BLOCK_TOKENS)
     chains = [keys_of(chain.hashes(block_tokens(r))).copy() for r in requests]
     hash_s = time.perf_counter() - start
     distinct = len(np.unique(np.concatenate(chains).view("V16"))) if chains else 0

@@ -6,8 +6,11 @@
     engine.add_request("r", prompt, SamplingParams(), cached=CachedPrefix(H, pages, rings))  # exact hit
     engine.export_request / reserve / import_request / take_full_pages / take_ring_snapshots
 
-``EngineService`` drives an engine from asyncio. Names are imported lazily, so that
-``dsi.engine.params`` stays importable without loading torch.
+``EngineService`` drives an engine from asyncio and is the only way roles reach one: its calls,
+its ``shape`` (an ``EngineShape``: fixed sizes and the hash chain) and its ``load`` (the latest
+``EngineLoad``). Roles import the names below from ``dsi.engine`` (and ``dsi.engine.params``),
+never the engine's own modules. Names are imported lazily, so that ``dsi.engine.params`` stays
+importable without loading torch.
 """
 
 from importlib import import_module
@@ -17,7 +20,9 @@ _HOMES = {
     "CachedPrefix": "prefix",
     "Engine": "engine",
     "EngineConfig": "engine",
+    "EngineLoad": "load",
     "EngineService": "service",
+    "EngineShape": "shape",
     "EngineStats": "prefix",
     "FullPage": "prefix",
     "RequestOutput": "engine",
@@ -27,6 +32,7 @@ _HOMES = {
     "Reservation": "transfer",
     "SamplingParams": "params",
     "StateLayout": "transfer",
+    "exact_hit_limit": "prefix",
 }
 __all__ = sorted(_HOMES)
 

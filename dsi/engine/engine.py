@@ -31,6 +31,7 @@ the constraint is rebuilt by replaying the request's output tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Iterable
@@ -42,17 +43,18 @@ import torch
 from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
+from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
 from dsi.engine.penalties import OutputCounts
-from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RingSnapshot
+from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RequestStats, RingSnapshot
 from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
-from dsi.engine.transfer import RequestState, Reservation, StateLayout
+from dsi.engine.shape import EngineShape
+from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
-from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import ModelConfig
 from dsi.model.reference import consumer_start, replay_start
 from dsi.structured import SpecError, default_compiler
@@ -114,12 +116,13 @@ class Engine:
         self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
                                    c.max_running)
         self.requests: dict[str, Request] = {}
-        self.hash_chain = HashChain(self.config.root_seed, cfg.name)
+        self.shape = EngineShape.of(cfg, num_blocks=c.num_blocks, num_slots=c.num_slots, root_seed=c.root_seed,
+                                    replay=c.replay)
         self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
-        self.full_pages = FullPages(self.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
+        self.full_pages = FullPages(self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
         if c.collect_ring_snapshots and not cfg.window - 1 <= cfg.block_size <= cfg.window:
             raise ValueError("ring snapshots need block_size in [window - 1, window]")
-        self.ring_snapshots = RingSnapshots(self.hash_chain, cfg.block_size, c.collect_ring_snapshots)
+        self.ring_snapshots = RingSnapshots(self.shape.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
         self.async_scheduling = c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
@@ -130,22 +133,13 @@ class Engine:
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
 
     # ---- requests ------------------------------------------------------------------------------
-    @property
-    def page_elems(self) -> int:
-        """fp32 values in one Block KV page."""
-        return self.runner.layout.elems
-
-    @property
-    def page_bytes(self) -> int:
-        return self.runner.layout.elems * self.runner.pool.pages.element_size()
-
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams,
                     prefill_only: bool = False, cached: CachedPrefix | None = None) -> None:
         """Validate and queue; raises InvalidRequest and changes nothing on bad input.
         ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
-        keep = self.cfg.keep if self.config.replay else None
+        keep = self.shape.keep
         check_prompt(self.cfg, self.config.num_blocks, prompt, params)
         if cached is not None:
             check_cached(self.cfg, self.config.num_blocks, cached, len(prompt), keep)
@@ -191,6 +185,19 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting or self._inflight or self._pending)
+
+    def load(self) -> EngineLoad:
+        """What the engine holds now, and its counters since it started."""
+        sched, st = self.scheduler, self.stats
+        return EngineLoad(len(sched.running), len(sched.waiting), sum(r.num_computed for r in sched.running),
+                          self.runner.pool.num_free, self.runner.slots.num_free, st.prompt_tokens,
+                          st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens)
+
+    def request_stats(self, request_id: str) -> RequestStats | None:
+        """A copy of what a request has cost so far (held, finished or exported recently), or None."""
+        req = self.requests.get(request_id)
+        stats = req.stats if req is not None else self.stats.last_request(request_id)
+        return dataclasses.replace(stats) if stats is not None else None
 
     # ---- stepping ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -248,14 +255,6 @@ class Engine:
         self._release(req)
         del self.requests[request_id]
         return state
-
-    def state_layout(self, num_blocks: int) -> StateLayout:
-        """Where pages, rings and partial state lie in a flat state buffer with ``num_blocks`` pages."""
-        return StateLayout.of(self.cfg, num_blocks)
-
-    def state_nbytes(self, num_blocks: int) -> int:
-        """Bytes of a RequestState with ``num_blocks`` pages (what a lease must receive)."""
-        return self.state_layout(num_blocks).nbytes
 
     def reserve(self, num_blocks: int) -> Reservation:
         """Take ``num_blocks`` pages and a state slot out of the scheduler's reach (for an import)."""
@@ -368,6 +367,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)
+        self.stats.record(req.request_id, req.stats)  # its figures are final; its pages may be freed later
         if req.prefill_only and reason == "prefilled":
             req.cached = None  # never preempted from here on: the caller's buffer is not needed
             return  # keeps its cache (and ring snapshot) until export_request

@@ -7,6 +7,11 @@ stream early (a cancelled task, a client that went away) aborts the request in t
 
     caller --add--> pending --(between steps)--> engine.add_request --> outputs --> caller's queue
     caller --call(fn)--> calls --(between steps)--> fn(engine) --> caller's future
+    owner task, after each step and each batch of calls --> EngineLoad --> ``load`` (any reader)
+
+This is the engine's one door: ``shape`` (fixed sizes, an ``EngineShape``), ``load`` (the latest
+``EngineLoad``), and the calls below. The engine itself is private; ``call(fn)`` reaches it for
+tests and tools, never for roles.
 
 Disaggregation: ``reserve`` / ``release`` hold pages and a slot for an incoming state;
 ``import_request(state, reservation)`` copies the state into the reserved memory at once (so the
@@ -25,11 +30,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dsi.engine.engine import Engine, RequestOutput
+import torch
+
+from dsi.engine.engine import Engine, EngineConfig, RequestOutput
+from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
-from dsi.engine.prefix import CachedPrefix, FullPage, RingSnapshot
+from dsi.engine.prefix import CachedPrefix, FullPage, RequestStats, RingSnapshot
+from dsi.engine.shape import EngineShape
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import ActorStopped, DsiError
+from dsi.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,8 +54,12 @@ class _Pending:
 
 
 class EngineService:
+    keep_stats = 1024  # streams whose final stats request_stats remembers
+
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        self._engine = engine
+        self.shape: EngineShape = engine.shape
+        self._load = engine.load()
         self._pending: list[_Pending] = []
         self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future]] = []
         self._aborts: list[str] = []
@@ -53,11 +67,23 @@ class EngineService:
         self._wake = asyncio.Event()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine-step")
         self._task: asyncio.Task | None = None
+        self._final_stats: dict[str, RequestStats] = {}  # request id -> stats at its final output
         self.steps = 0
+
+    @classmethod
+    def create(cls, model: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig) -> EngineService:
+        """Build the engine and its service (blocking: allocates the pools; run it off the event loop)."""
+        return cls(Engine(model, weights, config))
 
     @property
     def running(self) -> int:
+        """Streams open on this service."""
         return len(self._streams)
+
+    @property
+    def load(self) -> EngineLoad:
+        """The engine's load as of the last step (or admission, abort, call)."""
+        return self._load
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-service")
@@ -77,7 +103,7 @@ class EngineService:
         for queue in self._streams.values():
             queue.put_nowait(stopped)
         self._streams.clear()
-        await asyncio.get_running_loop().run_in_executor(self._thread, self.engine.close)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._engine.close)
         self._thread.shutdown(wait=True)
 
     def generate(self, request_id: str, prompt: list[int], params: SamplingParams, prefill_only: bool = False,
@@ -94,7 +120,7 @@ class EngineService:
         and a refused import releases it; without one the buffers are read when the engine
         admits the request (keep them until the first output)."""
         if reservation is not None:
-            self.engine.write_reservation(state, reservation)  # reserved memory: safe while a step runs
+            self._engine.write_reservation(state, reservation)  # reserved memory: safe while a step runs
 
         def admit(engine: Engine) -> None:
             try:
@@ -107,7 +133,8 @@ class EngineService:
         return self._stream(state.request_id, admit)
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` between two steps and return its result (or raise its error)."""
+        """Run ``fn(engine)`` between two steps and return its result (or raise its error).
+        For tests and tools: roles use the named calls."""
         if self._task is None:
             raise ActorStopped("the engine service is not running")
         future = asyncio.get_running_loop().create_future()
@@ -125,11 +152,16 @@ class EngineService:
         """Take a (prefilled or running) request out of the engine with its cache."""
         return await self.call(lambda e: e.export_request(request_id))
 
+    def request_stats(self, request_id: str) -> RequestStats | None:
+        """What a request cost, as of the final output of its stream (a prefill-only request's
+        "prefilled" one included); None unless one of the last ``keep_stats`` streams that ended here."""
+        return self._final_stats.get(request_id)
+
     def take_full_pages(self) -> list[FullPage]:
-        return self.engine.take_full_pages()
+        return self._engine.take_full_pages()
 
     def take_ring_snapshots(self) -> list[RingSnapshot]:
-        return self.engine.take_ring_snapshots()
+        return self._engine.take_ring_snapshots()
 
     async def _stream(self, request_id: str, admit: Callable[[Engine], None]) -> AsyncIterator[RequestOutput]:
         if self._task is None:
@@ -164,23 +196,26 @@ class EngineService:
         loop = asyncio.get_running_loop()
         while True:
             self._apply()
-            if not self.engine.has_unfinished() and not self._calls and not self._pending:
+            self._load = self._engine.load()
+            if not self._engine.has_unfinished() and not self._calls and not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             try:
-                outputs = await loop.run_in_executor(self._thread, self.engine.step)
+                outputs = await loop.run_in_executor(self._thread, self._engine.step)
             except Exception:  # a failing step must not leave callers waiting forever
                 log.exception("engine step failed; failing the running requests")
                 self._fail_all(DsiError("engine step failed"))
                 continue
             self.steps += 1
+            self._load = self._engine.load()  # before the outputs wake their readers
             for out in outputs:
                 queue = self._streams.get(out.request_id)
                 if queue is not None:
-                    queue.put_nowait(out)
                     if out.finished:
                         del self._streams[out.request_id]
+                        self._keep_stats(out.request_id)
+                    queue.put_nowait(out)
 
     def _apply(self) -> None:
         pending, self._pending = self._pending, []
@@ -188,7 +223,7 @@ class EngineService:
             if p.admitted.done():  # the caller went away before admission
                 continue
             try:
-                p.admit(self.engine)
+                p.admit(self._engine)
             except DsiError as exc:
                 p.admitted.set_exception(exc)
                 continue
@@ -196,18 +231,27 @@ class EngineService:
             p.admitted.set_result(None)
         aborts, self._aborts = self._aborts, []
         for request_id in aborts:
-            self.engine.abort(request_id)
+            self._engine.abort(request_id)
         calls, self._calls = self._calls, []
         for fn, future in calls:
             if future.done():
                 continue
             try:
-                future.set_result(fn(self.engine))
+                future.set_result(fn(self._engine))
             except Exception as exc:  # the caller gets the error; the engine goes on
                 future.set_exception(exc)
+
+    def _keep_stats(self, request_id: str) -> None:
+        stats = self._engine.request_stats(request_id)
+        if stats is None:
+            return
+        self._final_stats.pop(request_id, None)
+        self._final_stats[request_id] = stats
+        while len(self._final_stats) > self.keep_stats:
+            del self._final_stats[next(iter(self._final_stats))]
 
     def _fail_all(self, err: DsiError) -> None:
         for request_id, queue in list(self._streams.items()):
             queue.put_nowait(err)
-            self.engine.abort(request_id)
+            self._engine.abort(request_id)
         self._streams.clear()

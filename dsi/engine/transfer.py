@@ -12,7 +12,7 @@ through the model (normally exactly one: the token the decode engine feeds next)
 
 On the data plane a state travels as ``to_parts()`` (flat byte views, no copy); the receiver
 rebuilds views over the one buffer it received with ``from_buffer`` and a ``StateLayout``
-(a msgspec header, or derived from the receiving engine's model shape and the buffer size).
+(a msgspec header, or the receiving engine's ``EngineShape.state_layout(num_blocks)``).
 
 A ``Reservation`` holds pages and a state slot of a decode engine out of its scheduler's reach
 until a state is imported into them (or it is released).
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
 import torch
@@ -30,9 +29,6 @@ import torch
 from dsi.engine.params import SamplingParams
 from dsi.kvcache.layout import BlockLayout
 from dsi.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from dsi.engine.engine import Engine
 
 
 class BufferSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -59,13 +55,12 @@ class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
                   ("partial", (len(cfg.kv_sources), cfg.head_dim)))
         return cls._packed([(name, shape, "float32", 4) for name, shape in shapes])
 
-    @classmethod
-    def for_bytes(cls, cfg: ModelConfig, nbytes: int) -> StateLayout:
-        """The layout of a state buffer of ``nbytes`` (the page count follows from the size)."""
-        fixed, page = cls.of(cfg, 0).nbytes, BlockLayout(cfg).elems * 4
-        if nbytes < fixed or (nbytes - fixed) % page:
-            raise ValueError(f"{nbytes} bytes is not a request state of model {cfg.name!r}")
-        return cls.of(cfg, (nbytes - fixed) // page)
+    def with_pages(self, num_blocks: int) -> StateLayout:
+        """This layout with ``num_blocks`` pages instead (the other buffers unchanged)."""
+        if num_blocks < 0:
+            raise ValueError(f"a state holds 0 or more pages, not {num_blocks}")
+        return self._packed([(b.name, (num_blocks, *b.shape[1:]) if b.name == "pages" else b.shape, b.dtype,
+                              getattr(torch, b.dtype).itemsize) for b in self.buffers])
 
     @classmethod
     def _packed(cls, parts: list[tuple[str, tuple[int, ...], str, int]]) -> StateLayout:
@@ -113,16 +108,14 @@ class RequestState:
         return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors()]
 
     @classmethod
-    def from_buffer(cls, layout: StateLayout | Engine, buf: memoryview | bytes | bytearray, request_id: str,
+    def from_buffer(cls, layout: StateLayout, buf: memoryview | bytes | bytearray, request_id: str,
                     prompt: list[int], output: list[int], params: SamplingParams, seed: int, consumer_start: int,
                     num_computed: int, logprobs: list[float], num_cached: int = 0,
                     replay_start: int = 0) -> RequestState:
         """Views (no copy) over one received state buffer. ``layout``: the sender's header, or
-        the receiving engine (the page count then follows from the buffer size). A read-only
-        buffer gives read-only tensors: import copies them into the engine and never writes."""
+        the receiver's ``EngineShape.state_layout(num_blocks)``. A read-only buffer gives
+        read-only tensors: import copies them into the engine and never writes."""
         view = memoryview(buf).cast("B")
-        if not isinstance(layout, StateLayout):
-            layout = StateLayout.for_bytes(layout.cfg, view.nbytes)
         if layout.nbytes != view.nbytes:
             raise ValueError(f"the state buffer has {view.nbytes} bytes; its layout says {layout.nbytes}")
         t = {}

@@ -29,8 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from dsi.actor import handles
-from dsi.engine.engine import RequestOutput
-from dsi.engine.transfer import RequestState, Reservation
+from dsi.engine import RequestOutput, RequestState, Reservation
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, Prefilled, PrefillLost, PrefillTo
@@ -71,15 +70,14 @@ class DecodeActor(EngineRole):
     async def handoff(self, msg: Handoff) -> AsyncIterator[TokenChunk]:
         assert self.service is not None and self.data is not None
         req = msg.request
-        engine = self.engine
         if not req.token_ids:
             raise InvalidRequest("the prompt is empty")
-        num_blocks = -(-len(req.token_ids) // engine.cfg.block_size)
-        nbytes = engine.state_nbytes(num_blocks)
+        num_blocks = self.shape.blocks(len(req.token_ids))
+        layout = self.shape.state_layout(num_blocks)
         reservation = await self._reserve(num_blocks)
         lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
         timeout = self.settings.lease_timeout_s
-        inbound = self.data.expect(lease_id, nbytes, timeout)
+        inbound = self.data.expect(lease_id, layout.nbytes, timeout)
         self.counters.leases += 1
         try:
             done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
@@ -91,7 +89,7 @@ class DecodeActor(EngineRole):
                 buf = await inbound.wait()
             except DsiError as exc:
                 raise PrefillLost(f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}") from None
-            state = RequestState.from_buffer(engine, buf, req.request_id, list(req.token_ids), list(done.output),
+            state = RequestState.from_buffer(layout, buf, req.request_id, list(req.token_ids), list(done.output),
                                              req.sampling, done.seed,
                                              done.consumer_start,
                                              done.num_computed, list(done.logprobs), done.cached_tokens,
@@ -141,7 +139,7 @@ class DecodeActor(EngineRole):
 
     # ---- persistence ---------------------------------------------------------------------------
     def _remember(self, request_id: str, msg: Generate, done: Prefilled | None = None) -> None:
-        stored = done.cached_tokens // self.engine.cfg.block_size if done is not None else 0
+        stored = done.cached_tokens // self.shape.block_size if done is not None else 0
         self._meta[request_id] = _Meta(msg.traffic_class, stored)
         if done is not None and done.replay_start < done.cached_tokens:  # a bounded-replay hit
             self._unshared.add(request_id)

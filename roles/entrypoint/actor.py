@@ -44,8 +44,8 @@ class EntrypointActor(RoleActor):
         pool = DecodePool(node.cluster.controller, self._ctx, keys=client_keys(node.security), peer_id=self.name)
         await pool.start()
         shape = get_config(node.model.config)
-        # The engine's page hashes: HashChain(cluster.root_seed, its model config's name).
-        prefix = PrefixLookup(HashChain(node.cluster.root_seed, shape.name), node.cluster.controller, self._ctx,
+        # The engine's page hashes: the chain of its model config under cluster.root_seed.
+        prefix = PrefixLookup(HashChain.of(shape, node.cluster.root_seed), node.cluster.controller, self._ctx,
                               keys=client_keys(node.security), peer_id=self.name)
         await prefix.start()
         recipe = Recipe({node.model.name: ModelVersion.V4})

@@ -23,7 +23,6 @@ from aiohttp import web
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy, predicted_hit
 from dsi.engine.params import SamplingParams
 from dsi.errors import DsiError, InvalidRequest
-from dsi.kvcache.hashchain import BLOCK_TOKENS
 from dsi.messages.gateway import Generate
 from dsi.recipe import RequestError, error_body
 from dsi.recipe.emit_common import OutputOptions
@@ -108,8 +107,11 @@ class Gateway:
         the request's hit policy would take it (see dsi.engine.hit_policy.predicted_hit). A
         prediction: the engine may reuse less (a corrupt block, the store away, no SWA state for
         an exact hit), and usage reports what it reused."""
-        stored = self.prefix.cached_tokens(token_ids, cache_salt) if self.prefix is not None else 0
-        hit = predicted_hit(policy, stored, len(token_ids), self.keep, BLOCK_TOKENS)
+        if self.prefix is None:
+            hit = 0
+        else:
+            stored = self.prefix.cached_tokens(token_ids, cache_salt)
+            hit = predicted_hit(policy, stored, len(token_ids), self.keep, self.prefix.chain.block_size)
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit
         return hit

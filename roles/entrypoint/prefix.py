@@ -1,10 +1,10 @@
 """PrefixLookup: how many leading prompt tokens the kvstore holds, known before routing.
 
-    token ids --HashChain(root_seed, model)--> packed hashes of the full 128-token blocks
-              --CheckReplica.match (local key set, no I/O)--> hit blocks x 128 = cached tokens
+    token ids --HashChain.of(model, root_seed)--> packed hashes of the full blocks (block_size tokens)
+              --CheckReplica.match (local key set, no I/O)--> hit blocks x block_size = cached tokens
 
-The hashes must be those the engine gives its pages (dsi.engine.Engine: ``HashChain(root_seed,
-model config name)``, no cache salt), so a block persisted by any decode instance is found here.
+The hashes must be those the engine gives its pages (the engine's ``EngineShape.hash_chain``:
+``HashChain.of(model config, root_seed)``), so a block persisted by any decode instance is found here.
 The replica follows the kvstore the controller lists (role "kvstore"), or a fixed ``address``;
 with no kvstore, or until the first snapshot is loaded, every lookup is a miss. A replica that
 lost its kvstore keeps answering from its last state: a stale hit costs the prefill a fetch
@@ -23,7 +23,7 @@ import numpy as np
 import zmq.asyncio
 
 from dsi.errors import DsiError
-from dsi.kvcache.hashchain import BLOCK_TOKENS, HashChain
+from dsi.kvcache.hashchain import HashChain
 from dsi.kvcache.replica import CheckReplica
 from dsi.messages import ALL
 from dsi.roles.kvstore.client import find_kvstore
@@ -69,16 +69,16 @@ class PrefixLookup:
             await self._controller.close()
 
     def cached_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
-        """Leading tokens of the prompt in full blocks the kvstore holds (a multiple of 128). As in
-        the engine, the last prompt token is always computed: a prompt of exactly n blocks can hit
-        n - 1 of them."""
-        replica = self.replica
-        full = max(0, len(token_ids) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        """Leading tokens of the prompt in full blocks the kvstore holds (a multiple of the block
+        size). As in the engine, the last prompt token is always computed: a prompt of exactly n
+        blocks can hit n - 1 of them."""
+        replica, bs = self.replica, self.chain.block_size
+        full = max(0, len(token_ids) - 1) // bs * bs
         if replica is None or not replica.state.synced or not full:
             return 0
         # array.array converts a list of ints several times faster than numpy does.
         ids = np.frombuffer(array.array("I", token_ids[:full]), dtype=np.uint32)
-        return replica.match(self.chain.hashes(ids, cache_salt=cache_salt)) * BLOCK_TOKENS
+        return replica.match(self.chain.hashes(ids, cache_salt=cache_salt)) * bs
 
     def metric_lines(self) -> list[str]:
         """The replica's gauges in the Prometheus text format."""

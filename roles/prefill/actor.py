@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 import time
 
@@ -32,7 +31,6 @@ import torch
 from dsi.actor import handles
 from dsi.engine import CachedPrefix
 from dsi.engine.hit_policy import HitPolicy, choose_hit, exact_boundary, fetch_limit
-from dsi.engine.prefix import ring_snapshot_shape
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
@@ -70,7 +68,7 @@ class PrefillActor(EngineRole):
         last = outputs[-1]
         top = [t for o in outputs for t in o.new_top_logprobs]  # the first token's, when asked for
         self.counters.prefills += 1
-        stats = self.engine.stats.last_request(rid)
+        stats = self.service.request_stats(rid)
         replay = stats.replay_tokens if stats is not None else 0
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
             return Prefilled(lease.lease_id, list(last.output), list(last.logprobs or []), 0, 0, 0,
@@ -93,17 +91,16 @@ class PrefillActor(EngineRole):
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt the policy can use (at least its last token is
         always computed)."""
-        cfg = self.engine.cfg
-        bs = cfg.block_size
-        usable = fetch_limit(policy, len(req.token_ids), cfg.keep, bs) // bs
+        shape, bs = self.shape, self.shape.block_size
+        usable = fetch_limit(policy, len(req.token_ids), shape.keep, bs) // bs
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
-            packed = self.engine.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
+            packed = self.shape.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         hashes = unpack(packed)
-        fetched = await self.kvstore.fetch(hashes, self.engine.page_bytes)
+        fetched = await self.kvstore.fetch(hashes, self.shape.page_bytes)
         if not len(fetched):
             fetched.release()
             return hashes, None
@@ -115,12 +112,12 @@ class PrefillActor(EngineRole):
         its end can be pulled from the host that made it (the hit may shrink to where an exact hit
         is possible), else what the policy allows: the whole run of blocks with bounded replay, or
         nothing."""
-        cfg, bs = self.engine.cfg, self.engine.cfg.block_size
+        shape, bs = self.shape, self.shape.block_size
         prompt_len, stored = len(req.token_ids), len(fetched) * bs
-        pages = fetched.torch().view(torch.float32).reshape(len(fetched), self.engine.page_elems)
-        boundary = exact_boundary(stored, prompt_len, cfg.keep, bs)
+        pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
+        boundary = exact_boundary(stored, prompt_len, shape.keep, bs)
         rings = await self._pull_state(hashes[boundary // bs - 1], boundary) if boundary > 0 else None
-        hit = choose_hit(policy, stored, prompt_len, cfg.keep, bs, state_held=rings is not None)
+        hit = choose_hit(policy, stored, prompt_len, shape.keep, bs, state_held=rings is not None)
         if hit.exact:
             self.counters.states_pulled += 1
             return CachedPrefix(hit.tokens, pages[:hit.tokens // bs], rings)
@@ -135,9 +132,9 @@ class PrefillActor(EngineRole):
         owner = await self.kvstore.find_state(block_hash)
         if not owner or owner == self.settings.address:
             return None
-        shape = ring_snapshot_shape(self.engine.cfg)
+        shape = self.shape.ring_shape
         transfer = f"{self.name}.state.{secrets.token_hex(6)}"
-        inbound = self.data.expect(transfer, math.prod(shape) * 4, self.state_pull_timeout_s)  # fp32
+        inbound = self.data.expect(transfer, self.shape.ring_bytes, self.state_pull_timeout_s)
         try:
             peer = await self.peer(owner, self.state_pull_timeout_s)
             lease = self.lease(inbound, 0, self.state_pull_timeout_s)

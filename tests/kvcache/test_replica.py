@@ -4,7 +4,7 @@ from dsi.kvcache.hashchain import HashChain, unpack
 from dsi.kvcache.replica import ReplicaState
 from dsi.messages.kvstore import IndexDelta, SnapshotChunk
 
-HASHES = unpack(HashChain().hashes(list(range(128 * 6))))
+HASHES = unpack(HashChain(block_size=128).hashes(list(range(128 * 6))))
 
 
 def synced(epoch: int = 1, seq: int = 5) -> ReplicaState:

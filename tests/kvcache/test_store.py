@@ -22,7 +22,7 @@ class Clock:
 
 def chain(n_blocks: int, seed: int = 0) -> bytes:
     ids = np.random.default_rng(seed).integers(0, 129_280, size=128 * n_blocks, dtype=np.uint32)
-    return HashChain(root_seed=5).hashes(ids)
+    return HashChain(root_seed=5, block_size=128).hashes(ids)
 
 
 def payloads(n: int, size: int = 3000, seed: int = 0) -> list[bytes]:

@@ -95,7 +95,7 @@ def test_without_persisting_after_a_hit_only_misses_fill_the_store():
 
 
 def _chains(requests: list[TraceRequest]) -> list:
-    chain = HashChain()
+    chain = HashChain(block_size=128)
     return [keys_of(chain.hashes(block_tokens(r))).copy() for r in requests]
 
 

@@ -23,7 +23,7 @@ def test_salted_pages_and_states_hash_under_the_salted_chain(tiny):
     out, pages, states = run(tiny, prompt, "tenant-a")
     assert out == plain_out  # the salt changes where pages are found, never the computation
     tokens = prompt + out
-    want = HashChain(0, cfg.name).hashes(tokens[: len(pages) * cfg.block_size], cache_salt="tenant-a")
+    want = HashChain.of(cfg).hashes(tokens[: len(pages) * cfg.block_size], cache_salt="tenant-a")
     assert [p.block_hash for p in pages] == [want[i:i + HASH_BYTES] for i in range(0, len(want), HASH_BYTES)]
     assert {p.block_hash for p in pages}.isdisjoint(p.block_hash for p in plain_pages)
     assert states and all(s.block_hash == pages[s.boundary // cfg.block_size - 1].block_hash for s in states)

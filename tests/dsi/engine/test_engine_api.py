@@ -147,7 +147,7 @@ def test_full_pages_carry_their_chain_hash(tiny):
     req = engine.requests["r"]
     while not req.output:
         engine.step()
-    expected = HashChain(0, cfg.name).hashes(prompt)
+    expected = HashChain.of(cfg).hashes(prompt)
     assert b"".join(req.block_hashes) == expected and len(req.block_hashes) == 2
     pool = engine.runner.pool
     assert [pool.hash_of(b) for b in req.block_table[:2]] == req.block_hashes

@@ -67,17 +67,18 @@ def test_state_buffer_round_trip_is_zero_copy(tiny):
     cfg, w = tiny
     _, state = _prefill(cfg, w, random_prompts([300], seed=61)[0], GREEDY)
     engine = Engine(cfg, w)
-    assert engine.state_nbytes(3) == state.nbytes == sum(p.nbytes for p in state.to_parts())
-    assert state.layout() == engine.state_layout(3)
+    shape = engine.shape
+    assert shape.state_nbytes(3) == state.nbytes == sum(p.nbytes for p in state.to_parts())
+    assert state.layout() == shape.state_layout(3) == StateLayout.of(cfg, 3)
     layout, buf = _wire(state)
-    for how in (layout, engine):  # the sender's header, or derived from the receiving engine
+    for how in (layout, shape.state_layout(3)):  # the sender's header, or the receiving engine's shape
         got = _received(how, buf, state)
         assert all(torch.equal(a, b) for a, b in zip((got.pages, got.rings, got.partial),
                                                      (state.pages, state.rings, state.partial), strict=True))
     parts = got.to_parts()
     assert parts[0].obj is not None and bytes(parts[1]) == buf[parts[0].nbytes:parts[0].nbytes + parts[1].nbytes]
-    with pytest.raises(ValueError, match="not a request state"):
-        _received(engine, buf[:-4], state)
+    with pytest.raises(ValueError, match="its layout says"):
+        _received(shape.state_layout(3), buf[:-4], state)
     engine.close()
 
 
@@ -136,7 +137,7 @@ def test_full_pages_carry_the_chain_hash_of_prompt_and_output(tiny):
     cfg, w = tiny
     prompt = random_prompts([250], seed=64)[0]
     out, pages = _full_pages_of(cfg, w, prompt, 40)  # 290 tokens, 289 computed: pages 0 and 1
-    chain = HashChain(0, cfg.name).hashes((prompt + out)[:256])
+    chain = HashChain.of(cfg).hashes((prompt + out)[:256])
     assert [p.index for p in pages] == [0, 1] and {p.request_id for p in pages} == {"r"}
     assert b"".join(p.block_hash for p in pages) == chain
     assert all(p.data.shape == (BlockLayout(cfg).elems,) and p.data.dtype == torch.float32 for p in pages)
@@ -148,7 +149,7 @@ def test_persisted_pages_serve_a_hit_in_another_engine(tiny):
     _, pages = _full_pages_of(cfg, w, prompt, 1)
     assert [p.index for p in pages] == [0, 1, 2, 3, 4]
     # Another process hashes the same prompt and finds the pages under the same keys.
-    keys = HashChain(0, cfg.name).hashes(prompt[:640])
+    keys = HashChain.of(cfg).hashes(prompt[:640])
     by_hash = {p.block_hash: p.data for p in pages}
     found = [by_hash[keys[i:i + 16]] for i in range(0, len(keys), 16)]
     second = Engine(cfg, w)

@@ -107,13 +107,13 @@ def test_preempted_hit_requests_keep_the_hit_semantics(tiny, cases, hit_outputs)
 
 
 @pytest.mark.parametrize(("make", "match"), [
-    (lambda e, p: CachedPrefix(100, torch.zeros(1, e.page_elems)), "whole 128-token blocks"),
-    (lambda e, p: CachedPrefix(384, torch.zeros(3, e.page_elems)), "leaves no prompt token"),
-    (lambda e, p: CachedPrefix(256, torch.zeros(1, e.page_elems)), "float32"),
-    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.page_elems + 1)), "float32"),
-    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.page_elems, dtype=torch.float64)), "float32"),
+    (lambda e, p: CachedPrefix(100, torch.zeros(1, e.shape.page_elems)), "whole 128-token blocks"),
+    (lambda e, p: CachedPrefix(384, torch.zeros(3, e.shape.page_elems)), "leaves no prompt token"),
+    (lambda e, p: CachedPrefix(256, torch.zeros(1, e.shape.page_elems)), "float32"),
+    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems + 1)), "float32"),
+    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems, dtype=torch.float64)), "float32"),
     (lambda e, p: CachedPrefix(128, [[0.0]]), "float32"),
-    (lambda e, p: CachedPrefix(-128, torch.zeros(0, e.page_elems)), "whole 128-token blocks"),
+    (lambda e, p: CachedPrefix(-128, torch.zeros(0, e.shape.page_elems)), "whole 128-token blocks"),
 ])
 def test_bad_cached_prefix_is_rejected_and_engine_keeps_serving(tiny, make, match):
     cfg, w = tiny

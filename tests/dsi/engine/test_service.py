@@ -50,11 +50,11 @@ async def test_leaving_the_stream_aborts_and_frees(service):
     await stream.__anext__()
     await stream.aclose()
     for _ in range(200):
-        if not service.engine.has_unfinished():
+        if service.load.running == 0 and service.load.free_pages == service.shape.num_pages:
             break
         await asyncio.sleep(0.02)
-    pool = service.engine.runner.pool
-    assert not service.engine.has_unfinished() and pool.num_free == pool.num_blocks - 1
+    assert service.load.running == service.load.waiting == 0
+    assert service.load.free_pages == service.shape.num_pages
 
 
 async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
@@ -78,8 +78,8 @@ async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
         base = await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free))
         res = await decode.reserve(3)
         buf = bytearray(b"".join(bytes(p) for p in state.to_parts()))
-        received = RequestState.from_buffer(decode.engine, buf, "r", prompt, state.output, params, state.seed,
-                                            state.consumer_start, state.num_computed, state.logprobs)
+        received = RequestState.from_buffer(decode.shape.state_layout(3), buf, "r", prompt, state.output, params,
+                                            state.seed, state.consumer_start, state.num_computed, state.logprobs)
         stream = decode.import_request(received, res)
         buf[:] = bytes(len(buf))  # the receive buffer is reused as soon as import_request returns
         outs = [o async for o in stream]
@@ -87,7 +87,7 @@ async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
         assert [p.index for p in decode.take_full_pages()] == [0, 1]
         assert await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free)) == base
         free = await prefill.call(lambda e: e.runner.pool.num_free)
-        assert free == prefill.engine.runner.pool.num_blocks - 1
+        assert free == prefill.shape.num_pages == prefill.load.free_pages
     finally:
         await prefill.close()
         await decode.close()
@@ -119,3 +119,18 @@ async def test_call_returns_results_and_errors_and_refused_imports_release(servi
 
 async def _collect_stream(stream):
     return [o async for o in stream]
+
+
+async def test_load_and_request_stats_come_through_the_service(service):
+    assert service.load.free_pages == service.shape.num_pages and service.load.running == 0
+    prompt = random_prompts([300], seed=34)[0]
+    first = await _collect(service, "p", prompt, SamplingParams(max_tokens=4, temperature=0), prefill_only=True)
+    assert first[-1].finish_reason == "prefilled"
+    assert service.request_stats("p").computed_prompt_tokens == 300  # held by the engine, not freed yet
+    assert service.load.free_pages <= service.shape.num_pages - service.shape.blocks(300)
+    await service.export("p")
+    await _collect(service, "d", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0))
+    assert service.request_stats("d").computed_prompt_tokens == 3  # its pages may be freed a step later
+    assert service.request_stats("nobody") is None
+    load = service.load
+    assert (load.running, load.prompt_tokens, load.computed_prompt_tokens, load.cached_tokens) == (0, 303, 303, 0)

@@ -18,6 +18,7 @@ from dsi.messages import ALL
 from dsi.messages.control import Heartbeat
 from dsi.messages.gateway import Generate
 from dsi.messages.kvstore import GetIndexInfo
+from dsi.model.config import TINY
 from dsi.model.hits import exact_hit_limit, max_hit
 from dsi.recipe import ModelVersion, Recipe
 from dsi.roles.controller import ControllerActor
@@ -34,7 +35,7 @@ from tests.roles.entrypoint.fakes import FakePool
 from tests.roles.kvstore.conftest import Clock, Kvstores, block_bytes, put_msg
 from tests.transport.procs import free_address
 
-CHAIN = HashChain(root_seed=5, model="tiny")
+CHAIN = HashChain.of(TINY, root_seed=5)
 KEEP = 140  # the tiny model's decoder-side keep
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks

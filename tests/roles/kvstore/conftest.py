@@ -97,7 +97,7 @@ async def kvstores(tmp_path, clock):
 
 def chain(n_blocks: int, seed: int = 0) -> bytes:
     ids = np.random.default_rng(seed).integers(0, 129_280, size=128 * n_blocks, dtype=np.uint32)
-    return HashChain(root_seed=11).hashes(ids)
+    return HashChain(root_seed=11, block_size=128).hashes(ids)
 
 
 def block_bytes(n: int, size: int = 2048, seed: int = 0) -> list[bytes]:
