@@ -14,6 +14,7 @@ _BENCHES = (
     "dsi.bench.kvstore",
     "dsi.bench.trace_hits",
     "dsi.bench.kv_transfer",
+    "dsi.bench.hit_agreement",
 )
 
 

@@ -78,8 +78,7 @@ class EngineOptions:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class ControllerOptions:
-    # A draining instance finishes what it can for this long; then its requests migrate.
-    drain_grace_s: float = field(default=60.0, metadata=spec(checks=(at_least(0.0),)))
+    """No options yet (drain and autoscaling, which will have them, are planned)."""
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -11,7 +11,8 @@ from dsi.messages.base import Message
 
 
 class Load(Message):
-    """What balancers and the autoscaler read: counts, not rates."""
+    """An instance's load as the controller's table shows it (and, once they exist, balancers and
+    the autoscaler read it): counts, not rates."""
 
     running: int = 0  # requests being served
     queued: int = 0  # requests waiting for admission

@@ -1,4 +1,5 @@
-"""The balancer role: prefill, decode, vision and expert-parallel load balancing (policies to come)."""
+"""The balancer role. Planned: prefill, decode, vision and expert-parallel load balancing; today it
+routes nothing (the entrypoint picks the least loaded instance itself)."""
 
 from dsi.roles.balancer.actor import BalancerActor
 

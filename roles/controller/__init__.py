@@ -1,4 +1,4 @@
-"""The controller role: instance registry from heartbeats (autoscaler, drain, failover later)."""
+"""The controller role: instance registry from heartbeats. Planned: autoscaler, drain, failover."""
 
 from dsi.roles.controller.actor import ControllerActor
 from dsi.roles.controller.registry import InstanceRegistry

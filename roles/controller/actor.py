@@ -2,7 +2,7 @@
 
 Heartbeat (tell) registers or refreshes an instance, Goodbye marks it stopped, ListInstances is
 answered with an InstanceTable. A sweep every heartbeat interval logs instances that turn
-suspect or lost and prunes old entries. Autoscaling, drain and failover come later.
+suspect or lost and prunes old entries. Autoscaling, drain and failover are planned.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The decode role: continuous batching, speculative decoding, KV persistence (engine to come)."""
+"""The decode role: continuous batching over imported (or colocated) prompts, KV persistence."""
 
 from dsi.roles.decode.actor import DecodeActor
 

@@ -1,4 +1,5 @@
-"""The encoder role: images -> embeddings for the prefill (model to come)."""
+"""The encoder role. Planned: images -> embeddings for the prefill; today it has no model and encodes
+nothing."""
 
 from dsi.roles.encoder.actor import EncoderActor
 

@@ -1,4 +1,4 @@
-"""The prefill role: prompt forward for un-cached tokens, KV handoff to decode (engine to come)."""
+"""The prefill role: prompt forward for un-cached tokens, KV handoff to decode."""
 
 from dsi.roles.prefill.actor import PrefillActor
 

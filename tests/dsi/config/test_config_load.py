@@ -85,7 +85,7 @@ def test_option_defaults_of_each_kind(tmp_path: Path) -> None:
         {"kind": "encoder", "id": "e", "bind": "tcp://127.0.0.1:7140"},
     ]
     cfg = parse_config({**MINIMAL, "roles": roles}, tmp_path / "node.toml")
-    assert cfg.role("c").options == ControllerOptions(drain_grace_s=60.0)
+    assert cfg.role("c").options == ControllerOptions()
     assert cfg.role("k").options == KvstoreOptions(store_dir=tmp_path / "run" / "kvstore", capacity_blocks=0)
     assert cfg.role("e").options == EncoderOptions()
 
