@@ -172,6 +172,10 @@ class Engine:
             del self.requests[request_id]
             return True
         self._finish(req, "abort")
+        # Reported by the next step() even when nothing else runs (in sync mode no step is in flight).
+        self._pending.append(RequestOutput(req.request_id, [], list(req.output), True, "abort", len(req.prompt),
+                                           [], []))
+        del self.requests[request_id]
         return True
 
     def take_full_pages(self) -> list[FullPage]:
@@ -397,9 +401,6 @@ class Engine:
                                       [s.top for s in new], list(req.logprobs) if req.finished else None))
             if req.finished and not req.prefill_only:
                 self.requests.pop(req.request_id, None)
-        for req in [r for r in self.requests.values() if r.finished and r.finish_reason == "abort"]:
-            outs.append(RequestOutput(req.request_id, [], list(req.output), True, "abort", len(req.prompt), [], []))
-            del self.requests[req.request_id]
         return outs
 
     def _unschedule(self, step: Step) -> None:
