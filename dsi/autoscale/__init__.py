@@ -3,12 +3,14 @@ simulator run the same code. See :mod:`dsi.autoscale.policy` for the rules and a
 
 from dsi.autoscale.config import AutoscalerConfig, RoleBounds
 from dsi.autoscale.decision import Decision, RoleDecision, Rule
+from dsi.autoscale.history import DecisionLog
 from dsi.autoscale.inputs import RoleInputs, ScalingInputs
 from dsi.autoscale.policy import decide
 
 __all__ = [
     "AutoscalerConfig",
     "Decision",
+    "DecisionLog",
     "RoleBounds",
     "RoleDecision",
     "RoleInputs",
