@@ -6,6 +6,7 @@ from dsi.autoscale.decision import Decision, RoleDecision, Rule
 from dsi.autoscale.history import DecisionLog
 from dsi.autoscale.inputs import RoleInputs, ScalingInputs
 from dsi.autoscale.policy import decide
+from dsi.autoscale.simulate import simulate
 
 __all__ = [
     "AutoscalerConfig",
@@ -17,4 +18,5 @@ __all__ = [
     "Rule",
     "ScalingInputs",
     "decide",
+    "simulate",
 ]
