@@ -15,7 +15,7 @@ class Rule(StrEnum):
     MIN = "min"  # the need was below min_instances
     MAX = "max"  # the need was above max_instances
     QUOTA = "quota"  # quota use above the threshold: no scale-down, no stop
-    COOLDOWN = "cooldown"  # the serving count already changed less than one interval ago
+    COOLDOWN = "cooldown"  # the target already changed less than one interval ago
     RATE_LIMIT = "rate_limit"  # the change was more than max_change
     POOL_QUOTA = "pool_quota"  # the ready pool target was cut so the role stays within max_instances
 
@@ -42,7 +42,7 @@ class RoleDecision:
     ``target`` is the serving count wanted; ``shortfall`` = target - serving after steps 1-3,
     which instances starting now or earlier cover once they are ready. ``need`` is what demand
     alone asks for, before bounds, the quota rule and the rate limit. ``last_change_s`` is when
-    the serving target last differed from the serving count (the cooldown's memory).
+    the target last changed (the cooldown's memory; None if it never has).
     """
 
     need: int

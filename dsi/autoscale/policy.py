@@ -7,12 +7,14 @@ Per role (prefill from un-cached tokens/s, decode from active requests), in this
    always strictly exceeds the demand plus its margin, also on an exact multiple; 0 when there
    is no demand (see :func:`dsi.autoscale.need.instances_needed`).
 2. bounds: clamp to [min_instances, max_instances].
-3. quota rule: while quota use = serving / max_instances is strictly above quota_threshold
+3. cooldown: a role whose target changed less than interval_s ago (1 % tolerance for timer
+   jitter) keeps its previous target (within the bounds), so calling more often than once per
+   interval does not multiply the rate limit, and a shortfall still fills as instances arrive.
+   A target changes when it differs from the previous decision's (from the serving count when
+   there is none).
+4. quota rule: while quota use = serving / max_instances is strictly above quota_threshold
    (0.8), the target does not go below min(serving, max_instances): no scale-down, but a role
    above its max still comes back within it. At exactly 0.8 scale-down is allowed.
-4. cooldown: a role whose serving target changed less than interval_s ago (1 % tolerance for
-   timer jitter) keeps its serving count, so calling more often than once per interval does not
-   multiply the rate limit.
 5. rate limit: the target moves at most max_change from the serving count, up or down. A role
    outside its bounds reaches them over several intervals.
 6. ready pool target: ready_pool, cut to max_instances - target, so that serving + ready never
@@ -93,14 +95,14 @@ def _decide_role(
     config: AutoscalerConfig, name: ScaledRole, inputs: ScalingInputs, previous: Decision | None
 ) -> RoleDecision:
     bounds, seen = config.bounds(name), inputs.role(name)
-    last_change_s = previous.role(name).last_change_s if previous is not None else None
+    before = previous.role(name) if previous is not None else None
     quota_hold = seen.serving / bounds.max_instances > config.quota_threshold
     reasons: list[Reason] = []
     need = instances_needed(seen.demand, seen.capacity, bounds.margin)
     target = _bound(need, bounds, reasons)
+    target = _cool_down(target, before, bounds, inputs.now_s, config.interval_s, reasons)
     if quota_hold:
         target = _hold_for_quota(target, seen, bounds, config.quota_threshold, reasons)
-    target = _cool_down(target, seen.serving, inputs.now_s, last_change_s, config.interval_s, reasons)
     target = _rate_limit(target, seen.serving, bounds.max_change, reasons)
     pool_target = _pool_target(target, bounds, reasons)
     moves = _moves(target, pool_target, seen, bounds, quota_hold, reasons)
@@ -114,7 +116,7 @@ def _decide_role(
         start=moves.start,
         pool_target=pool_target,
         shortfall=moves.shortfall,
-        last_change_s=inputs.now_s if target != seen.serving else last_change_s,
+        last_change_s=_last_change_s(target, before, seen.serving, inputs.now_s),
         reasons=tuple(reasons),
     )
 
@@ -147,25 +149,34 @@ def _hold_for_quota(
 
 def _cool_down(
     target: int,
-    serving: int,
+    before: RoleDecision | None,
+    bounds: RoleBounds,
     now_s: float,
-    last_change_s: float | None,
     interval_s: float,
     reasons: list[Reason],
 ) -> int:
-    if target == serving or last_change_s is None:
+    if before is None or before.last_change_s is None:
         return target
-    waited = now_s - last_change_s
-    if waited >= interval_s * (1.0 - COOLDOWN_TOLERANCE):
+    waited_s = now_s - before.last_change_s
+    if waited_s >= interval_s * (1.0 - COOLDOWN_TOLERANCE):
         return target
-    reasons.append(
-        Reason(
-            Rule.COOLDOWN,
-            f"serving changed {waited:g} s ago, less than the {interval_s:g} s interval: "
-            f"holding {serving} instead of {target}",
+    held = min(max(before.target, bounds.min_instances), bounds.max_instances)
+    if held != target:
+        reasons.append(
+            Reason(
+                Rule.COOLDOWN,
+                f"target changed {waited_s:g} s ago, less than the {interval_s:g} s interval: "
+                f"holding {held} instead of {target}",
+            )
         )
-    )
-    return serving
+    return held
+
+
+def _last_change_s(target: int, before: RoleDecision | None, serving: int, now_s: float) -> float | None:
+    """Now if the target changed: from the previous target, or from the serving count at start."""
+    if before is None:
+        return now_s if target != serving else None
+    return now_s if target != before.target else before.last_change_s
 
 
 def _rate_limit(target: int, serving: int, max_change: int, reasons: list[Reason]) -> int:

@@ -75,9 +75,28 @@ def test_cooldown_holds_a_second_change_within_one_interval():
     early = decide_decode(bounds, now_s=110.0, previous=first, serving=2, capacity=10, demand=41).decode
     assert without_reasons(early) == RoleDecision(need=5, target=2, last_change_s=100.0)
     assert early.rules == (Rule.COOLDOWN,)
+    late = decide_decode(bounds, now_s=129.6, previous=first, serving=2, capacity=10, demand=41).decode
+    assert (late.target, late.rules) == (2, (Rule.COOLDOWN,))
     # 29.8 s is within the 1 % tolerance of a 30 s interval.
     on_time = decide_decode(bounds, now_s=129.8, previous=first, serving=2, capacity=10, demand=41).decode
     assert (on_time.target, on_time.last_change_s, on_time.rules) == (3, 129.8, (Rule.RATE_LIMIT,))
+
+
+def test_cooldown_keeps_the_previous_target_so_a_shortfall_fills_as_instances_arrive():
+    bounds = RoleBounds(max_instances=10, max_change=1, ready_pool=0)
+    first = decide_decode(bounds, now_s=0.0, serving=2, capacity=10, demand=25)  # 30 -> 4, limited to 3
+    assert without_reasons(first.decode) == RoleDecision(
+        need=4, target=3, start=1, shortfall=1, last_change_s=0.0
+    )
+    # 10 s later the started instance is ready and demand has grown: the target stays 3, the
+    # arrival serves at once.
+    arrived = decide_decode(bounds, now_s=10.0, previous=first, serving=2, ready=1, capacity=10, demand=45)
+    assert without_reasons(arrived.decode) == RoleDecision(
+        need=6, target=3, take_from_pool=1, last_change_s=0.0
+    )
+    assert [str(reason) for reason in arrived.decode.reasons] == [
+        "cooldown: target changed 10 s ago, less than the 30 s interval: holding 3 instead of 6"
+    ]
 
 
 def test_time_going_backwards_is_an_error():
@@ -159,12 +178,12 @@ def test_ready_pool_is_used_first_on_a_burst_and_refilled_afterwards():
     # The 3 are still starting: nothing more is started.
     waiting = decide_decode(bounds, now_s=30.0, previous=burst, serving=4, starting=3, capacity=10, demand=41)
     assert without_reasons(waiting.decode) == RoleDecision(
-        need=5, target=5, take_from_pool=0, pool_target=2, shortfall=1, last_change_s=30.0
+        need=5, target=5, take_from_pool=0, pool_target=2, shortfall=1, last_change_s=0.0
     )
     # They are ready: one serves, two refill the pool.
     arrived = decide_decode(bounds, now_s=60.0, previous=waiting, serving=4, ready=3, capacity=10, demand=41)
     assert without_reasons(arrived.decode) == RoleDecision(
-        need=5, target=5, take_from_pool=1, pool_target=2, last_change_s=60.0
+        need=5, target=5, take_from_pool=1, pool_target=2, last_change_s=0.0
     )
 
 

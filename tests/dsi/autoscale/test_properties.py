@@ -11,6 +11,7 @@ from dsi.autoscale import (
     RoleBounds,
     RoleDecision,
     RoleInputs,
+    Rule,
     ScalingInputs,
     decide,
 )
@@ -49,11 +50,11 @@ def role_inputs(draw: st.DrawFn) -> RoleInputs:
     )
 
 
-def previous_at(last_change_s: float | None) -> Decision:
+def previous_at(last_change_s: float, targets: tuple[int, int]) -> Decision:
     idle = RoleInputs(serving=0, capacity=1.0, demand=0.0)
     earlier = ScalingInputs(now_s=0.0, prefill=idle, decode=idle)
-    held = RoleDecision(need=0, target=0, last_change_s=last_change_s)
-    return Decision(inputs=earlier, prefill=held, decode=held)
+    prefill, decode = (RoleDecision(need=0, target=t, last_change_s=last_change_s) for t in targets)
+    return Decision(inputs=earlier, prefill=prefill, decode=decode)
 
 
 @settings(max_examples=400, deadline=None)
@@ -63,28 +64,31 @@ def previous_at(last_change_s: float | None) -> Decision:
     seen_prefill=role_inputs(),
     seen_decode=role_inputs(),
     threshold=st.sampled_from([0.5, 0.8, 1.0]),
-    since_change_s=st.none() | st.floats(0.0, 120.0),
+    since_change_s=st.none() | st.sampled_from([0.0, 15.0, 29.6, 29.7, 30.0]) | st.floats(0.0, 120.0),
+    last_targets=st.tuples(st.integers(0, 50), st.integers(0, 50)),
 )
 def test_invariants_hold_for_random_inputs(
-    prefill, decode, seen_prefill, seen_decode, threshold, since_change_s
+    prefill, decode, seen_prefill, seen_decode, threshold, since_change_s, last_targets
 ):
     config = AutoscalerConfig(prefill=prefill, decode=decode, quota_threshold=threshold)
     inputs = ScalingInputs(now_s=NOW_S, prefill=seen_prefill, decode=seen_decode)
-    previous = None if since_change_s is None else previous_at(NOW_S - since_change_s)
+    previous = None if since_change_s is None else previous_at(NOW_S - since_change_s, last_targets)
     decision = decide(config, inputs, previous)
+    cooling = since_change_s is not None and since_change_s < config.interval_s * (1 - COOLDOWN_TOLERANCE)
     for name in ("prefill", "decode"):
-        cooling = since_change_s is not None and since_change_s < config.interval_s * (1 - COOLDOWN_TOLERANCE)
-        check_role(config.bounds(name), inputs.role(name), decision.role(name), threshold, cooling)
+        held = previous.role(name).target if cooling else None
+        check_role(config.bounds(name), inputs.role(name), decision.role(name), threshold, held)
 
 
 def check_role(
-    bounds: RoleBounds, seen: RoleInputs, got: RoleDecision, threshold: float, cooling: bool
+    bounds: RoleBounds, seen: RoleInputs, got: RoleDecision, threshold: float, held: int | None
 ) -> None:
     low, high, step = bounds.min_instances, bounds.max_instances, bounds.max_change
-    # Rate limit, and the cooldown holds the count.
+    cooling = held is not None
+    # Rate limit; in a cooldown the previous target stays unless the quota rule or the rate limit moved it.
     assert abs(got.target - seen.serving) <= step
-    if cooling:
-        assert got.target == seen.serving
+    if cooling and not {Rule.QUOTA, Rule.RATE_LIMIT} & set(got.rules):
+        assert got.target == min(max(held, low), high)
     # Bounds: inside stays inside; outside moves towards them.
     if low <= seen.serving <= high:
         assert low <= got.target <= high
