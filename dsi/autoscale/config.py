@@ -18,7 +18,9 @@ class RoleBounds:
     role's quota: serving + ready + starting instances never exceed it through a start.
     ``max_change`` is the largest change of the serving count in one interval, up or down.
     ``margin`` is a fraction (0.2 = 20 %): the serving capacity must strictly exceed
-    demand * (1 + margin). ``ready_pool`` is how many started-but-unassigned instances to keep.
+    demand * (1 + margin). A fraction rather than a count of spare instances, so the headroom
+    grows with the role; the strict inequality already leaves some headroom at margin 0.
+    ``ready_pool`` is how many started-but-unassigned instances to keep.
     """
 
     min_instances: int = 1
