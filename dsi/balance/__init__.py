@@ -1,0 +1,17 @@
+"""Load-balancing policies: pure functions and small classes over snapshots of instance loads, with
+no I/O, so the balancer roles and the simulator run the same code.
+
+    prefill   length buckets by un-cached tokens, engines per bucket by measured compute
+"""
+
+from dsi.balance.cost import PrefillCost
+from dsi.balance.load import InstanceLoad, NoInstance
+from dsi.balance.prefill import PrefillBalancer, PrefillBalancerConfig
+
+__all__ = [
+    "InstanceLoad",
+    "NoInstance",
+    "PrefillBalancer",
+    "PrefillBalancerConfig",
+    "PrefillCost",
+]
