@@ -2,13 +2,17 @@
 no I/O, so the balancer roles and the simulator run the same code.
 
     prefill   length buckets by un-cached tokens, engines per bucket by measured compute
+    decode    request count + KV tokens against capacity, long and short KV-length bands
 """
 
 from dsi.balance.cost import PrefillCost
+from dsi.balance.decode import DecodeBalancer, DecodeBalancerConfig
 from dsi.balance.load import InstanceLoad, NoInstance
 from dsi.balance.prefill import PrefillBalancer, PrefillBalancerConfig
 
 __all__ = [
+    "DecodeBalancer",
+    "DecodeBalancerConfig",
     "InstanceLoad",
     "NoInstance",
     "PrefillBalancer",
