@@ -16,7 +16,7 @@ from dsi.balance.shares import apportion, moved, neighbour_groups, normalise
 from dsi.errors import error_from_info
 
 
-@pytest.mark.parametrize("module", ["shares", "cost", "prefill", "decode"])
+@pytest.mark.parametrize("module", ["shares", "cost", "prefill", "decode", "vision"])
 def test_worked_examples_print_what_the_docstrings_say(module):
     result = doctest.testmod(importlib.import_module(f"dsi.balance.{module}"))
     assert result.attempted > 0 and result.failed == 0
