@@ -16,6 +16,7 @@ _BENCHES = (
     "dsi.bench.kv_transfer",
     "dsi.bench.hit_agreement",
     "dsi.bench.prefill_lb",
+    "dsi.bench.decode_lb",
 )
 
 
