@@ -15,6 +15,8 @@ _BENCHES = (
     "dsi.bench.trace_hits",
     "dsi.bench.kv_transfer",
     "dsi.bench.hit_agreement",
+    "dsi.bench.prefill_lb",
+    "dsi.bench.decode_lb",
 )
 
 
