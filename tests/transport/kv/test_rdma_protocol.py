@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import msgspec
 import pytest
 
@@ -72,3 +75,89 @@ def test_rdma_without_a_device_is_a_clear_error():
         pytest.skip("this machine has an RDMA device")
     with pytest.raises(RuntimeError, match="no RDMA device"):
         make_data_plane("rdma")
+
+
+def test_a_send_queue_shares_its_depth_between_transfers_first_come_first_served():
+    queue = protocol.SendQueue(depth=4)
+    a = WriteBatch(protocol.chunk_plan(10, 2), window=3, number=1)  # 5 chunks
+    b = WriteBatch(protocol.chunk_plan(6, 2), window=3, number=2)  # 3 chunks
+    queue.waiting.extend([a, b])
+    assert [(batch.number, idx) for batch, idx in queue.take()] == [(1, [0, 1, 2]), (2, [0])]
+    assert queue.outstanding == 4 and queue.take() == []
+    queue.completed()
+    a.completed(True)
+    assert [(batch.number, idx) for batch, idx in queue.take()] == [(1, [3])]
+    for _ in range(4):
+        queue.completed()
+    for _ in range(3):
+        a.completed(True)
+    b.completed(True)
+    assert [(batch.number, idx) for batch, idx in queue.take()] == [(1, [4]), (2, [1, 2])]
+    assert list(queue.waiting) == []  # both posted everything
+
+
+async def test_concurrent_transfers_to_one_receiver_stay_within_its_send_queue():
+    from dsi.transport.kv.rdma.fake import FakeFabric
+
+    fabric = FakeFabric(send_depth=8)
+    async with _pair(fabric, chunk_bytes=4096) as (receiver, sender):
+        payloads = [bytes([i]) * (256 << 10) for i in range(8)]  # 64 chunks each, 8 at once
+        inbounds = [receiver.expect(f"t{i}", len(p), 10.0) for i, p in enumerate(payloads)]
+        await asyncio.gather(*(sender.send(inb.target, [p], 10.0) for inb, p in zip(inbounds, payloads, strict=True)))
+        for inb, p in zip(inbounds, payloads, strict=True):
+            assert bytes(await inb.wait()) == p
+            inb.release()
+        assert sender._send_pool.live == 0 and not sender._writes
+
+
+async def test_a_broken_queue_pair_is_replaced_on_the_next_send():
+    from dsi.transport.kv.rdma.fake import FakeFabric
+
+    fabric = FakeFabric()
+    async with _pair(fabric) as (receiver, sender):
+        await _round_trip(receiver, sender, "a")
+        for qpn in list(receiver._qp_of_sender.values()):  # the receiver's queue pair is gone
+            fabric.qps.pop(qpn)
+        with pytest.raises(TransferFailed, match="rdma write failed"):
+            await _round_trip(receiver, sender, "b")
+        await _round_trip(receiver, sender, "c")  # a new queue pair, connected on this send
+        assert sender._send_pool.live == 0 and len(sender._queues) == 1
+
+
+async def test_a_receiver_that_lost_our_queue_pair_is_reconnected_within_the_send():
+    from dsi.transport.kv.rdma.fake import FakeFabric
+
+    fabric = FakeFabric()
+    async with _pair(fabric) as (receiver, sender):
+        await _round_trip(receiver, sender, "a")
+        for qpn in list(receiver._qp_of_sender.values()):  # as a receiver restarted at this address
+            receiver.verbs.destroy_qp(qpn)
+        receiver._qp_of_sender.clear()
+        receiver._sender_of_qp.clear()
+        await _round_trip(receiver, sender, "b")  # Begin is refused NotConnected; the send connects anew
+        assert len(sender._queues) == 1 and sender._send_pool.live == 0
+
+
+async def _round_trip(receiver, sender, tid: str) -> None:
+    payload = tid.encode() * (3 << 18)
+    inbound = receiver.expect(tid, len(payload), 5.0)
+    try:
+        await sender.send(inbound.target, [payload], 5.0)
+        assert bytes(await inbound.wait()) == payload
+    finally:
+        inbound.release()
+
+
+@contextlib.asynccontextmanager
+async def _pair(fabric, **extra):
+    from dsi.transport.kv.rdma.plane import RdmaDataPlane
+
+    receiver = RdmaDataPlane("127.0.0.1", verbs=fabric.device(), **extra)
+    sender = RdmaDataPlane("127.0.0.1", verbs=fabric.device(), **extra)
+    await receiver.start()
+    await sender.start()
+    try:
+        yield receiver, sender
+    finally:
+        await sender.close()
+        await receiver.close()

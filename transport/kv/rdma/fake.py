@@ -4,12 +4,15 @@ Each ``device()`` is a :class:`~.verbs.Verbs`. Memory regions are real host memo
 IMMEDIATE checks the rkey and bounds like a NIC (remote access error otherwise), copies with
 ``memmove``, consumes one posted receive on the target queue pair (receiver-not-ready error if none)
 and completes on both sides; completions wake the plane through a pipe, like a completion channel.
+Like a NIC's send queue, a queue pair takes at most ``send_depth`` work requests whose completions
+have not been polled yet; one more fails the post (ENOMEM).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import itertools
 import mmap
 import os
@@ -41,6 +44,7 @@ class _Qp:
         self.qpn = qpn
         self.remote: int | None = None
         self.recvs: deque[int] = deque()
+        self.unpolled_sends = 0  # send work requests posted whose completions were not polled yet
 
 
 class FakeDevice:
@@ -85,6 +89,9 @@ class FakeDevice:
         if length > self.max_msg_bytes:
             raise ValueError(f"message of {length} bytes over the {self.max_msg_bytes}-byte limit")
         qp = self.fabric.qps[qpn]
+        if qp.unpolled_sends >= self.send_depth:
+            raise OSError(errno.ENOMEM, f"send queue of queue pair {qpn} is full ({self.send_depth})")
+        qp.unpolled_sends += 1
         peer = self.fabric.qps.get(qp.remote) if qp.remote is not None else None
         owner = self.fabric.regions.get(rkey)
         if peer is None:
@@ -104,6 +111,10 @@ class FakeDevice:
     def poll(self) -> list[Completion]:
         out = list(self._completions)
         self._completions.clear()
+        for completion in out:
+            qp = self.fabric.qps.get(completion.qpn)
+            if not completion.recv and qp is not None:
+                qp.unpolled_sends -= 1
         return out
 
     def fileno(self) -> int:

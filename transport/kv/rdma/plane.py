@@ -9,9 +9,15 @@
                                                   ◄───  Ack
     copy parts into a registered staging region
     WRITE_WITH_IMM chunk i -> addr + i*chunk_bytes ═══►  recv completion: imm = slot|i, count bytes
-      (at most ``send_depth`` outstanding)               all bytes in: Inbound completes
+      (at most ``send_depth`` outstanding per QP,        all bytes in: Inbound completes
+       shared by the transfers to that receiver)
                                                   ◄───  Ack(done)
     returns once the Ack and every write completion are in
+
+A failed write leaves an RC queue pair in the error state for good: the sender retires it (the
+transfers still queued on it fail; it is destroyed once nothing is outstanding) and the next send
+to that receiver connects a new one. A receiver that restarted at the same address refuses Begin
+with ``NotConnected``; the sender then connects a new queue pair within the same send.
 
 Receive regions come from a RegionPool of registered slabs; the descriptor (``RdmaRegion``) names
 address, rkey, slot and chunk size. Parts are staged through a registered send pool (one memcpy):
@@ -58,12 +64,12 @@ class _RegisteredSlab:
 
 @dataclass(slots=True)
 class _Writes:
-    """One transfer's writes in flight: the protocol's bookkeeping plus this plane's callbacks."""
+    """One transfer's writes: the protocol's bookkeeping plus this plane's callbacks."""
 
-    number: int  # high bits of every work request id of this transfer
     batch: protocol.WriteBatch
+    qpn: int
     written: asyncio.Future[None]
-    post: Callable[[], None]
+    post: Callable[[int], None]  # posts one chunk's work request
     on_idle: Callable[[], None] | None = None  # frees the staging region once nothing is outstanding
 
 
@@ -90,7 +96,8 @@ class RdmaDataPlane(DataPlane):
         self._qp_of_sender: dict[bytes, int] = {}  # receiver side: routing id -> local qpn
         self._sender_of_qp: dict[int, bytes] = {}
         self._peers: dict[str, asyncio.Future[int]] = {}  # sender side: address -> local qpn
-        self._writes: dict[int, _Writes] = {}
+        self._queues: dict[int, protocol.SendQueue] = {}  # sender side: local qpn -> its send queue
+        self._writes: dict[int, _Writes] = {}  # batch number ->
         self._pending_id = ""  # the id expect() is allocating a region for
         self._batch_ids = itertools.count(1)
 
@@ -112,9 +119,9 @@ class RdmaDataPlane(DataPlane):
             if not writes.written.done():
                 writes.written.set_exception(TransferFailed("data plane closed"))
         asyncio.get_running_loop().remove_reader(self.verbs.fileno())
-        for qpn in [*self._qp_of_sender.values(), *(p.result() for p in self._peers.values() if p.done()
-                                                    and not p.exception())]:
+        for qpn in [*self._qp_of_sender.values(), *self._queues]:
             self.verbs.destroy_qp(qpn)
+        self._queues.clear()
         self._send_pool.close()
         self.verbs.close()
         self._listener.close()
@@ -151,7 +158,14 @@ class RdmaDataPlane(DataPlane):
                 begun = True  # an abort from here on fails the receiver's inbound at once
                 qpn = await self._connect(out)
                 out.send(wire.Begin(target.transfer_id, target.nbytes))
-                ack = await out.reply()
+                try:
+                    ack = await out.reply()
+                except protocol.NotConnected:  # the receiver restarted at this address: connect anew
+                    self._drop_peer(out.address)
+                    out.refused = False
+                    qpn = await self._connect(out)
+                    out.send(wire.Begin(target.transfer_id, target.nbytes))
+                    ack = await out.reply()
                 if not ack.done:
                     staging = self._send_pool.alloc(target.nbytes)
                     await _copy(views, self._send_pool.view(staging))
@@ -170,7 +184,8 @@ class RdmaDataPlane(DataPlane):
         self._sent(target)
 
     async def _connect(self, out: Outgoing) -> int:
-        """The local queue pair connected to the receiver at ``out.address`` (set up on first use)."""
+        """The local queue pair connected to the receiver at ``out.address`` (set up on first use,
+        and again after the last one broke or the receiver lost it)."""
         peer = self._peers.get(out.address)
         if peer is None:
             peer = self._peers[out.address] = asyncio.get_running_loop().create_future()
@@ -179,6 +194,7 @@ class RdmaDataPlane(DataPlane):
                 out.send(wire.Connect(out.transfer_id, info.qpn, info.lid, info.gid))
                 remote = await out.reply()
                 self.verbs.connect(info.qpn, QpInfo(remote.qpn, remote.lid, remote.gid))
+                self._queues[info.qpn] = protocol.SendQueue(self.verbs.send_depth)
             except BaseException as error:
                 del self._peers[out.address]
                 self.verbs.destroy_qp(info.qpn)
@@ -188,31 +204,53 @@ class RdmaDataPlane(DataPlane):
             peer.set_result(info.qpn)
         return await asyncio.shield(peer)
 
+    def _drop_peer(self, address: str) -> None:
+        """Forget the queue pair to ``address``: the next send connects a new one. The old one is
+        destroyed once its outstanding work requests have completed."""
+        peer = self._peers.pop(address, None)
+        if peer is None or not peer.done() or peer.exception() is not None:
+            return
+        queue = self._queues.get(peer.result())
+        if queue is not None:
+            self._break(peer.result(), queue, "the queue pair was dropped")
+
     def _write(self, qpn: int, staging: Region, nbytes: int, where: protocol.RdmaRegion) -> _Writes:
-        """Post the chunks (at most ``send_depth`` outstanding; completions post the rest)."""
+        """Queue the chunks on the queue pair's send queue (shared with the other transfers to
+        the same receiver, at most ``send_depth`` outstanding); completions post the rest."""
         mr = self._send_pool.slabs[staging.slab].mr  # type: ignore[attr-defined]
-        batch = protocol.WriteBatch(protocol.chunk_plan(nbytes, where.chunk_bytes), self.verbs.send_depth)
         number = next(self._batch_ids)
+        batch = protocol.WriteBatch(protocol.chunk_plan(nbytes, where.chunk_bytes), self.verbs.send_depth, number)
 
-        def post() -> None:
-            for index in batch.to_post():
-                offset, length = batch.plan[index]
-                self.verbs.post_write_imm(qpn, number << protocol.CHUNK_BITS | index, mr, staging.offset + offset,
-                                          length, where.addr + offset, where.rkey,
-                                          protocol.encode_imm(where.slot, index))
+        def post(index: int) -> None:
+            offset, length = batch.plan[index]
+            self.verbs.post_write_imm(qpn, number << protocol.CHUNK_BITS | index, mr, staging.offset + offset,
+                                      length, where.addr + offset, where.rkey, protocol.encode_imm(where.slot, index))
 
-        writes = self._writes[number] = _Writes(number, batch, asyncio.get_running_loop().create_future(),
-                                                   post)
+        writes = self._writes[number] = _Writes(batch, qpn, asyncio.get_running_loop().create_future(), post)
         writes.written.add_done_callback(_retrieve)
-        post()
+        self._queues[qpn].waiting.append(batch)
+        self._pump(qpn)
         return writes
+
+    def _pump(self, qpn: int) -> None:
+        """Post what the queue pair's send queue has room for."""
+        queue = self._queues.get(qpn)
+        if queue is None or queue.broken:
+            return
+        for batch, indexes in queue.take():
+            writes = self._writes[batch.number]
+            for index in indexes:
+                writes.post(index)
 
     def _free_staging(self, staging: Region, writes: _Writes | None) -> None:
         if writes is not None and not writes.batch.error and not writes.batch.finished:
             writes.batch.error = "abandoned by the sender"  # post nothing more
         if writes is None or writes.batch.outstanding == 0:
             if writes is not None:
-                self._writes.pop(writes.number, None)
+                self._writes.pop(writes.batch.number, None)
+                queue = self._queues.get(writes.qpn)
+                if queue is not None and writes.batch in queue.waiting:
+                    queue.waiting.remove(writes.batch)
             self._send_pool.free(staging)
         else:  # the device may still read it: free once the last completion is in
             writes.on_idle = lambda: self._send_pool.free(staging)
@@ -228,18 +266,26 @@ class RdmaDataPlane(DataPlane):
                     self._on_written(completion)
 
     def _on_written(self, completion: Any) -> None:
-        number = completion.wr_id >> protocol.CHUNK_BITS
-        writes = self._writes.get(number)
-        if writes is None:
-            return
+        queue = self._queues.get(completion.qpn)
+        if queue is not None:
+            queue.completed()
+            if not completion.ok:  # an RC queue pair in error stays so: later sends connect a new one
+                self._break(completion.qpn, queue, f"rdma write failed: {completion.error}")
+        writes = self._writes.get(completion.wr_id >> protocol.CHUNK_BITS)
+        if writes is not None:
+            writes.batch.completed(completion.ok, completion.error)
+            self._settle(writes)
+        if queue is not None:
+            self._pump(completion.qpn)
+            self._destroy_if_idle(completion.qpn, queue)
+
+    def _settle(self, writes: _Writes) -> None:
+        """Resolve a transfer whose writes are all done (or failed with nothing outstanding)."""
         batch = writes.batch
-        batch.completed(completion.ok, completion.error)
-        if not writes.written.done():
-            writes.post()
         if not batch.finished:
             return
         if batch.outstanding == 0:
-            del self._writes[number]
+            self._writes.pop(batch.number, None)
             if writes.on_idle is not None:
                 writes.on_idle()
         if not writes.written.done():
@@ -247,6 +293,26 @@ class RdmaDataPlane(DataPlane):
                 writes.written.set_exception(TransferFailed(f"rdma write failed: {batch.error}"))
             else:
                 writes.written.set_result(None)
+
+    def _break(self, qpn: int, queue: protocol.SendQueue, error: str) -> None:
+        """Retire a queue pair: no sender uses it again, and transfers still waiting to post on it fail."""
+        queue.broken = True
+        for address, peer in list(self._peers.items()):
+            if peer.done() and peer.exception() is None and peer.result() == qpn:
+                del self._peers[address]
+        waiting, queue.waiting = list(queue.waiting), type(queue.waiting)()
+        for batch in waiting:
+            if not batch.error:
+                batch.error = error
+            writes = self._writes.get(batch.number)
+            if writes is not None:
+                self._settle(writes)
+        self._destroy_if_idle(qpn, queue)
+
+    def _destroy_if_idle(self, qpn: int, queue: protocol.SendQueue) -> None:
+        if queue.broken and queue.outstanding == 0 and self._queues.get(qpn) is queue:
+            del self._queues[qpn]
+            self.verbs.destroy_qp(qpn)
 
     def _on_recv(self, completion: Any) -> None:
         rid = self._sender_of_qp.get(completion.qpn)
@@ -272,7 +338,7 @@ class RdmaDataPlane(DataPlane):
             self._accept(rid, msg)
         elif isinstance(msg, wire.Begin):
             if rid not in self._qp_of_sender:
-                self._listener.refuse(rid, tid, TransferFailed("Begin before Connect"))
+                self._listener.refuse(rid, tid, protocol.NotConnected("Begin before Connect"))
                 return
             try:
                 inbound = table.begin(tid, msg.nbytes, rid)

@@ -14,8 +14,11 @@ transfer is complete.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import msgspec
+
+from dsi.errors import TransferFailed, register_error
 
 SLOT_BITS, CHUNK_BITS = 12, 20
 SLOTS = 1 << SLOT_BITS  # transfers a receiver can have open at once
@@ -90,19 +93,21 @@ class WriteBatch:
     completions come back through ``completed``. ``error`` is the first failed completion.
     """
 
-    def __init__(self, plan: list[tuple[int, int]], window: int) -> None:
+    def __init__(self, plan: list[tuple[int, int]], window: int, number: int = 0) -> None:
         self.plan = plan
         self.window = window
+        self.number = number  # high bits of its work request ids: ``number << CHUNK_BITS | index``
         self.next = 0  # index of the next chunk to post
         self.outstanding = 0
         self.done = 0
         self.error = ""
 
-    def to_post(self) -> list[int]:
-        """Chunk indexes to post now."""
+    def to_post(self, limit: int | None = None) -> list[int]:
+        """Chunk indexes to post now: at most ``window`` outstanding, and at most ``limit`` (the
+        room left in the queue pair's send queue, which other transfers share)."""
         if self.error:
             return []
-        room = self.window - self.outstanding
+        room = self.window - self.outstanding if limit is None else min(self.window - self.outstanding, limit)
         indexes = list(range(self.next, min(len(self.plan), self.next + room)))
         self.next += len(indexes)
         self.outstanding += len(indexes)
@@ -118,3 +123,53 @@ class WriteBatch:
     def finished(self) -> bool:
         """Every chunk written (or a failure, with nothing left outstanding)."""
         return self.done == len(self.plan) or (bool(self.error) and self.outstanding == 0)
+
+    @property
+    def posted_all(self) -> bool:
+        """Nothing more to post (every chunk posted, or a failure stopped posting)."""
+        return bool(self.error) or self.next == len(self.plan)
+
+
+@register_error
+class NotConnected(TransferFailed):
+    """The receiver has no queue pair for this sender (it restarted, or never saw a Connect)."""
+
+    code = "rdma_not_connected"
+
+
+class SendQueue:
+    """One queue pair's send queue, shared by every transfer to that receiver.
+
+    A queue pair takes at most ``depth`` outstanding work requests (posted, completion not yet
+    polled); posting more fails on a real device. Transfers wait their turn here, first come first
+    served, and each turn posts what the queue has room for::
+
+        waiting  [batch a][batch b] ...   take(): (batch, chunk indexes) while room remains
+        room     depth - outstanding      completed(): one slot back
+
+    ``broken``: a work request failed, so the queue pair is in the error state for good (RC); no
+    new transfer may use it, and it is destroyed once nothing is outstanding.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.outstanding = 0
+        self.waiting: deque[WriteBatch] = deque()
+        self.broken = False
+
+    def take(self) -> list[tuple[WriteBatch, list[int]]]:
+        """The posts to make now, in order; counts them as outstanding."""
+        out = []
+        for batch in list(self.waiting):  # a batch whose own window is full lets the next one post
+            if self.outstanding >= self.depth:
+                break
+            indexes = batch.to_post(self.depth - self.outstanding)
+            self.outstanding += len(indexes)
+            if indexes:
+                out.append((batch, indexes))
+            if batch.posted_all:
+                self.waiting.remove(batch)
+        return out
+
+    def completed(self) -> None:
+        self.outstanding -= 1
