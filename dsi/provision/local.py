@@ -130,7 +130,15 @@ class LocalProvisioner:
         """Spawn the instance's process and wait for READY; StartFailed (the process stopped)."""
         self._move(slot, "starting", f"restart {slot.restarts}" if slot.restarts else "")
         slot.spawned_at = self._clock()
-        proc = await RoleProcess.spawn(slot.role_id, self._command(slot.role_id))
+        spawning = asyncio.ensure_future(RoleProcess.spawn(slot.role_id, self._command(slot.role_id)))
+        try:
+            proc = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            # The caller gave up (a stop signal during start-up), but the process may exist
+            # already: keep it where stop() finds it, so it is not left running.
+            with contextlib.suppress(StartFailed):
+                slot.proc = await spawning
+            raise
         slot.proc = proc
         if slot.stopping:
             await self._terminate(slot, proc)
