@@ -3,7 +3,8 @@
     python fake_role.py ROLE_ID MODE EVENTS_FILE
 
 MODE: ``serve`` runs until SIGTERM; ``exit`` exits right after READY; ``once`` serves on its first
-run and exits with status 1 before READY on every later one; ``ignore-term`` ignores SIGTERM.
+run and exits with status 1 before READY on every later one; ``ignore-term`` ignores SIGTERM;
+``silent`` never prints READY.
 Each SIGTERM it obeys appends ``stopped ROLE_ID`` to EVENTS_FILE.
 """
 
@@ -27,7 +28,8 @@ marker = events.with_name(f"{role_id}.started")
 if mode == "once" and marker.exists():
     sys.exit(1)
 marker.touch()
-print(f"READY {role_id}", flush=True)
+if mode != "silent":
+    print(f"READY {role_id}", flush=True)
 if mode == "exit":
     sys.exit(0)
 while True:

@@ -58,7 +58,8 @@ async def provisioner(tmp_path: Path, mode: str = "serve", **kw):
 
     recorder = Recorder()
     kw.setdefault("policy", FAST)
-    prov = LocalProvisioner(command, on_change=recorder, ready_timeout_s=30.0, **kw)
+    kw.setdefault("ready_timeout_s", 30.0)
+    prov = LocalProvisioner(command, on_change=recorder, **kw)
     try:
         yield prov, recorder, events
     finally:
@@ -175,6 +176,29 @@ async def test_an_instance_that_ignores_sigterm_is_killed_after_grace(tmp_path):
         assert 0.5 <= time.monotonic() - started < 5.0
         assert gone(inst.pid)
         assert prov.list()[0].last_exit == -signal.SIGKILL
+
+
+async def test_a_start_cancelled_before_ready_leaves_nothing_running(tmp_path):
+    async with provisioner(tmp_path, mode="silent") as (prov, _, events):
+        starting = asyncio.ensure_future(prov.start("decode-0"))
+        async with asyncio.timeout(10):
+            while not (tmp_path / "decode-0.started").exists():
+                await asyncio.sleep(0.02)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        [inst] = prov.list()
+        assert inst.state == "starting" and inst.pid is not None
+        await prov.close()
+        assert gone(inst.pid) and events.read_text() == "stopped decode-0\n"
+        assert prov.list()[0].state == "stopped"
+
+
+async def test_a_silent_process_is_not_ready_after_the_timeout(tmp_path):
+    async with provisioner(tmp_path, mode="silent", ready_timeout_s=0.5) as (prov, _, events):
+        with pytest.raises(StartFailed, match=r"was not READY within 0.5s"):
+            await prov.start("decode-0")
+        assert events.read_text() == "stopped decode-0\n"  # stopped, not left behind
 
 
 @pytest.mark.slow
