@@ -4,10 +4,17 @@
 
     controller  --READY-->  every other role at once  --READY-->  all registered at the controller
         --> the gateway's /health says it can serve (with an entrypoint and a decode role)
-        --> banner + instance table --> supervise until SIGINT / SIGTERM or a child dies
+        --> banner + instance table --> keep every role running until SIGINT / SIGTERM
 
-A signal stops every child (the controller last) and exits 0. A child that dies on its own, or
-a cluster not ready within --ready-timeout seconds, stops all the others and exits 1.
+The processes run under a ``LocalProvisioner``: one that dies is replaced (same role id, new
+pid, after a backoff) while the others keep serving; the replacement registers with the
+controller by its heartbeats, and a replaced controller learns every instance again the same
+way. An instance that keeps dying is given up (logged as an error); if that is the controller,
+every role is stopped and serve exits 1.
+
+A signal stops every child in reverse start order (the controller last) and exits 0. A role
+whose first start fails, or a cluster not ready within --ready-timeout seconds, stops all the
+others and exits 1.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from typing import Any, TextIO, TypeVar
 import aiohttp
 
 from dsi.cli.status import ControllerUnreachable, fetch_instances, format_table
-from dsi.cli.supervisor import ChildFailed, Supervisor
 from dsi.config import ConfigError, EntrypointOptions, NodeConfig, load_config, with_http_port
+from dsi.logs import setup_logging
 from dsi.messages.control import InstanceInfo
+from dsi.provision import LocalProvisioner, ProvisionedInstance, StartFailed
+from dsi.provision.process import describe_exit
 from dsi.roles.curve import client_keys
 
 DEFAULT_CONFIG = "configs/local.toml"
@@ -53,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 2
+    setup_logging(cfg.logging.format, cfg.logging.level, role="serve")
     return asyncio.run(_Serve(cfg, args.port, args.ready_timeout).run())
 
 
@@ -67,8 +77,12 @@ class _Serve:
         self.cfg = cfg
         self.http_port = http_port
         self.ready_timeout_s = ready_timeout_s
-        self.supervisor = Supervisor()
+        self.provisioner = LocalProvisioner(
+            self._command, ready_timeout_s=ready_timeout_s, on_change=self._changed
+        )
         self.stop_requested = asyncio.Event()
+        self.controller_failed: ProvisionedInstance | None = None
+        self._fatal = asyncio.Event()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -77,23 +91,31 @@ class _Serve:
         try:
             return await self._run()
         finally:
-            await self._stop_all()
-            await self.supervisor.close()
+            await self.provisioner.close()
 
     async def _run(self) -> int:
         try:
             started = await self._until_stopped(self._start_all(), self.ready_timeout_s)
-        except (ChildFailed, TimeoutError) as exc:
+        except (StartFailed, TimeoutError) as exc:
             reason = str(exc) or f"the cluster was not ready in {self.ready_timeout_s:g}s"
             _say(f"{reason}; stopping every role")
             return 1
         if not started:
             return 0
-        gone = await self._until_stopped(self.supervisor.first_exit())
-        if gone is None:
+        await self._until_stopped(self._fatal.wait())
+        failed = self.controller_failed
+        if failed is None:
             return 0
-        _say(f"{gone.name} (pid {gone.pid}) exited with status {gone.proc.returncode}; stopping every role")
+        _say(
+            f"{failed.role_id} was given up (it kept dying, last with {describe_exit(failed.last_exit)}); "
+            "stopping every role"
+        )
         return 1
+
+    def _changed(self, inst: ProvisionedInstance) -> None:
+        if inst.state == "failed" and self.cfg.role(inst.role_id).kind == "controller":
+            self.controller_failed = inst
+            self._fatal.set()
 
     async def _until_stopped(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
         """The result of `coro`, or None when a stop signal comes first; TimeoutError after `timeout`."""
@@ -111,8 +133,12 @@ class _Serve:
         controllers = [role for role in self.cfg.roles if role.kind == "controller"]
         others = [role for role in self.cfg.roles if role.kind != "controller"]
         for wave in (controllers, others):
-            children = [await self.supervisor.start(role.id, self._command(role.id)) for role in wave]
-            await asyncio.gather(*(self.supervisor.wait_ready(child) for child in children))
+            try:
+                async with asyncio.TaskGroup() as group:  # one failure cancels the others' wait
+                    for role in wave:
+                        group.create_task(self.provisioner.start(role.id))
+            except BaseExceptionGroup as failures:
+                raise failures.exceptions[0] from None
         table = await self._registered() if controllers else []
         if controllers and any(role.kind == "decode" for role in self.cfg.roles):
             await self._serving()
@@ -126,11 +152,9 @@ class _Serve:
         wanted = {role.id for role in self.cfg.roles}
         keys = client_keys(self.cfg.security)
         while True:
-            for child in self.supervisor.children:
-                if not child.alive:
-                    raise ChildFailed(
-                        f"{child.name} (pid {child.pid}) exited with status {child.proc.returncode}"
-                    )
+            for inst in self.provisioner.list():
+                if inst.state == "failed":
+                    raise StartFailed(f"{inst.role_id} kept dying, last with {describe_exit(inst.last_exit)}")
             try:
                 table = await fetch_instances(self.cfg.cluster.controller, keys, timeout=2.0)
             except ControllerUnreachable:
@@ -154,12 +178,6 @@ class _Serve:
                 except (aiohttp.ClientError, TimeoutError):
                     pass
                 await asyncio.sleep(_POLL_S)
-
-    async def _stop_all(self) -> None:
-        children = self.supervisor.children
-        controllers = [c for c in children if self.cfg.role(c.name).kind == "controller"]
-        await self.supervisor.stop([c for c in reversed(children) if c not in controllers])
-        await self.supervisor.stop(controllers)
 
     def _command(self, role_id: str) -> list[str]:
         return role_command(os.path.abspath(self.cfg.source), role_id, self.http_port)

@@ -12,7 +12,8 @@ State of an instance, from the age of its last heartbeat (``interval`` = heartbe
         |                                                                          ^
         +---------------------------- Goodbye --> stopped ---(forget_after_s)-----+
 
-A heartbeat from a stopped or lost instance id (a restart) registers it again.
+A heartbeat from a stopped or lost instance id registers it again, and so does one from another
+process under a known id (a replacement that came back before the old one was found lost).
 """
 
 from __future__ import annotations
@@ -54,7 +55,12 @@ class InstanceRegistry:
     def heartbeat(self, beat: Heartbeat, now: float) -> bool:
         """Record a heartbeat; True when it (re)registers the instance."""
         entry = self._entries.get(beat.instance_id)
-        fresh = entry is None or entry.stopped_at is not None or self._age(entry, now) >= self.timeout_s
+        fresh = (
+            entry is None
+            or entry.stopped_at is not None
+            or self._age(entry, now) >= self.timeout_s
+            or _restarted(entry.beat, beat)
+        )
         self._entries[beat.instance_id] = _Entry(beat, now)
         return fresh
 
@@ -120,3 +126,8 @@ class InstanceRegistry:
             started_at=beat.started_at,
             http=beat.http,
         )
+
+
+def _restarted(before: Heartbeat, now: Heartbeat) -> bool:
+    """Whether two heartbeats of one instance id come from different processes."""
+    return (before.host, before.pid, before.started_at) != (now.host, now.pid, now.started_at)

@@ -3,7 +3,9 @@
 import json
 import os
 import signal
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,7 +34,33 @@ def serve(procs: Procs, config, *extra: str):
     return proc, proc.read_line()
 
 
-def test_serve_runs_every_role_and_stops_all_when_one_dies(procs, tmp_path):
+def chat(port: int, max_tokens: int = 4, stream: bool = False) -> dict | str:
+    """A chat completion: the JSON answer, or with `stream` the whole SSE text."""
+    body = {
+        "model": "dsi-tiny",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Hello"}],
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        assert resp.status == 200
+        return resp.read().decode() if stream else json.load(resp)
+
+
+def replaced(config, role_id: str, old_pid: int, roles: int):
+    """The instances once `role_id` runs under a pid other than `old_pid` and all `roles` are ready."""
+    listed = instances("--config", str(config))
+    ready = [info for info in listed.values() if info["state"] == "ready"]
+    fresh = role_id in listed and listed[role_id]["pid"] != old_pid and listed[role_id]["state"] == "ready"
+    return listed if fresh and len(ready) == roles else None
+
+
+def test_serve_replaces_killed_roles_while_the_gateway_keeps_serving(procs, tmp_path):
     config = local_config(tmp_path)
     port = free_port()
     server, banner = serve(procs, config, "--port", str(port))
@@ -48,11 +76,42 @@ def test_serve_runs_every_role_and_stops_all_when_one_dies(procs, tmp_path):
     procs.adopt(pids.values())
     assert len(set(pids.values())) == len(ids) and server.pid not in pids.values()
 
-    victim = pids["prefill-1"]
-    os.kill(victim, signal.SIGKILL)
-    assert server.wait(60) != 0
-    assert "prefill-1" in server.log() and "exited" in server.log()
-    wait_until(lambda: all(gone(pid) for pid in pids.values()), timeout=10)
+    # A decode dies under 16 streams: they and new requests are answered while it is replaced.
+    with ThreadPoolExecutor(16) as pool:
+        streams = [pool.submit(chat, port, 64, True) for _ in range(16)]
+        time.sleep(0.5)
+        os.kill(pids["decode-0"], signal.SIGKILL)
+        answered = 0
+        deadline = time.monotonic() + 30
+        while (after := replaced(config, "decode-0", pids["decode-0"], len(ids))) is None:
+            assert time.monotonic() < deadline, "decode-0 was not replaced within 30s"
+            assert chat(port)["choices"][0]["finish_reason"] in ("length", "stop")
+            answered += 1
+        for done in streams:
+            sse = done.result()
+            assert sse.rstrip().endswith("data: [DONE]") and '"error"' not in sse
+    assert answered >= 1
+    assert "peer_lost on decode-0" in server.log()  # some streams were on it, and were re-run
+    procs.adopt([after["decode-0"]["pid"]])
+    assert server.popen.poll() is None
+    assert {iid: info["pid"] for iid, info in after.items() if iid != "decode-0"} == {
+        iid: pid for iid, pid in pids.items() if iid != "decode-0"
+    }
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+        assert json.load(resp)["instances"] == 2
+    assert "decode-0: ready -> backoff (pid" in server.log()
+
+    # The controller dies: its replacement learns every instance again from their heartbeats.
+    os.kill(pids["controller-0"], signal.SIGKILL)
+    final = wait_until(lambda: replaced(config, "controller-0", pids["controller-0"], len(ids)), timeout=30)
+    procs.adopt([final["controller-0"]["pid"]])
+    assert chat(port)["usage"]["completion_tokens"] > 0
+
+    server.signal(signal.SIGINT)
+    assert server.wait(60) == 0
+    every = {*pids.values(), *(info["pid"] for info in final.values())}
+    assert len(every) == len(ids) + 2
+    wait_until(lambda: all(gone(pid) for pid in every), timeout=10)
 
 
 def test_sigterm_stops_every_role_and_exits_0(procs, tmp_path):

@@ -67,6 +67,14 @@ def test_heartbeat_after_goodbye_registers_a_restart(reg):
     assert (info.state, info.pid) == ("ready", 2)
 
 
+def test_heartbeat_from_another_process_registers_a_replacement(reg):
+    reg.heartbeat(beat(pid=1, started_at=10.0), now=0.0)
+    assert reg.heartbeat(beat(pid=1, started_at=10.0), now=1.0) is False
+    assert reg.heartbeat(beat(pid=2, started_at=11.0), now=1.5) is True  # never found lost
+    [info] = reg.instances(1.5)
+    assert (info.state, info.pid) == ("ready", 2)
+
+
 def test_prune_forgets_stopped_and_lost_after_a_while(reg):
     reg.heartbeat(beat("prefill-0"), now=0.0)
     reg.heartbeat(beat("prefill-1"), now=0.0)
