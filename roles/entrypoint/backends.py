@@ -12,9 +12,11 @@ any it streams a colocated ``Generate``. Failures are retried on other instances
 - a decode lost (its connection dropped, or the controller marks it ``lost`` after missed
   heartbeats) or overloaded: another decode, waiting up to ``reroute_wait_s`` for one to be
   ready (a restarted instance counts again). If tokens were already delivered, the request is
-  re-run from its prompt with the same seed and the tokens the client already has are skipped
-  (sampling is keyed by (seed, position), so a re-run reproduces them); the entrypoint fixes the
-  seed of every request for this reason.
+  re-run from its prompt with the same seed (the entrypoint fixes the seed of every request for
+  this reason), pinned to the prefix hit the first run took, and the re-run's tokens are
+  compared with the delivered ones before anything more is streamed
+  (:mod:`dsi.roles.entrypoint.recovery`): a re-run that differs ends the request with
+  ``RecoveryDiverged``, a pinned hit that cannot be taken again with ``HitUnavailable``.
 
 Each wait for a stream item is bounded, so a client sees a complete stream or a clean error.
 """
@@ -37,6 +39,7 @@ from dsi.messages import ALL
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
+from dsi.roles.entrypoint.recovery import Delivered
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
@@ -175,28 +178,22 @@ class DecodePool:
             msg = msgspec.structs.replace(msg, sampling=sampling)
         bad_decodes: set[tuple[str, float]] = set()
         bad_prefills: set[tuple[str, float]] = set()
-        delivered = 0  # tokens the caller already has
+        delivered = Delivered()  # what the caller already has
         for attempt in range(self.max_attempts):
             inst = await self._pick_decode(bad_decodes, wait=attempt > 0)
             pre = self.prefill.pick(bad_prefills) if self.prefill.ready else None
-            call = msg if pre is None else Handoff(msg, pre.info.address, pre.info.instance_id)
-            skip = delivered
+            req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
+            call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
+            delivered.rerun()
             inst.sent += 1
             if pre is not None:
                 pre.sent += 1
             try:
                 async with contextlib.aclosing(inst.peer.stream(call, timeout=self.item_timeout_s)) as stream:
                     async for chunk in stream:
-                        if skip:
-                            n = min(skip, len(chunk.token_ids))
-                            skip -= n
-                            if n == len(chunk.token_ids) and not chunk.finish:
-                                continue
-                            chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
-                                                            logprobs=chunk.logprobs[n:],
-                                                            top_logprobs=chunk.top_logprobs[n:])
-                        delivered += len(chunk.token_ids)
-                        yield chunk
+                        new = delivered.take(chunk)
+                        if new is not None:
+                            yield new
                 return
             except PrefillLost as exc:
                 assert pre is not None
@@ -213,7 +210,7 @@ class DecodePool:
                 raise reason
             self.retries += 1
             log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
-                        failed, delivered)
+                        failed, len(delivered.token_ids))
             if len(bad_prefills) >= len(self.prefill.ready):
                 bad_prefills.clear()
 
