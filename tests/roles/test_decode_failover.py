@@ -16,6 +16,7 @@ import pytest
 from dsi.engine.hit_policy import HitPolicy
 from dsi.engine.params import SamplingParams
 from dsi.messages.gateway import Generate
+from dsi.messages.handoff import HitUnavailable
 from tests.dsi.cli.procs import Procs, free_port
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 from tests.roles.test_disaggregation import assert_no_leaks
@@ -180,3 +181,25 @@ async def test_a_first_run_with_a_bounded_hit_is_rerun_with_the_same_hit_though_
     assert rerun.cached_tokens - first.cached_tokens == 2 * BS  # r: none; the re-run: 256 again
     assert fresh.cached_tokens - rerun.cached_tokens == 4 * BS  # unpinned: bounded 512
     assert unpinned != expected[:UNPINNED]
+
+
+async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after_the_tokens_sent(procs, tmp_path):
+    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0",
+                                                      "decode-1")), procs)
+    cluster.start()
+    q = prompt(11, 400)
+    p = q[:300] + prompt(12, 300)  # a bounded hit of 256 (see the test above)
+    async with Client(cluster) as client:
+        await client.generate("q", q, 2)
+        await wait_blocks(cluster, 3)
+        s = Stream(client, "p", p)
+        await s.until(4)
+        holder = (await holders(client, ("decode-0", "decode-1")))[0]
+        cluster.kill("kvstore-0")  # the pages of its hit are gone with the store
+        cluster.kill(holder)
+        with pytest.raises(HitUnavailable, match="bounded-replay hit of 256"):
+            await asyncio.wait_for(s.task, 60)
+        survivors = ("prefill-0", *(d for d in ("decode-0", "decode-1") if d != holder))
+        await assert_no_leaks(client, survivors)
+    _, expected = in_process(q, 2, p, GREEDY.max_tokens, hit=2 * BS)
+    assert 4 <= len(s.tokens) < len(expected) and s.tokens == expected[:len(s.tokens)]  # sent: a prefix
