@@ -95,6 +95,11 @@ class Peer:
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
 
+    def fail_pending(self, err: DsiError) -> None:
+        """Fail every pending call and stream with ``err`` now: the caller learned by other means
+        (the controller's heartbeats) that the peer is gone while its connection still looks up."""
+        self._fail_all(err)
+
     @property
     def pending(self) -> int:
         return len(self._calls) + len(self._streams)

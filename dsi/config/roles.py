@@ -38,6 +38,9 @@ class EntrypointOptions:
     api_keys_file: Path | None = None
     # In-flight requests per key when the keys file does not say (and for open access).
     max_concurrency_per_key: int = field(default=256, metadata=spec(checks=(greater(0),)))
+    # Seconds a request whose decode died waits for another decode to be ready before it ends
+    # with an error (the request is re-run there; see dsi.roles.entrypoint.recovery).
+    reroute_wait_s: float = field(default=5.0, metadata=spec(checks=(at_least(0.0), at_most(600.0))))
 
 
 def _optional_bind(text: str) -> str:

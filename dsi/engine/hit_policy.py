@@ -18,6 +18,12 @@ Policies, per cluster (``[kvcache] hit_policy``) and per request (``metadata.hit
   position, as a miss does, so it saves nothing and is not taken (a miss also keeps the
   request's pages and SWA state shareable).
 
+A re-run of a request (its decode died after tokens reached the client) must produce those
+tokens again, so it takes the hit the first run took, not what the store holds now
+(:func:`pinned_hit`): no hit again; an exact hit again when its pages and state are still
+there, else none (the output of both is the hit-free one); a bounded hit of H only with the
+same H pages, since no other hit has its output.
+
 Worked example (tiny and flash shapes: block 128, window 128, keep 140), a 900-token prompt whose
 first 6 blocks (768 tokens) the store holds: ``exact_boundary`` = min(768, 760 // 128 * 128) = 640.
 
@@ -27,8 +33,9 @@ first 6 blocks (768 tokens) the store holds: ``exact_boundary`` = min(768, 760 /
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, get_args
+
+import msgspec
 
 from dsi.model.hits import exact_hit_limit, max_hit
 
@@ -37,9 +44,11 @@ HIT_POLICIES: tuple[str, ...] = get_args(HitPolicy)
 DEFAULT_HIT_POLICY: HitPolicy = "bounded"
 
 
-@dataclass(frozen=True, slots=True)
-class HitChoice:
-    """The hit a prefill takes: ``tokens`` = H (0 = none); ``exact``: load the pulled SWA state."""
+class HitChoice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """The hit a prefill takes: ``tokens`` = H (0 = none); ``exact``: load the pulled SWA state.
+
+    It also travels: the hit a request's run took comes back to the gateway in its first
+    ``TokenChunk``, and a re-run of the request is pinned to it (``Generate.pin_hit``)."""
 
     tokens: int = 0
     exact: bool = False
@@ -77,3 +86,20 @@ def predicted_hit(policy: HitPolicy, stored: int, prompt_len: int, keep: int | N
     which SWA states are held: ``bounded`` predicts every stored token, ``exact`` the exact
     boundary (an evicted state makes the real hit 0)."""
     return stored if policy == "bounded" else exact_boundary(stored, prompt_len, keep, block_size)
+
+
+def pinned_hit(pin: HitChoice, stored: int, state_held: bool) -> HitChoice | None:
+    """The hit a re-run pinned to ``pin`` takes, or None when no hit with the pinned output is
+    possible (a bounded hit whose pages are gone). ``stored``: leading tokens whose pages were
+    fetched (at most ``pin.tokens``); ``state_held``: the SWA state at ``pin.tokens`` was pulled.
+
+        pin            pages + state there    pages only       pages gone
+        none           none                   none             none
+        exact H        exact H                none             none      (both hit-free)
+        bounded H      bounded H              bounded H        None      (nothing else is its output)
+    """
+    if pin.tokens == 0:
+        return NO_HIT
+    if pin.exact:
+        return pin if stored >= pin.tokens and state_held else NO_HIT
+    return pin if stored >= pin.tokens else None

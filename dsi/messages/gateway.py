@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsi.engine.hit_policy import HitPolicy
+from dsi.engine.hit_policy import HitChoice, HitPolicy
 from dsi.engine.params import SamplingParams
 from dsi.messages.base import Message
 
@@ -16,6 +16,9 @@ class Generate(Message):
     traffic_class: str = "chatbot"  # chatbot | agent (selects the KV TTL)
     cached_tokens: int = 0  # leading prompt tokens the kvstore holds, per the entrypoint's CHECK replica
     hit_policy: HitPolicy | None = None  # which prefix hits the prefill may take; None: the cluster's
+    # A re-run after tokens reached the client: take this hit (the one the first run took, see
+    # dsi.engine.hit_policy.pinned_hit) instead of what the policy would choose now.
+    pin_hit: HitChoice | None = None
 
 
 class TokenChunk(Message):
@@ -24,7 +27,8 @@ class TokenChunk(Message):
     ``cached_tokens``: leading prompt tokens the engine loaded from the store instead of
     computing (what usage reports). ``logprobs`` / ``top_logprobs``: one entry per token id,
     when the request asked for them (``SamplingParams.logprobs`` / ``top_logprobs``); a top
-    entry lists (id, logprob) pairs, most likely first."""
+    entry lists (id, logprob) pairs, most likely first. ``hit``, on the first chunk only: the
+    prefix hit the run took (what a re-run is pinned to)."""
 
     request_id: str
     token_ids: list[int]
@@ -33,6 +37,7 @@ class TokenChunk(Message):
     cached_tokens: int = 0
     logprobs: list[float] = []
     top_logprobs: list[list[tuple[int, float]]] = []
+    hit: HitChoice | None = None
 
 
 class Abort(Message):

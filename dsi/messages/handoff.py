@@ -18,6 +18,7 @@ way, so a dead decode never strands prefill memory. A failed prefill reaches the
 
 from __future__ import annotations
 
+from dsi.engine.hit_policy import HitChoice
 from dsi.errors import DsiError, register_error
 from dsi.messages.base import Message
 from dsi.messages.gateway import Generate
@@ -64,6 +65,7 @@ class Prefilled(Message):
     replay_start: int = 0  # R: where the producer SWA keys of a hit start (engine semantics)
     finish: str = ""  # set when the first token already ended the request: nothing was written
     top_logprobs: list[list[tuple[int, float]]] = []  # per token of ``output`` when the request asked
+    hit: HitChoice | None = None  # the prefix hit taken (None: not reported)
 
 
 class PullState(Message):
@@ -120,6 +122,16 @@ class StateMissing(DsiError):
 
 
 register_error(StateMissing)
+
+
+class HitUnavailable(DsiError):
+    """A re-run is pinned to a prefix hit (``Generate.pin_hit``) that can no longer be taken and
+    that no other hit reproduces: its tokens would not be the ones the client already has."""
+
+    code = "hit_unavailable"
+
+
+register_error(HitUnavailable)
 
 HandoffMsg = KvLease | Handoff | PrefillTo | Prefilled | PullState | StatePulled | GetEngineStats | EngineStats
 HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, PullState, StatePulled, GetEngineStats, EngineStats)

@@ -6,9 +6,11 @@ Two ways in, both streams of TokenChunk:
   a lease, ask the chosen prefill to fill it (``PrefillTo``), import the state into the reserved
   pages and decode. Whatever goes wrong before the import - the prefill dies, times out, or the
   lease expires - releases the lease and answers ``PrefillLost`` so the entrypoint retries on
-  another prefill; a prefill's ``InvalidRequest`` passes through unchanged (never retried).
+  another prefill; a prefill's ``InvalidRequest`` and ``HitUnavailable`` pass through unchanged
+  (never retried). The first chunk carries the prefix hit the prefill took.
 - ``Generate`` (colocated): prompt and continuation on this engine, for clusters without prefill
-  instances.
+  instances. It takes no prefix hit, so a re-run pinned to a bounded-replay hit is refused
+  (``HitUnavailable``).
 
 Every page of a request that fills up (prompt pages arriving in a handoff included, except the
 ones its prefix hit loaded from the store) is persisted to the kvstore in the background under
@@ -30,9 +32,10 @@ from dataclasses import dataclass
 
 from dsi.actor import handles
 from dsi.engine import RequestOutput, RequestState, Reservation
+from dsi.engine.hit_policy import NO_HIT, HitChoice
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
-from dsi.messages.handoff import Handoff, Prefilled, PrefillLost, PrefillTo
+from dsi.messages.handoff import Handoff, HitUnavailable, Prefilled, PrefillLost, PrefillTo
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings
 
 log = logging.getLogger(__name__)
@@ -56,12 +59,17 @@ class DecodeActor(EngineRole):
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         assert self.service is not None
+        if msg.pin_hit is not None and msg.pin_hit.tokens and not msg.pin_hit.exact:
+            raise HitUnavailable(f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
+                                 f"bounded-replay hit of {msg.pin_hit.tokens} tokens")
         self._remember(msg.request_id, msg)
         prompt_tokens = len(msg.token_ids)
+        first = True
         try:
             async for out in self.service.generate(msg.request_id, list(msg.token_ids),
                                                     msg.sampling):
-                yield _chunk(msg.request_id, out, prompt_tokens)
+                yield _chunk(msg.request_id, out, prompt_tokens, hit=NO_HIT if first else None)
+                first = False
         finally:
             self._forget(msg.request_id)
 
@@ -83,7 +91,7 @@ class DecodeActor(EngineRole):
             done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
             if done.finish:  # the first token ended it: nothing was written
                 yield TokenChunk(req.request_id, done.output, done.finish, len(req.token_ids), done.cached_tokens,
-                                 done.logprobs, done.top_logprobs)
+                                 done.logprobs, done.top_logprobs, done.hit)
                 return
             try:
                 buf = await inbound.wait()
@@ -98,7 +106,7 @@ class DecodeActor(EngineRole):
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
-                             list(done.logprobs), list(done.top_logprobs))
+                             list(done.logprobs), list(done.top_logprobs), done.hit)
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     yield _chunk(req.request_id, out, len(req.token_ids), done.cached_tokens)
@@ -126,7 +134,7 @@ class DecodeActor(EngineRole):
         try:
             peer = await self.peer(msg.prefill, timeout)
             return await peer.ask(call, timeout=timeout)
-        except InvalidRequest:
+        except (InvalidRequest, HitUnavailable):  # another prefill would refuse it too
             raise
         except DsiError as exc:  # unreachable, lost, timed out, failed
             self.counters.failed_handoffs += 1
@@ -168,6 +176,7 @@ class DecodeActor(EngineRole):
             self.counters.persisted_blocks += len(hashes)
 
 
-def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0) -> TokenChunk:
+def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0,
+           hit: HitChoice | None = None) -> TokenChunk:
     return TokenChunk(request_id, out.new_tokens, out.finish_reason or "" if out.finished else "", prompt_tokens,
-                      cached_tokens, out.new_logprobs, out.new_top_logprobs)
+                      cached_tokens, out.new_logprobs, out.new_top_logprobs, hit)

@@ -41,7 +41,8 @@ class EntrypointActor(RoleActor):
     async def on_start(self) -> None:
         node, opts = self.node, self.options
         self._ctx = zmq.asyncio.Context()
-        pool = DecodePool(node.cluster.controller, self._ctx, keys=client_keys(node.security), peer_id=self.name)
+        pool = DecodePool(node.cluster.controller, self._ctx, keys=client_keys(node.security), peer_id=self.name,
+                          reroute_wait_s=opts.reroute_wait_s)
         await pool.start()
         shape = get_config(node.model.config)
         # The engine's page hashes: the chain of its model config under cluster.root_seed.

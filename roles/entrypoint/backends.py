@@ -9,10 +9,14 @@ streams ``Handoff`` from the decode (which has the prefill write the KV into its
 any it streams a colocated ``Generate``. Failures are retried on other instances:
 
 - a prefill that failed or vanished (``PrefillLost``, always before the first token): another prefill;
-- a decode lost or overloaded: another decode. If tokens were already delivered, the request is
-  re-run from its prompt with the same seed and the tokens the client already has are skipped
-  (sampling is keyed by (seed, position), so a re-run reproduces them); the entrypoint fixes the
-  seed of every request for this reason.
+- a decode lost (its connection dropped, or the controller marks it ``lost`` after missed
+  heartbeats) or overloaded: another decode, waiting up to ``reroute_wait_s`` for one to be
+  ready (a restarted instance counts again). If tokens were already delivered, the request is
+  re-run from its prompt with the same seed (the entrypoint fixes the seed of every request for
+  this reason), pinned to the prefix hit the first run took, and the re-run's tokens are
+  compared with the delivered ones before anything more is streamed
+  (:mod:`dsi.roles.entrypoint.recovery`): a re-run that differs ends the request with
+  ``RecoveryDiverged``, a pinned hit that cannot be taken again with ``HitUnavailable``.
 
 Each wait for a stream item is bounded, so a client sees a complete stream or a clean error.
 """
@@ -24,7 +28,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -35,6 +39,7 @@ from dsi.messages import ALL
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
+from dsi.roles.entrypoint.recovery import Delivered
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
@@ -50,6 +55,11 @@ class _Instance:
     info: InstanceInfo
     peer: Peer
     sent: int = 0  # requests this gateway has in flight there
+
+    @property
+    def key(self) -> tuple[str, float]:
+        """This run of the instance: a restarted instance keeps its id but not its start time."""
+        return self.info.instance_id, self.info.started_at
 
 
 class InstancePool:
@@ -95,6 +105,8 @@ class InstancePool:
                 peer_task = asyncio.get_running_loop().create_task(peer.connect())
                 peer_task.add_done_callback(lambda t: t.exception())  # failures surface on use
                 inst = self._instances[info.instance_id] = _Instance(info, peer)
+            if info.state == "lost" and inst.info.state != "lost":  # missed heartbeats: its calls are dead
+                inst.peer.fail_pending(PeerLost(f"{info.instance_id} is lost (missed heartbeats)"))
             inst.info = info
         for gone in set(self._instances) - seen:
             await self._instances.pop(gone).peer.close()
@@ -108,8 +120,10 @@ class InstancePool:
                 log.warning("cannot refresh the instance list from the controller: %s", exc)
             await asyncio.sleep(self._refresh_s)
 
-    def pick(self, exclude: set[str] = frozenset()) -> _Instance:
-        ready = [inst for i, inst in self._instances.items() if inst.info.state == "ready" and i not in exclude]
+    def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
+        """The least loaded ready instance whose ``key`` is not in ``exclude``."""
+        ready = [inst for inst in self._instances.values()
+                 if inst.info.state == "ready" and inst.key not in exclude]
         if not ready:
             raise NoInstance(f"no ready {self._role} instance")
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
@@ -123,11 +137,13 @@ class DecodePool:
     max_attempts = 4
 
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
-                 refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0) -> None:
+                 refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0,
+                 reroute_wait_s: float = 5.0) -> None:
         self.decode = InstancePool(controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id)
         self.prefill = InstancePool(controller, ctx, role="prefill", keys=keys, refresh_s=refresh_s,
                                     peer_id=peer_id)
         self.item_timeout_s = item_timeout_s
+        self.reroute_wait_s = reroute_wait_s  # seconds a re-routed request waits for a ready decode
         self.retries = 0
 
     async def start(self) -> None:
@@ -146,7 +162,7 @@ class DecodePool:
     def prefill_ready(self) -> list[str]:
         return self.prefill.ready
 
-    def pick(self, exclude: set[str] = frozenset()) -> _Instance:
+    def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         return self.decode.pick(exclude)
 
     async def refresh(self) -> None:
@@ -160,38 +176,32 @@ class DecodePool:
         if msg.sampling.seed is None:  # a retry must reproduce the tokens already delivered
             sampling = msgspec.structs.replace(msg.sampling, seed=random.getrandbits(63))
             msg = msgspec.structs.replace(msg, sampling=sampling)
-        bad_decodes: set[str] = set()
-        bad_prefills: set[str] = set()
-        delivered = 0  # tokens the caller already has
+        bad_decodes: set[tuple[str, float]] = set()
+        bad_prefills: set[tuple[str, float]] = set()
+        delivered = Delivered()  # what the caller already has
         for attempt in range(self.max_attempts):
-            inst = self.decode.pick(bad_decodes)
+            inst = await self._pick_decode(bad_decodes, wait=attempt > 0)
             pre = self.prefill.pick(bad_prefills) if self.prefill.ready else None
-            call = msg if pre is None else Handoff(msg, pre.info.address, pre.info.instance_id)
-            skip = delivered
+            req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
+            call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
+            delivered.rerun()
             inst.sent += 1
             if pre is not None:
                 pre.sent += 1
             try:
                 async with contextlib.aclosing(inst.peer.stream(call, timeout=self.item_timeout_s)) as stream:
                     async for chunk in stream:
-                        if skip:
-                            n = min(skip, len(chunk.token_ids))
-                            skip -= n
-                            if n == len(chunk.token_ids) and not chunk.finish:
-                                continue
-                            chunk = msgspec.structs.replace(chunk, token_ids=chunk.token_ids[n:],
-                                                            logprobs=chunk.logprobs[n:],
-                                                            top_logprobs=chunk.top_logprobs[n:])
-                        delivered += len(chunk.token_ids)
-                        yield chunk
+                        new = delivered.take(chunk)
+                        if new is not None:
+                            yield new
                 return
             except PrefillLost as exc:
                 assert pre is not None
                 failed, reason = pre.info.instance_id, exc
-                bad_prefills.add(failed)
+                bad_prefills.add(pre.key)
             except (PeerLost, Overloaded, AskTimeout) as exc:
                 failed, reason = inst.info.instance_id, exc
-                bad_decodes.add(failed)
+                bad_decodes.add(inst.key)
             finally:
                 inst.sent -= 1
                 if pre is not None:
@@ -200,6 +210,20 @@ class DecodePool:
                 raise reason
             self.retries += 1
             log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
-                        failed, delivered)
+                        failed, len(delivered.token_ids))
             if len(bad_prefills) >= len(self.prefill.ready):
                 bad_prefills.clear()
+
+    async def _pick_decode(self, exclude: Collection[tuple[str, float]], wait: bool) -> _Instance:
+        """A ready decode not in ``exclude``; a re-routed request (``wait``) waits up to
+        ``reroute_wait_s`` for one to appear (the refresh loop updates the table), then fails."""
+        deadline = time.monotonic() + (self.reroute_wait_s if wait else 0.0)
+        while True:
+            try:
+                return self.decode.pick(exclude)
+            except NoInstance:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoInstance(f"no ready decode instance to take the request over within "
+                                     f"{self.reroute_wait_s:g}s" if wait else "no ready decode instance") from None
+                await asyncio.sleep(min(0.1, left))

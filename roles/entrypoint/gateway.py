@@ -8,6 +8,8 @@
 
 The request leaves the engine as soon as the client is gone (its stream is closed, which sends
 CANCEL to the instance) or the output is complete (EOS, a stop string, a finished tool call).
+A failure after the stream began (no decode left to re-run on, a re-run that diverged from the
+tokens sent; see dsi.roles.entrypoint.recovery) ends it with the protocol's error event.
 """
 
 from __future__ import annotations
@@ -165,12 +167,12 @@ class Gateway:
                         await send(resp, pieces)
                     if out.done:
                         break  # closing the stream aborts the request in the engine
-        except (NoInstance, InvalidRequest):
-            raise
         except DsiError as exc:
+            if resp is None and isinstance(exc, (NoInstance, InvalidRequest)):
+                raise  # answered 503 / 400; a stream already sent its 200 and ends with an error event
             self.metrics.error(exc.code)
             log.warning("request %s failed: %s", msg.request_id, exc)
-            pieces = out.finish("error", message=f"generation failed: {exc.message}")
+            pieces = out.finish("error", message=f"generation failed: {exc.code}: {exc.message}")
             if resp is not None:
                 await send(resp, pieces)
         finally:

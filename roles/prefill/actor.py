@@ -10,7 +10,9 @@
        (dsi.engine.hit_policy): ``bounded`` replays the SWA window before the boundary (bounded
        replay, the semantics of dsi.model.reference with ``hit``), ``exact`` takes no hit.
        Prefill only what the hit does not cover; the engine stops after the first token and
-       keeps the cache;
+       keeps the cache. A re-run pinned to the hit its first run took (``Generate.pin_hit``)
+       fetches exactly that hit's pages and takes what ``pinned_hit`` says, or fails with
+       ``HitUnavailable``;
     3. export the request's pages + state and write them into the decode's lease over the data
        plane; answer ``Prefilled`` once the decode has every byte.
 
@@ -30,11 +32,19 @@ import torch
 
 from dsi.actor import handles
 from dsi.engine import CachedPrefix
-from dsi.engine.hit_policy import HitPolicy, choose_hit, exact_boundary, fetch_limit
+from dsi.engine.hit_policy import (
+    NO_HIT,
+    HitChoice,
+    HitPolicy,
+    choose_hit,
+    exact_boundary,
+    fetch_limit,
+    pinned_hit,
+)
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import Prefilled, PrefillTo, PullState, StatePulled
+from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
 from dsi.roles.engine_role import EngineRole, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
 
@@ -54,7 +64,7 @@ class PrefillActor(EngineRole):
         policy = req.hit_policy or self.settings.hit_policy
         hashes, fetched = await self._fetch_hits(req, policy)
         try:
-            cached = await self._cached_prefix(req, policy, hashes, fetched) if fetched is not None else None
+            cached = await self._cached_prefix(req, policy, hashes, fetched)
             if cached is not None and not cached.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
             stream = self.service.generate(rid, list(req.token_ids), req.sampling,
@@ -70,10 +80,11 @@ class PrefillActor(EngineRole):
         self.counters.prefills += 1
         stats = self.service.request_stats(rid)
         replay = stats.replay_tokens if stats is not None else 0
+        hit = HitChoice(cached.num_tokens, cached.exact) if cached is not None else NO_HIT
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
             return Prefilled(lease.lease_id, list(last.output), list(last.logprobs or []), 0, 0, 0,
                              cached_tokens=cached.num_tokens if cached is not None else 0, replay_tokens=replay,
-                             finish=last.finish_reason or "stop", top_logprobs=top)
+                             finish=last.finish_reason or "stop", top_logprobs=top, hit=hit)
         # Shielded: a caller that goes away now must not leave the prefilled request (and its
         # pages) behind in the engine; the exported copy is dropped with this task.
         state = await asyncio.shield(self.service.export(rid))
@@ -86,13 +97,15 @@ class PrefillActor(EngineRole):
         self.counters.handoffs += 1
         return Prefilled(lease.lease_id, list(state.output), list(state.logprobs), state.seed, state.consumer_start,
                          state.num_computed, cached_tokens=state.num_cached, replay_tokens=replay,
-                         replay_start=state.replay_start, top_logprobs=top)
+                         replay_start=state.replay_start, top_logprobs=top, hit=hit)
 
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
-        """The leading cached blocks of the prompt the policy can use (at least its last token is
-        always computed)."""
+        """The leading cached blocks of the prompt the policy (or the pinned hit) can use (at least
+        its last token is always computed)."""
         shape, bs = self.shape, self.shape.block_size
-        usable = fetch_limit(policy, len(req.token_ids), shape.keep, bs) // bs
+        limit = req.pin_hit.tokens if req.pin_hit is not None else fetch_limit(policy, len(req.token_ids),
+                                                                                shape.keep, bs)
+        usable = limit // bs
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
@@ -106,22 +119,38 @@ class PrefillActor(EngineRole):
             return hashes, None
         return hashes, fetched
 
-    async def _cached_prefix(self, req: Generate, policy: HitPolicy, hashes: list[bytes], fetched: FetchedBlocks
-                             ) -> CachedPrefix | None:
+    async def _cached_prefix(self, req: Generate, policy: HitPolicy, hashes: list[bytes],
+                             fetched: FetchedBlocks | None) -> CachedPrefix | None:
         """The hit as the engine takes it (see dsi.engine.hit_policy): exact when the SWA state at
         its end can be pulled from the host that made it (the hit may shrink to where an exact hit
         is possible), else what the policy allows: the whole run of blocks with bounded replay, or
-        nothing."""
+        nothing. A re-run takes its pinned hit (``pinned_hit``), or raises HitUnavailable."""
         shape, bs = self.shape, self.shape.block_size
-        prompt_len, stored = len(req.token_ids), len(fetched) * bs
-        pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
-        boundary = exact_boundary(stored, prompt_len, shape.keep, bs)
+        prompt_len, stored = len(req.token_ids), len(fetched) * bs if fetched is not None else 0
+        pin = req.pin_hit
+        if pin is None:  # the SWA state worth pulling: at the exact boundary, or the pinned one
+            boundary = exact_boundary(stored, prompt_len, shape.keep, bs)
+        else:
+            boundary = pin.tokens if pin.exact and stored >= pin.tokens else 0
         rings = await self._pull_state(hashes[boundary // bs - 1], boundary) if boundary > 0 else None
-        hit = choose_hit(policy, stored, prompt_len, shape.keep, bs, state_held=rings is not None)
+        if pin is None:
+            hit = choose_hit(policy, stored, prompt_len, shape.keep, bs, state_held=rings is not None)
+        else:
+            hit = self._pinned(pin, stored, state_held=rings is not None)
+        if not hit.tokens or fetched is None:
+            return None
+        pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
         if hit.exact:
             self.counters.states_pulled += 1
             return CachedPrefix(hit.tokens, pages[:hit.tokens // bs], rings)
-        return CachedPrefix(hit.tokens, pages[:hit.tokens // bs]) if hit.tokens else None
+        return CachedPrefix(hit.tokens, pages[:hit.tokens // bs])
+
+    def _pinned(self, pin: HitChoice, stored: int, state_held: bool) -> HitChoice:
+        hit = pinned_hit(pin, stored, state_held)
+        if hit is None:
+            raise HitUnavailable(f"{self.name}: the re-run is pinned to a bounded-replay hit of {pin.tokens} "
+                                 f"tokens, and the store now holds {stored} of them")
+        return hit
 
     async def _pull_state(self, block_hash: bytes, boundary: int) -> torch.Tensor | None:
         """The producer ring snapshot at ``boundary``, from this host or the one that announced it."""

@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import zmq.asyncio
 
 from dsi.engine.engine import Engine, EngineConfig
@@ -131,12 +132,16 @@ class Client:
         return await peer.ask(GetEngineStats())
 
 
-def reference_outputs(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy outputs of one in-process engine (the semantics every deployment must reproduce)."""
+def reference_outputs(prompts: list[list[int]], max_tokens: int, sampling: SamplingParams | None = None
+                      ) -> list[list[int]]:
+    """Outputs of one in-process engine (the semantics every deployment must reproduce): greedy,
+    or ``sampling`` (its max_tokens replaced)."""
     cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
     engine = Engine(cfg, w, EngineConfig(async_scheduling=False))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0) if sampling is None else \
+        msgspec.structs.replace(sampling, max_tokens=max_tokens)
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        engine.add_request(str(i), prompt, params)
     done = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
     engine.close()
     return [done[str(i)] for i in range(len(prompts))]

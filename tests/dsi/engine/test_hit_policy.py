@@ -1,6 +1,7 @@
 """The hit policy as a pure function: which hit a prefill takes from what the store and the SWA
 state owners hold (block 128, window 128, keep 140: the tiny and flash shapes)."""
 
+import msgspec
 import pytest
 
 from dsi.engine.hit_policy import (
@@ -10,6 +11,7 @@ from dsi.engine.hit_policy import (
     choose_hit,
     exact_boundary,
     fetch_limit,
+    pinned_hit,
     predicted_hit,
 )
 from dsi.model.hits import consumer_start, exact_hit_limit, max_hit, replay_start
@@ -82,3 +84,23 @@ def test_fetch_limit_and_the_gateways_prediction():
     assert predicted_hit("exact", 768, 900, KEEP, BS) == 640
     assert predicted_hit("exact", 256, 900, KEEP, BS) == 256
     assert predicted_hit("exact", 256, 260, KEEP, BS) == 0
+
+
+def test_a_pinned_rerun_takes_the_first_runs_hit_or_one_with_the_same_output():
+    # none: none, whatever the store holds now
+    assert pinned_hit(NO_HIT, 0, state_held=False) == NO_HIT
+    # exact H: again when pages and state are there; else none (both have the hit-free output)
+    exact = HitChoice(640, exact=True)
+    assert pinned_hit(exact, 640, state_held=True) == exact
+    assert pinned_hit(exact, 640, state_held=False) == NO_HIT
+    assert pinned_hit(exact, 512, state_held=False) == NO_HIT
+    # bounded H: only the same H (its replay window follows from H), or nothing
+    bounded = HitChoice(768)
+    assert pinned_hit(bounded, 768, state_held=False) == bounded
+    assert pinned_hit(bounded, 768, state_held=True) == bounded  # a held state does not make it exact
+    assert pinned_hit(bounded, 640, state_held=False) is None
+
+
+def test_a_hit_choice_travels_as_msgpack():
+    for hit in (NO_HIT, HitChoice(640, exact=True), HitChoice(768)):
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(hit), type=HitChoice) == hit

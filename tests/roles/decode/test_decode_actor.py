@@ -5,12 +5,13 @@ import zmq.asyncio
 
 from dsi.config import EngineOptions, ModelConfig
 from dsi.engine.engine import Engine
+from dsi.engine.hit_policy import NO_HIT, HitChoice
 from dsi.engine.params import SamplingParams
 from dsi.errors import InvalidRequest
 from dsi.messages import ALL
 from dsi.messages.control import Load
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import GetEngineStats
+from dsi.messages.handoff import GetEngineStats, HitUnavailable
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.roles.decode import DecodeActor
@@ -77,3 +78,15 @@ async def test_cancelled_stream_aborts_in_the_engine(decode):
             break
         await asyncio.sleep(0.02)
     assert await settled()
+
+
+async def test_a_colocated_run_reports_no_hit_and_refuses_a_pinned_bounded_hit(decode):
+    _, peer = decode
+    prompt = list(range(100, 400))
+    chunks = [c async for c in peer.stream(Generate("h1", prompt, SamplingParams(max_tokens=3, temperature=0)))]
+    assert chunks[0].hit == NO_HIT and all(c.hit is None for c in chunks[1:])
+    for pin in (NO_HIT, HitChoice(128, exact=True)):  # the hit-free output, which a colocated run has
+        msg = Generate("h2", prompt, SamplingParams(max_tokens=3, temperature=0), pin_hit=pin)
+        assert [t for c in chunks for t in c.token_ids] == [t async for c in peer.stream(msg) for t in c.token_ids]
+    with pytest.raises(HitUnavailable, match="bounded-replay hit of 256"):
+        [c async for c in peer.stream(Generate("h3", prompt, SamplingParams(max_tokens=3), pin_hit=HitChoice(256)))]

@@ -1,4 +1,4 @@
-"""A stand-in for DecodePool: answers every request with a few tokens, no engine."""
+"""A stand-in for DecodePool: answers every request with a few tokens (or fails after some), no engine."""
 
 import asyncio
 
@@ -12,8 +12,11 @@ class FakePool:
     list of the token itself and the ids after it, each 1.0 less likely."""
 
     def __init__(self, tokens=(1000, 2000, 3000), delay_s: float = 0.0, ready: bool = True,
-                 engine_cached: int | None = None) -> None:
+                 engine_cached: int | None = None, fail_after: int | None = None,
+                 error: Exception | None = None) -> None:
         self.tokens = list(tokens)
+        self.fail_after = fail_after  # raise ``error`` after this many tokens (as a failed recovery)
+        self.error = error
         self.delay_s = delay_s
         self._ready = ready
         self.engine_cached = engine_cached
@@ -39,6 +42,8 @@ class FakePool:
         n = min(msg.sampling.max_tokens, len(self.tokens))
         try:
             for i in range(n):
+                if i == self.fail_after:
+                    raise self.error
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 last = i == n - 1

@@ -9,12 +9,15 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsi.messages.handoff import HitUnavailable
 from dsi.recipe import ModelVersion, Recipe
 from dsi.roles.entrypoint.app import make_app
 from dsi.roles.entrypoint.auth import ApiKeys
+from dsi.roles.entrypoint.backends import NoInstance
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prepare import Preparer
+from dsi.roles.entrypoint.recovery import RecoveryDiverged
 from tests.roles.entrypoint.fakes import FakePool
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
@@ -225,3 +228,47 @@ async def test_fuzz_2000_requests_no_5xx(recipe):
             assert await post(protocol, body) == 200
     assert len(sent) >= 2000
     await server.close()
+
+
+FAILURES = [RecoveryDiverged("the re-run produced token 7 at position 2 where the client already has 3000"),
+            NoInstance("no ready decode instance to take the request over within 5s"),
+            HitUnavailable("the re-run is pinned to a bounded-replay hit of 256 tokens")]
+
+
+@pytest.mark.parametrize("error", FAILURES, ids=lambda e: e.code)
+async def test_a_failed_recovery_mid_stream_ends_with_the_protocols_error_event(recipe, error):
+    """Two tokens went out, then the request cannot go on: the stream ends with the protocol's
+    error event (no more content, no normal finish), and a non-streamed request gets the error body."""
+    server, gateway = await _server(recipe, FakePool(tokens=(1000, 2000, 3000, 4000), fail_after=2, error=error))
+    async with ClientSession() as http:
+        for protocol in PATHS:
+            body = {**GOOD[protocol], "max_tokens" if protocol != "responses" else "max_output_tokens": 4}
+            async with http.post(server.make_url(PATHS[protocol]), json={**body, "stream": True}) as resp:
+                assert resp.status == 200
+                events = _sse(await resp.text())
+            name, last = events[-1]
+            if protocol == "chat":
+                assert name is None and error.code in last["error"]["message"]
+                assert all("choices" in e and not e["choices"][0].get("finish_reason") for _, e in events[:-1])
+            elif protocol == "responses":
+                assert name == "response.failed" and error.code in last["response"]["error"]["message"]
+                assert not any(n in ("response.completed", "response.incomplete") for n, _ in events)
+            else:
+                assert name == "error" and last["type"] == "error" and error.code in last["error"]["message"]
+                assert not any(n == "message_stop" for n, _ in events)
+            async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                status = resp.status
+                _assert_shape(protocol, status, await resp.json())
+            assert status == (503 if isinstance(error, NoInstance) else 500)
+    assert gateway.metrics.in_flight == 0
+    await server.close()
+
+
+def _sse(text: str) -> list[tuple[str | None, dict]]:
+    """(event name or None, data) of every SSE event but ``[DONE]``."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        if lines.get("data") != "[DONE]":
+            events.append((lines.get("event"), json.loads(lines["data"])))
+    return events

@@ -1,0 +1,66 @@
+"""The gateway's instance pools without a cluster: the controller's table is handed in, the
+instances are addresses nobody answers on."""
+
+import asyncio
+import time
+
+import pytest
+import zmq.asyncio
+
+from dsi.engine.params import SamplingParams
+from dsi.errors import PeerLost
+from dsi.messages.control import InstanceInfo, InstanceTable, Load
+from dsi.messages.gateway import Generate
+from dsi.roles.entrypoint.backends import DecodePool, NoInstance
+from tests.dsi.cli.procs import free_port
+
+
+def info(state: str, started_at: float = 1.0, address: str = "") -> InstanceInfo:
+    return InstanceInfo("decode-0", "decode", "127.0.0.1", 4242, address, state, Load(), 0.0, started_at)
+
+
+@pytest.fixture
+async def pool():
+    ctx = zmq.asyncio.Context()
+    pool = DecodePool(f"tcp://127.0.0.1:{free_port()}", ctx, reroute_wait_s=0.5)
+    tables: list[InstanceTable] = []
+
+    async def ask(msg, timeout=None):  # the controller's answers, in order
+        return tables.pop(0) if msg.role == "decode" else InstanceTable([])
+
+    pool.decode._controller.ask = ask  # type: ignore[method-assign]
+    pool.prefill._controller.ask = ask  # type: ignore[method-assign]
+    yield pool, tables
+    await pool.close()
+    ctx.destroy(linger=0)
+
+
+async def test_an_instance_the_controller_marks_lost_fails_the_streams_it_holds(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"  # a decode that no longer answers, connection or not
+    tables += [InstanceTable([info("ready", address=address)]), InstanceTable([info("lost", address=address)])]
+    await pool.decode.refresh()
+    stream = pool.pick().peer.stream(Generate("r", [5, 6], SamplingParams()), timeout=30.0)
+    item = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    await pool.decode.refresh()  # missed heartbeats: the controller says lost
+    with pytest.raises(PeerLost, match="missed heartbeats"):
+        await asyncio.wait_for(item, 5.0)
+    await stream.aclose()
+    assert pool.decode.ready == []
+
+
+async def test_a_reroute_waits_a_bounded_time_for_a_decode_and_a_restarted_one_counts_again(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info("ready", 1.0, address)]), InstanceTable([info("ready", 2.0, address)])]
+    await pool.decode.refresh()
+    dead = {pool.pick().key}
+    started = time.monotonic()
+    with pytest.raises(NoInstance, match=r"within 0\.5s"):
+        await pool._pick_decode(dead, wait=True)
+    assert 0.5 <= time.monotonic() - started < 1.5
+    with pytest.raises(NoInstance):
+        await pool._pick_decode(dead, wait=False)  # a new request does not wait
+    await pool.decode.refresh()  # the same id, started again
+    assert (await pool._pick_decode(dead, wait=True)).info.started_at == 2.0
