@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import msgspec
 import pytest
@@ -100,7 +99,7 @@ async def test_concurrent_transfers_to_one_receiver_stay_within_its_send_queue()
     from dsi.transport.kv.rdma.fake import FakeFabric
 
     fabric = FakeFabric(send_depth=8)
-    async with _pair(fabric, chunk_bytes=4096) as (receiver, sender):
+    async with plane_pair("rdma", fabric, chunk_bytes=4096) as (receiver, sender):
         payloads = [bytes([i]) * (256 << 10) for i in range(8)]  # 64 chunks each, 8 at once
         inbounds = [receiver.expect(f"t{i}", len(p), 10.0) for i, p in enumerate(payloads)]
         await asyncio.gather(*(sender.send(inb.target, [p], 10.0) for inb, p in zip(inbounds, payloads, strict=True)))
@@ -114,7 +113,7 @@ async def test_a_broken_queue_pair_is_replaced_on_the_next_send():
     from dsi.transport.kv.rdma.fake import FakeFabric
 
     fabric = FakeFabric()
-    async with _pair(fabric) as (receiver, sender):
+    async with plane_pair("rdma", fabric) as (receiver, sender):
         await _round_trip(receiver, sender, "a")
         for qpn in list(receiver._qp_of_sender.values()):  # the receiver's queue pair is gone
             fabric.qps.pop(qpn)
@@ -128,7 +127,7 @@ async def test_a_receiver_that_lost_our_queue_pair_is_reconnected_within_the_sen
     from dsi.transport.kv.rdma.fake import FakeFabric
 
     fabric = FakeFabric()
-    async with _pair(fabric) as (receiver, sender):
+    async with plane_pair("rdma", fabric) as (receiver, sender):
         await _round_trip(receiver, sender, "a")
         for qpn in list(receiver._qp_of_sender.values()):  # as a receiver restarted at this address
             receiver.verbs.destroy_qp(qpn)
@@ -147,17 +146,3 @@ async def _round_trip(receiver, sender, tid: str) -> None:
     finally:
         inbound.release()
 
-
-@contextlib.asynccontextmanager
-async def _pair(fabric, **extra):
-    from dsi.transport.kv.rdma.plane import RdmaDataPlane
-
-    receiver = RdmaDataPlane("127.0.0.1", verbs=fabric.device(), **extra)
-    sender = RdmaDataPlane("127.0.0.1", verbs=fabric.device(), **extra)
-    await receiver.start()
-    await sender.start()
-    try:
-        yield receiver, sender
-    finally:
-        await sender.close()
-        await receiver.close()
