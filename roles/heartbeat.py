@@ -1,8 +1,10 @@
 """HeartbeatSender: tells the controller that one role instance is alive, every interval.
 
-The first heartbeat registers the instance; each carries its state and Load. The Peer's socket
-queues heartbeats while the controller is away and ZeroMQ reconnects by itself, so a restarted
-controller learns every instance again within one interval. ``stop`` asks a Goodbye (bounded by
+The first heartbeat registers the instance; each carries its state and Load, and the lifecycle
+state the controller last assigned (its answer to the previous heartbeat, an ``Assignment``).
+The Peer's socket queues heartbeats while the controller is away and ZeroMQ reconnects by itself,
+so a restarted controller learns every instance again within one interval, serving ones as
+serving (controller state is soft). A heartbeat's answer is awaited for at most one interval. ``stop`` asks a Goodbye (bounded by
 GOODBYE_TIMEOUT_S), so the controller lists the instance as stopped rather than lost.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from dsi.errors import DsiError
-from dsi.messages.control import Goodbye, Heartbeat
+from dsi.messages.control import Assignment, Goodbye, Heartbeat
 from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -54,10 +56,12 @@ class HeartbeatSender:
         self.identity = identity
         self.interval_s = interval_s
         self.sent = 0
+        self.assigned = ""  # the lifecycle state the controller answered last
         self._started_at = time.time()
         self._peer = Peer(
             controller,
             ctx,
+            types=(Assignment,),
             peer_id=identity.instance_id,
             role=identity.role,
             keys=keys,
@@ -78,6 +82,7 @@ class HeartbeatSender:
             load=self.actor.load(),
             started_at=self._started_at,
             http=ident.http,
+            assigned=self.assigned,
         )
 
     async def start(self) -> None:
@@ -105,9 +110,19 @@ class HeartbeatSender:
 
     async def _beat_every_interval(self) -> None:
         while True:
-            self._peer.tell(self.beat())
+            answer = asyncio.ensure_future(self._peer.ask(self.beat(), timeout=self.interval_s))
             self.sent += 1
             await asyncio.sleep(self.interval_s)
+            await self._take(answer)
+
+    async def _take(self, answer: asyncio.Future) -> None:
+        """Keep the Assignment of one heartbeat; no answer (controller away) keeps the last one."""
+        try:
+            reply = await answer
+        except DsiError:
+            return
+        if isinstance(reply, Assignment):
+            self.assigned = reply.state
 
     async def _connect(self) -> None:
         """Start the Peer's receive side; heartbeats are queued by the socket meanwhile."""

@@ -148,7 +148,7 @@ class _Serve:
         return True
 
     async def _registered(self) -> list[InstanceInfo]:
-        """Wait until the controller lists every role of the config as ready; the table."""
+        """Wait until the controller lists every role of the config as serving; the table."""
         wanted = {role.id for role in self.cfg.roles}
         keys = client_keys(self.cfg.security)
         while True:
@@ -159,7 +159,7 @@ class _Serve:
                 table = await fetch_instances(self.cfg.cluster.controller, keys, timeout=2.0)
             except ControllerUnreachable:
                 continue
-            ready = {info.instance_id for info in table.instances if info.state == "ready"}
+            ready = {info.instance_id for info in table.instances if info.state == "serving"}
             if wanted <= ready:
                 return [info for info in table.instances if info.instance_id in wanted]
             await asyncio.sleep(_POLL_S)

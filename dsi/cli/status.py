@@ -2,6 +2,10 @@
 
     dsi status [--config configs/local.toml] [--controller tcp://HOST:PORT] [--json] [--timeout S]
 
+STATE is the instance's lifecycle state (starting | ready | serving | draining | stopped | dead),
+with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
+The JSON also has the controller's lifecycle transition counts.
+
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
 not answer within --timeout seconds.
@@ -80,8 +84,15 @@ async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) 
 
 
 def table_json(table: InstanceTable) -> dict[str, Any]:
-    """{"controller": id, "instances": [{instance_id, role, ..., "load": {running, ...}}, ...]}"""
-    return {"controller": table.controller_id, "instances": [_info_json(info) for info in table.instances]}
+    """{"controller": id, "instances": [{instance_id, role, ..., "load": {running, ...}}, ...],
+    "transitions": [{role, from, to, count}, ...]}"""
+    return {
+        "controller": table.controller_id,
+        "instances": [_info_json(info) for info in table.instances],
+        "transitions": [
+            {"role": t.role, "from": t.before, "to": t.after, "count": t.count} for t in table.transitions
+        ],
+    }
 
 
 def _info_json(info: InstanceInfo) -> dict[str, Any]:
@@ -107,7 +118,7 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
         info.role,
         info.host,
         str(info.pid),
-        info.state,
+        f"{info.state}/suspect" if info.suspect else info.state,
         summary,
         f"{info.last_seen_s:.1f}s ago",
     )

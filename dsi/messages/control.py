@@ -1,8 +1,10 @@
-"""Roles <-> controller: heartbeats, the instance registry, drain orders.
+"""Roles <-> controller: heartbeats, the instance registry, lifecycle orders.
 
-Every role instance tells the controller a ``Heartbeat`` each ``cluster.heartbeat_interval_s``;
-the first one registers it. ``Goodbye`` on a graceful stop. ``ListInstances`` is what
-``dsi status`` asks.
+Every role instance asks the controller a ``Heartbeat`` each ``cluster.heartbeat_interval_s``;
+the first one registers it, and each is answered with an ``Assignment``: the lifecycle state the
+controller holds for it, which the next heartbeats carry back (``assigned``) so that a restarted
+controller rebuilds its table from them. ``Goodbye`` on a graceful stop. ``ListInstances`` is
+what ``dsi status`` and the gateway ask; ``SetState`` is an operator's order (drain).
 """
 
 from __future__ import annotations
@@ -26,10 +28,18 @@ class Heartbeat(Message):
     host: str
     pid: int
     address: str  # control-plane endpoint of the instance
-    state: str = "ready"  # starting | ready | draining | stopping
+    state: str = "ready"  # the process's own state: starting | ready | stopping
     load: Load = Load()
     started_at: float = 0.0  # unix seconds
     http: str = ""  # HOST:PORT for an entrypoint, else ""
+    assigned: str = ""  # the last lifecycle state a controller assigned ("" = none yet)
+
+
+class Assignment(Message):
+    """Controller -> instance, the answer to a Heartbeat: its lifecycle state
+    (starting | ready | serving | draining | stopped | dead)."""
+
+    state: str
 
 
 class Goodbye(Message):
@@ -47,16 +57,36 @@ class InstanceInfo(Message):
     host: str
     pid: int
     address: str
-    state: str  # ready | starting | draining | stopping | suspect | lost | stopped
+    state: str  # lifecycle: starting | ready | serving | draining | stopped | dead
     load: Load
     last_seen_s: float  # seconds since the last heartbeat
     started_at: float
     http: str = ""
+    suspect: bool = False  # heartbeats late (2.5 intervals) but not yet for the timeout
+
+
+class TransitionCount(Message):
+    """How many times instances of `role` moved `before` -> `after` ("none": registrations)."""
+
+    role: str
+    before: str
+    after: str
+    count: int
 
 
 class InstanceTable(Message):
     instances: list[InstanceInfo]
     controller_id: str = ""
+    transitions: list[TransitionCount] = []  # since this controller started
+
+
+class SetState(Message):
+    """Operator -> controller: move an instance to `state` (today: draining); answered with its
+    InstanceInfo, or IllegalTransition / InvalidRequest."""
+
+    instance_id: str
+    state: str
+    reason: str = "operator"
 
 
 class Drain(Message):
@@ -66,5 +96,11 @@ class Drain(Message):
     grace_s: float = 60.0
 
 
-ControlMsg = Heartbeat | Goodbye | ListInstances | InstanceTable | InstanceInfo | Drain | Load
-CONTROL = (Heartbeat, Goodbye, ListInstances, InstanceInfo, InstanceTable, Drain, Load)
+ControlMsg = (
+    Heartbeat | Assignment | Goodbye | ListInstances | InstanceTable | InstanceInfo | TransitionCount
+    | SetState | Drain | Load
+)
+CONTROL = (
+    Heartbeat, Assignment, Goodbye, ListInstances, InstanceInfo, InstanceTable, TransitionCount,
+    SetState, Drain, Load,
+)

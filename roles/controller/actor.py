@@ -1,8 +1,10 @@
-"""ControllerActor: the cluster's instance registry, fed by heartbeats.
+"""ControllerActor: the cluster's instance registry and lifecycle owner, fed by heartbeats.
 
-Heartbeat (tell) registers or refreshes an instance, Goodbye marks it stopped, ListInstances is
-answered with an InstanceTable. A sweep every heartbeat interval logs instances that turn
-suspect or lost and prunes old entries. Autoscaling, drain and failover are planned.
+Heartbeat registers or refreshes an instance and is answered with its Assignment, Goodbye marks
+it stopped, SetState is an operator's order (draining), ListInstances is answered with an
+InstanceTable that also carries the transition counts. A sweep every heartbeat interval marks
+silent instances dead and prunes old entries. Every lifecycle move is logged on one line.
+Autoscaling, drain with migration and failover are planned.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from collections.abc import Callable
 
 from dsi.actor import handles
 from dsi.config import ClusterConfig
-from dsi.messages.control import Goodbye, Heartbeat, InstanceTable, ListInstances
+from dsi.messages.control import (
+    Assignment,
+    Goodbye,
+    Heartbeat,
+    InstanceInfo,
+    InstanceTable,
+    ListInstances,
+    SetState,
+)
+from dsi.roles.controller.lifecycle import InstanceState, Transition
 from dsi.roles.controller.registry import InstanceRegistry
 from dsi.roles.role import RoleActor
 
@@ -37,51 +48,49 @@ class ControllerActor(RoleActor):
             cluster.heartbeat_interval_s, cluster.heartbeat_timeout_s, forget_after_s
         )
         self._clock = clock
-        self._logged: dict[str, str] = {}  # instance id -> last state the sweep logged
 
     async def on_start(self) -> None:
         self.spawn(self._sweep_every(self.registry.interval_s), name=f"{self.name}.sweep")
         await super().on_start()
 
     @handles
-    async def heartbeat(self, msg: Heartbeat) -> None:
-        if self.registry.heartbeat(msg, self._clock()):
-            log.info(
-                "registered %s (%s, pid %d on %s, %s)",
-                msg.instance_id,
-                msg.role,
-                msg.pid,
-                msg.host,
-                msg.address,
-            )
-            self._logged[msg.instance_id] = msg.state
+    async def heartbeat(self, msg: Heartbeat) -> Assignment:
+        _log(self.registry.heartbeat(msg, self._clock()))
+        return Assignment(str(self.registry.state(msg.instance_id)))
 
     @handles
     async def goodbye(self, msg: Goodbye) -> None:
-        if self.registry.goodbye(msg.instance_id, self._clock()):
-            log.info("%s said goodbye (%s)", msg.instance_id, msg.reason)
-            self._logged[msg.instance_id] = "stopped"
+        _log(self.registry.goodbye(msg.instance_id, self._clock(), f"goodbye: {msg.reason}"))
+
+    @handles
+    async def set_state(self, msg: SetState) -> InstanceInfo:
+        now = self._clock()
+        _log(self.registry.set_state(msg.instance_id, msg.state, now, msg.reason))
+        [info] = [i for i in self.registry.instances(now) if i.instance_id == msg.instance_id]
+        return info
 
     @handles
     async def list_instances(self, msg: ListInstances) -> InstanceTable:
-        now = self._clock()
-        self.registry.prune(now)
-        return InstanceTable(self.registry.instances(now, msg.role), controller_id=self.name)
+        self.sweep()
+        return InstanceTable(
+            self.registry.instances(self._clock(), msg.role),
+            controller_id=self.name,
+            transitions=self.registry.transition_counts(),
+        )
 
     def sweep(self) -> None:
-        """Log state changes the heartbeats alone do not announce (suspect, lost); prune."""
+        """Mark instances silent for the heartbeat timeout dead; prune old stopped and dead ones."""
         now = self._clock()
-        for info in self.registry.instances(now):
-            before = self._logged.get(info.instance_id)
-            if info.state != before and info.state in ("suspect", "lost"):
-                log.warning(
-                    "%s is %s: no heartbeat for %.1fs", info.instance_id, info.state, info.last_seen_s
-                )
-            self._logged[info.instance_id] = info.state
-        for instance_id in self.registry.prune(now):
-            self._logged.pop(instance_id, None)
+        _log(self.registry.expire(now))
+        self.registry.prune(now)
 
     async def _sweep_every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
             self.sweep()
+
+
+def _log(moves: list[Transition]) -> None:
+    for move in moves:
+        level = logging.WARNING if move.after is InstanceState.DEAD else logging.INFO
+        log.log(level, "lifecycle %s", move.describe())

@@ -1,42 +1,58 @@
-"""InstanceRegistry: what the controller knows about every role instance, from heartbeats alone.
+"""InstanceRegistry: every role instance's lifecycle state, kept from heartbeats.
 
-Pure bookkeeping, no I/O: every method takes ``now`` (monotonic seconds), so the controller, the
-simulator and the tests drive it with whatever clock they have.
+Pure bookkeeping, no I/O: every method takes ``now`` (monotonic seconds) and returns the
+lifecycle moves it made (:class:`Transition`), which the registry also counts; the controller
+logs them. The states and allowed moves are in :mod:`dsi.roles.controller.lifecycle`.
 
-State of an instance, from the age of its last heartbeat (``interval`` = heartbeat_interval_s)::
+    heartbeat (new run) --> starting | ready ---_assign()---> serving
+    process says stopping ------------------------------> draining
+    SetState(draining) ---------------------------------> draining
+    Goodbye --------------------------------------------> stopped
+    silent for timeout_s (expire) ----------------------> dead
+    another process under the same id ------------------> dead (the old run), new run registered
 
-    heartbeat                                  Goodbye
-        |                                         |
-        v   age < 2.5 x interval    age < timeout v
-    [reported state] ---------> suspect ----------> lost ---(forget_after_s)---> pruned
-        |                                                                          ^
-        +---------------------------- Goodbye --> stopped ---(forget_after_s)-----+
+An instance silent for 2.5 heartbeat intervals is listed ``suspect`` (a flag, not a state).
+``stopped`` and ``dead`` entries stay listed for ``forget_after_s``, then are pruned.
 
-A heartbeat from a stopped or lost instance id registers it again, and so does one from another
-process under a known id (a replacement that came back before the old one was found lost).
+Soft state: the controller's answer to a heartbeat (Assignment) tells the instance its state,
+and the instance's heartbeats carry it back as ``assigned``. A fresh controller that hears from
+an instance that says it was ``serving`` (or ``draining``) registers it in that state at once,
+so serving does not stop while the controller is away and the table is whole again within one
+heartbeat interval of its return.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsi.messages.control import Heartbeat, InstanceInfo
+from dsi.errors import InvalidRequest
+from dsi.messages.control import Heartbeat, InstanceInfo, TransitionCount
+from dsi.roles.controller.lifecycle import (
+    FINAL,
+    InstanceState,
+    Transition,
+    TransitionCounter,
+    check_transition,
+)
 
+S = InstanceState
 SUSPECT_AFTER_INTERVALS = 2.5  # two missed heartbeats, with slack for scheduling jitter
+_OPERATOR_STATES = frozenset({S.DRAINING})  # what SetState may order today
 
 
 @dataclass(slots=True)
 class _Entry:
     beat: Heartbeat
     seen_at: float  # monotonic seconds of the last heartbeat
-    stopped_at: float | None = None  # monotonic seconds of the Goodbye
+    state: InstanceState
+    ended_at: float | None = None  # monotonic seconds it became stopped or dead
 
 
 class InstanceRegistry:
     """Instances by id. `interval_s`, `timeout_s`, `forget_after_s` are seconds.
 
-    timeout_s: an instance silent this long is ``lost``.
-    forget_after_s: how long ``stopped`` and ``lost`` entries stay listed before they are pruned.
+    timeout_s: an instance silent this long is ``dead``.
+    forget_after_s: how long ``stopped`` and ``dead`` entries stay listed before they are pruned.
     """
 
     def __init__(self, interval_s: float, timeout_s: float, forget_after_s: float = 60.0) -> None:
@@ -47,35 +63,62 @@ class InstanceRegistry:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.forget_after_s = forget_after_s
+        self.transitions = TransitionCounter()
         self._entries: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def heartbeat(self, beat: Heartbeat, now: float) -> bool:
-        """Record a heartbeat; True when it (re)registers the instance."""
+    def heartbeat(self, beat: Heartbeat, now: float) -> list[Transition]:
+        """Record a heartbeat: register a new run, or refresh and follow the process's own state."""
         entry = self._entries.get(beat.instance_id)
-        fresh = (
-            entry is None
-            or entry.stopped_at is not None
-            or self._age(entry, now) >= self.timeout_s
-            or _restarted(entry.beat, beat)
-        )
-        self._entries[beat.instance_id] = _Entry(beat, now)
-        return fresh
+        moves: list[Transition] = []
+        if entry is not None and entry.state not in FINAL and _restarted(entry.beat, beat):
+            moves += self._move(entry, S.DEAD, f"replaced by pid {beat.pid} on {beat.host}", now)
+        if entry is None or entry.state in FINAL:
+            entry = self._entries[beat.instance_id] = _Entry(beat, now, _entry_state(beat))
+            moves.append(self._count(Transition(beat.instance_id, beat.role, None, entry.state,
+                                                _registration_reason(beat, entry.state))))
+        entry.beat, entry.seen_at = beat, now
+        if entry.state is S.STARTING and beat.state != "starting":
+            moves += self._move(entry, S.READY, "process started", now)
+        if beat.state == "stopping" and entry.state in (S.READY, S.SERVING):
+            moves += self._move(entry, S.DRAINING, "process stopping", now)
+        if entry.state is S.READY:
+            moves += self._assign(entry, now)
+        return moves
 
-    def goodbye(self, instance_id: str, now: float) -> bool:
-        """Mark an instance stopped; False when it is unknown (nothing to mark)."""
+    def goodbye(self, instance_id: str, now: float, reason: str = "goodbye") -> list[Transition]:
+        """Mark an instance stopped; no moves when it is unknown or already stopped or dead."""
+        entry = self._entries.get(instance_id)
+        if entry is None or entry.state in FINAL:
+            return []
+        return self._move(entry, S.STOPPED, reason, now)
+
+    def set_state(self, instance_id: str, state: str, now: float, reason: str) -> list[Transition]:
+        """An operator's order. InvalidRequest for an unknown instance or a state not orderable
+        (today only ``draining``: it stops new work; moving the work away is a later task);
+        IllegalTransition when the instance cannot move there from where it is."""
         entry = self._entries.get(instance_id)
         if entry is None:
-            return False
-        if entry.stopped_at is None:
-            entry.stopped_at = now
-        return True
+            raise InvalidRequest(f"unknown instance {instance_id!r}")
+        if state not in _OPERATOR_STATES:
+            raise InvalidRequest(f"an operator may set {', '.join(_OPERATOR_STATES)}, not {state!r}")
+        if entry.state == state:
+            return []
+        return self._move(entry, S(state), reason, now)
 
-    def state(self, instance_id: str, now: float) -> str:
-        """The state of one instance (KeyError when unknown)."""
-        return self._state(self._entries[instance_id], now)
+    def expire(self, now: float) -> list[Transition]:
+        """Every live instance silent for timeout_s becomes dead."""
+        moves: list[Transition] = []
+        for entry in self._entries.values():
+            if entry.state not in FINAL and self._age(entry, now) >= self.timeout_s:
+                moves += self._move(entry, S.DEAD, f"no heartbeat for {self._age(entry, now):.1f}s", now)
+        return moves
+
+    def state(self, instance_id: str) -> InstanceState:
+        """The lifecycle state of one instance (KeyError when unknown)."""
+        return self._entries[instance_id].state
 
     def instances(self, now: float, role: str = "") -> list[InstanceInfo]:
         """Every instance (of `role`, or all when ""), sorted by id."""
@@ -85,47 +128,68 @@ class InstanceRegistry:
             if not role or entry.beat.role == role
         ]
 
+    def transition_counts(self) -> list[TransitionCount]:
+        return [TransitionCount(*key, count) for key, count in self.transitions.counts().items()]
+
     def prune(self, now: float) -> list[str]:
-        """Forget stopped and lost instances older than forget_after_s; the ids removed."""
-        gone = [iid for iid, entry in self._entries.items() if self._expired(entry, now)]
+        """Forget stopped and dead instances older than forget_after_s; the ids removed."""
+        gone = [
+            iid for iid, e in self._entries.items()
+            if e.ended_at is not None and now - e.ended_at >= self.forget_after_s
+        ]
         for iid in gone:
             del self._entries[iid]
         return gone
 
     # ---- internals ---------------------------------------------------------------------------
+    def _assign(self, entry: _Entry, now: float) -> list[Transition]:
+        """Where a ready instance goes. There is no ready pool policy running yet, so every ready
+        instance serves at once; the autoscaler will decide here which stay in the ready pool."""
+        return self._move(entry, S.SERVING, "assigned (no ready pool yet)", now)
+
+    def _move(self, entry: _Entry, after: InstanceState, reason: str, now: float) -> list[Transition]:
+        check_transition(entry.state, after)
+        move = Transition(entry.beat.instance_id, entry.beat.role, entry.state, after, reason)
+        entry.state = after
+        if after in FINAL:
+            entry.ended_at = now
+        return [self._count(move)]
+
+    def _count(self, move: Transition) -> Transition:
+        self.transitions.add(move)
+        return move
+
     @staticmethod
     def _age(entry: _Entry, now: float) -> float:
         return max(0.0, now - entry.seen_at)
 
-    def _state(self, entry: _Entry, now: float) -> str:
-        if entry.stopped_at is not None:
-            return "stopped"
-        age = self._age(entry, now)
-        if age >= self.timeout_s:
-            return "lost"
-        if age >= SUSPECT_AFTER_INTERVALS * self.interval_s:
-            return "suspect"
-        return entry.beat.state
-
-    def _expired(self, entry: _Entry, now: float) -> bool:
-        if entry.stopped_at is not None:
-            return now - entry.stopped_at >= self.forget_after_s
-        return self._age(entry, now) >= self.timeout_s + self.forget_after_s
-
     def _info(self, entry: _Entry, now: float) -> InstanceInfo:
-        beat = entry.beat
+        beat, age = entry.beat, self._age(entry, now)
         return InstanceInfo(
             instance_id=beat.instance_id,
             role=beat.role,
             host=beat.host,
             pid=beat.pid,
             address=beat.address,
-            state=self._state(entry, now),
+            state=str(entry.state),
             load=beat.load,
-            last_seen_s=self._age(entry, now),
+            last_seen_s=age,
             started_at=beat.started_at,
             http=beat.http,
+            suspect=entry.state not in FINAL and age >= SUSPECT_AFTER_INTERVALS * self.interval_s,
         )
+
+
+def _entry_state(beat: Heartbeat) -> InstanceState:
+    """The state a new run registers in: what a previous controller assigned it, if it serves."""
+    if beat.assigned in (S.SERVING, S.DRAINING):
+        return S(beat.assigned)
+    return S.STARTING if beat.state == "starting" else S.READY
+
+
+def _registration_reason(beat: Heartbeat, state: InstanceState) -> str:
+    where = f"pid {beat.pid} on {beat.host}"
+    return f"registered, {where}" if state in (S.STARTING, S.READY) else f"re-registered as {state}, {where}"
 
 
 def _restarted(before: Heartbeat, now: Heartbeat) -> bool:

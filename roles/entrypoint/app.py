@@ -62,9 +62,9 @@ def health_status(decode_ready: int, prefill_ready: int) -> tuple[int, dict[str,
     body: dict[str, object] = {"status": "ok", "instances": decode_ready, "prefill_instances": prefill_ready}
     if decode_ready:
         return 200, body
-    reason = "no ready decode instance"
+    reason = "no serving decode instance"
     if prefill_ready:
-        reason += f" ({prefill_ready} prefill ready, but a request needs a decode instance to stream from)"
+        reason += f" ({prefill_ready} prefill serving, but a request needs a decode instance to stream from)"
     return 503, {**body, "status": "unavailable", "reason": reason}
 
 

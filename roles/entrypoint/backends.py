@@ -1,17 +1,19 @@
 """Where a request runs: the prefill and decode instances, and the connections to them.
 
 ``InstancePool`` learns one role's instances from the controller (``ListInstances``, refreshed
-every ``refresh_s``) and keeps one Peer per instance. It picks the ready instance with the fewest
-requests, counting both the load the instance last reported and what this gateway sent it since.
+every ``refresh_s``) and keeps one Peer per instance. It picks, among the instances the
+controller lists as ``serving``, the one with the fewest requests, counting both the load the
+instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
+work, but the streams already running there go on (their Peer stays open).
 
 ``DecodePool`` routes a request: with prefill instances in the cluster it picks one of each and
 streams ``Handoff`` from the decode (which has the prefill write the KV into its lease); without
 any it streams a colocated ``Generate``. Failures are retried on other instances:
 
 - a prefill that failed or vanished (``PrefillLost``, always before the first token): another prefill;
-- a decode lost (its connection dropped, or the controller marks it ``lost`` after missed
+- a decode lost (its connection dropped, or the controller marks it ``dead`` after missed
   heartbeats) or overloaded: another decode, waiting up to ``reroute_wait_s`` for one to be
-  ready (a restarted instance counts again). If tokens were already delivered, the request is
+  serving (a restarted instance counts again). If tokens were already delivered, the request is
   re-run from its prompt with the same seed (the entrypoint fixes the seed of every request for
   this reason), pinned to the prefix hit the first run took, and the re-run's tokens are
   compared with the delivered ones before anything more is streamed
@@ -39,11 +41,14 @@ from dsi.messages import ALL
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
+from dsi.roles.controller.lifecycle import InstanceState
 from dsi.roles.entrypoint.recovery import Delivered
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
+
+SERVING, DEAD = InstanceState.SERVING, InstanceState.DEAD
 
 
 class NoInstance(DsiError):
@@ -89,7 +94,8 @@ class InstancePool:
 
     @property
     def ready(self) -> list[str]:
-        return [i for i, inst in self._instances.items() if inst.info.state == "ready"]
+        """The ids of the instances that take new work (``serving``)."""
+        return [i for i, inst in self._instances.items() if inst.info.state == SERVING]
 
     async def refresh(self) -> None:
         table: InstanceTable = await self._controller.ask(ListInstances(self._role))
@@ -105,8 +111,8 @@ class InstancePool:
                 peer_task = asyncio.get_running_loop().create_task(peer.connect())
                 peer_task.add_done_callback(lambda t: t.exception())  # failures surface on use
                 inst = self._instances[info.instance_id] = _Instance(info, peer)
-            if info.state == "lost" and inst.info.state != "lost":  # missed heartbeats: its calls are dead
-                inst.peer.fail_pending(PeerLost(f"{info.instance_id} is lost (missed heartbeats)"))
+            if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
+                inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))
             inst.info = info
         for gone in set(self._instances) - seen:
             await self._instances.pop(gone).peer.close()
@@ -121,11 +127,11 @@ class InstancePool:
             await asyncio.sleep(self._refresh_s)
 
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
-        """The least loaded ready instance whose ``key`` is not in ``exclude``."""
+        """The least loaded serving instance whose ``key`` is not in ``exclude``."""
         ready = [inst for inst in self._instances.values()
-                 if inst.info.state == "ready" and inst.key not in exclude]
+                 if inst.info.state == SERVING and inst.key not in exclude]
         if not ready:
-            raise NoInstance(f"no ready {self._role} instance")
+            raise NoInstance(f"no serving {self._role} instance")
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
                                             inst.info.load.kv_tokens))
 
@@ -224,6 +230,6 @@ class DecodePool:
             except NoInstance:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise NoInstance(f"no ready decode instance to take the request over within "
-                                     f"{self.reroute_wait_s:g}s" if wait else "no ready decode instance") from None
+                    raise NoInstance(f"no serving decode instance to take the request over within "
+                                     f"{self.reroute_wait_s:g}s" if wait else "no serving decode instance") from None
                 await asyncio.sleep(min(0.1, left))

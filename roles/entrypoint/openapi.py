@@ -47,6 +47,6 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
             "/v1/models": {"get": {"summary": "served models", "responses": {"200": {"description": "model list"}}}},
             "/health": {"get": {"summary": "whether a request can be served",
                                 "responses": {"200": {"description": "ok"},
-                                              "503": {"description": "no ready decode instance"}}}},
+                                              "503": {"description": "no serving decode instance"}}}},
         },
     }

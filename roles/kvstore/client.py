@@ -49,9 +49,9 @@ _UNREACHABLE = (AskTimeout, PeerLost)  # the kvstore itself is away: stop asking
 
 
 async def find_kvstore(controller: Peer, timeout: float = 2.0) -> str | None:
-    """The address of the first ready kvstore the controller lists (by instance id), or None."""
+    """The address of the first serving kvstore the controller lists (by instance id), or None."""
     table = await controller.ask(ListInstances("kvstore"), timeout=timeout)
-    ready = sorted((i for i in table.instances if i.state == "ready"), key=lambda i: i.instance_id)
+    ready = sorted((i for i in table.instances if i.state == "serving"), key=lambda i: i.instance_id)
     return ready[0].address if ready else None
 
 

@@ -28,12 +28,12 @@ def test_sigterm_stops_a_role_which_the_controller_then_lists_as_stopped(procs, 
     config = local_config(tmp_path)
     controller = role(procs, config, "controller-0")
     prefill = role(procs, config, "prefill-0")
-    wait_until(lambda: instances("--config", str(config)).get("prefill-0", {}).get("state") == "ready")
+    wait_until(lambda: instances("--config", str(config)).get("prefill-0", {}).get("state") == "serving")
     prefill.signal(signal.SIGTERM)
     assert prefill.wait() == 0
     listed = instances("--config", str(config))
     assert listed["prefill-0"]["state"] == "stopped"
-    assert listed["controller-0"]["state"] == "ready"
+    assert listed["controller-0"]["state"] == "serving"
     assert "stopped" in prefill.log()
     controller.signal(signal.SIGTERM)
     assert controller.wait() == 0

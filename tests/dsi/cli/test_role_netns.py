@@ -57,9 +57,9 @@ bind = "tcp://{net}.2:7110"
 
     def prefill_ready():
         listed = instances("--controller", controller, prefix=in_controller_ns)
-        return listed if listed.get("prefill-0", {}).get("state") == "ready" else None
+        return listed if listed.get("prefill-0", {}).get("state") == "serving" else None
 
     listed = wait_until(prefill_ready, timeout=30)
     assert listed["prefill-0"]["address"] == f"tcp://{net}.2:7110"
     assert listed["prefill-0"]["host"] == f"{net}.2"
-    assert listed["controller-0"]["state"] == "ready"
+    assert listed["controller-0"]["state"] == "serving"

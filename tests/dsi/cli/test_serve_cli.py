@@ -55,8 +55,8 @@ def chat(port: int, max_tokens: int = 4, stream: bool = False) -> dict | str:
 def replaced(config, role_id: str, old_pid: int, roles: int):
     """The instances once `role_id` runs under a pid other than `old_pid` and all `roles` are ready."""
     listed = instances("--config", str(config))
-    ready = [info for info in listed.values() if info["state"] == "ready"]
-    fresh = role_id in listed and listed[role_id]["pid"] != old_pid and listed[role_id]["state"] == "ready"
+    ready = [info for info in listed.values() if info["state"] == "serving"]
+    fresh = role_id in listed and listed[role_id]["pid"] != old_pid and listed[role_id]["state"] == "serving"
     return listed if fresh and len(ready) == roles else None
 
 
@@ -68,7 +68,7 @@ def test_serve_replaces_killed_roles_while_the_gateway_keeps_serving(procs, tmp_
     assert banner == f"dsi serve: gateway http://127.0.0.1:{port} ({len(ids)} instances)"
     listed = instances("--config", str(config))
     assert sorted(listed) == sorted(ids)
-    assert {info["state"] for info in listed.values()} == {"ready"}
+    assert {info["state"] for info in listed.values()} == {"serving"}
     assert listed["entrypoint-0"]["http"] == f"127.0.0.1:{port}"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
         assert json.load(resp)["status"] == "ok"

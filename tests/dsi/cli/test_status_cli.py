@@ -5,7 +5,7 @@ import re
 
 from dsi.cli.main import main
 from dsi.cli.status import format_table, table_json
-from dsi.messages.control import InstanceInfo, InstanceTable, Load
+from dsi.messages.control import InstanceInfo, InstanceTable, Load, TransitionCount
 from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
 
@@ -15,10 +15,11 @@ INFO = InstanceInfo(
     "10.0.0.2",
     4321,
     "tcp://10.0.0.2:7110",
-    "suspect",
+    "serving",
     Load(running=3, queued=1, kv_tokens=512),
     last_seen_s=2.71,
     started_at=1.0e9,
+    suspect=True,
 )
 
 
@@ -30,7 +31,7 @@ def test_table_has_one_aligned_row_per_instance():
         "prefill",
         "10.0.0.2",
         "4321",
-        "suspect",
+        "serving/suspect",
         "run=3",
         "queue=1",
         "kv=512",
@@ -38,15 +39,17 @@ def test_table_has_one_aligned_row_per_instance():
         "2.7s",
         "ago",
     ]
-    assert lines[0].index("STATE") == lines[1].index("suspect")
+    assert lines[0].index("STATE") == lines[1].index("serving/suspect")
 
 
 def test_json_is_plain_objects():
-    data = table_json(InstanceTable([INFO], controller_id="controller-0"))
+    moves = [TransitionCount("prefill", "ready", "serving", 2)]
+    data = table_json(InstanceTable([INFO], controller_id="controller-0", transitions=moves))
     assert data["controller"] == "controller-0"
     [info] = data["instances"]
     assert info["load"] == {"running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0}
-    assert (info["instance_id"], info["state"], info["pid"]) == ("prefill-0", "suspect", 4321)
+    assert (info["instance_id"], info["state"], info["suspect"], info["pid"]) == ("prefill-0", "serving", True, 4321)
+    assert data["transitions"] == [{"role": "prefill", "from": "ready", "to": "serving", "count": 2}]
 
 
 def test_unreachable_controller_exits_1_with_a_clear_message(capsys):
@@ -75,7 +78,7 @@ authorized_keys_dir = "{keys["authorized_dir"]}"
         assert procs.start("controller", role).wait_ready() == "READY controller-0"
         assert main(["status", "--config", str(config), "--json"]) == 0
         [info] = json.loads(capsys.readouterr().out)["instances"]
-        assert (info["instance_id"], info["state"]) == ("controller-0", "ready")
+        assert (info["instance_id"], info["state"]) == ("controller-0", "serving")
         address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
         assert "cannot reach the controller" in capsys.readouterr().err

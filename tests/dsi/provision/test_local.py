@@ -213,13 +213,13 @@ async def test_a_killed_dsi_role_controller_comes_back_and_is_ready(tmp_path):
     try:
         first = await prov.start("controller-0")
         listed = await asyncio.to_thread(instances, "--config", str(config))
-        assert (listed["controller-0"]["pid"], listed["controller-0"]["state"]) == (first.pid, "ready")
+        assert (listed["controller-0"]["pid"], listed["controller-0"]["state"]) == (first.pid, "serving")
         os.kill(first.pid, signal.SIGKILL)
         await recorder.until("controller-0", "ready", count=2, timeout=60.0)
         [again] = prov.list()
         assert again.pid != first.pid and again.restarts == 1
         listed = await asyncio.to_thread(instances, "--config", str(config))
-        assert (listed["controller-0"]["pid"], listed["controller-0"]["state"]) == (again.pid, "ready")
+        assert (listed["controller-0"]["pid"], listed["controller-0"]["state"]) == (again.pid, "serving")
     finally:
         await prov.close()
         for pid in recorder.pids:

@@ -33,7 +33,7 @@ class FakePool:
 
     def pick(self, exclude=frozenset()):
         if not self._ready:
-            raise NoInstance("no ready decode instance")
+            raise NoInstance("no serving decode instance")
         return "fake-0"
 
     async def generate(self, msg: Generate):

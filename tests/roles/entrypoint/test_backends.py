@@ -35,15 +35,15 @@ async def pool():
     ctx.destroy(linger=0)
 
 
-async def test_an_instance_the_controller_marks_lost_fails_the_streams_it_holds(pool):
+async def test_an_instance_the_controller_marks_dead_fails_the_streams_it_holds(pool):
     pool, tables = pool
     address = f"tcp://127.0.0.1:{free_port()}"  # a decode that no longer answers, connection or not
-    tables += [InstanceTable([info("ready", address=address)]), InstanceTable([info("lost", address=address)])]
+    tables += [InstanceTable([info("serving", address=address)]), InstanceTable([info("dead", address=address)])]
     await pool.decode.refresh()
     stream = pool.pick().peer.stream(Generate("r", [5, 6], SamplingParams()), timeout=30.0)
     item = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.05)
-    await pool.decode.refresh()  # missed heartbeats: the controller says lost
+    await pool.decode.refresh()  # missed heartbeats: the controller says dead
     with pytest.raises(PeerLost, match="missed heartbeats"):
         await asyncio.wait_for(item, 5.0)
     await stream.aclose()
@@ -53,7 +53,7 @@ async def test_an_instance_the_controller_marks_lost_fails_the_streams_it_holds(
 async def test_a_reroute_waits_a_bounded_time_for_a_decode_and_a_restarted_one_counts_again(pool):
     pool, tables = pool
     address = f"tcp://127.0.0.1:{free_port()}"
-    tables += [InstanceTable([info("ready", 1.0, address)]), InstanceTable([info("ready", 2.0, address)])]
+    tables += [InstanceTable([info("serving", 1.0, address)]), InstanceTable([info("serving", 2.0, address)])]
     await pool.decode.refresh()
     dead = {pool.pick().key}
     started = time.monotonic()
@@ -64,3 +64,27 @@ async def test_a_reroute_waits_a_bounded_time_for_a_decode_and_a_restarted_one_c
         await pool._pick_decode(dead, wait=False)  # a new request does not wait
     await pool.decode.refresh()  # the same id, started again
     assert (await pool._pick_decode(dead, wait=True)).info.started_at == 2.0
+
+
+async def test_a_draining_instance_gets_no_new_work_and_its_running_streams_go_on(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info(state, address=address)]) for state in ("ready", "serving", "draining")]
+    await pool.decode.refresh()
+    with pytest.raises(NoInstance, match="no serving decode"):  # ready = unassigned: not routed to
+        pool.pick()
+    await pool.decode.refresh()
+    running = pool.pick()
+    stream = running.peer.stream(Generate("r", [5, 6], SamplingParams()), timeout=30.0)
+    item = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    await pool.decode.refresh()  # the operator drains it
+    with pytest.raises(NoInstance):
+        pool.pick()
+    assert pool.decode.ready == []
+    await asyncio.sleep(0.2)
+    assert not item.done()  # the stream is still waiting on the same connection
+    assert pool.decode._instances["decode-0"].peer is running.peer
+    item.cancel()
+    await asyncio.gather(item, return_exceptions=True)
+    await stream.aclose()

@@ -231,7 +231,7 @@ async def test_fuzz_2000_requests_no_5xx(recipe):
 
 
 FAILURES = [RecoveryDiverged("the re-run produced token 7 at position 2 where the client already has 3000"),
-            NoInstance("no ready decode instance to take the request over within 5s"),
+            NoInstance("no serving decode instance to take the request over within 5s"),
             HitUnavailable("the re-run is pinned to a bounded-replay hit of 256 tokens")]
 
 

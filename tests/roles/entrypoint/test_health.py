@@ -62,10 +62,10 @@ def test_health_is_503_until_a_decode_instance_registers(tmp_path):
         cluster.start("controller-0", "entrypoint-0", "prefill-0")
         status, body = wait_health(f"{base}/health", lambda status, _: status == 503)
         assert body["status"] == "unavailable" and body["instances"] == 0
-        assert "no ready decode instance" in body["reason"]
+        assert "no serving decode instance" in body["reason"]
         # the prefill registers too: still no way to serve a request
         status, body = wait_health(f"{base}/health", lambda _, b: b["prefill_instances"] == 1)
-        assert status == 503 and body["status"] == "unavailable" and "1 prefill ready" in body["reason"]
+        assert status == 503 and body["status"] == "unavailable" and "1 prefill serving" in body["reason"]
         chat = {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         status, answer = post(f"{base}/v1/chat/completions", chat)
         assert status == 503 and "decode" in answer["error"]["message"]
