@@ -38,7 +38,7 @@ import zmq.asyncio
 
 from dsi.errors import AskTimeout, DsiError, Overloaded, PeerLost
 from dsi.messages import ALL
-from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
+from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances, TransitionCount
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
 from dsi.roles.controller.lifecycle import InstanceState
@@ -76,6 +76,7 @@ class InstancePool:
         self._refresh_s = refresh_s
         self._refreshed = 0.0
         self._task: asyncio.Task | None = None
+        self.transitions: list[TransitionCount] = []  # the controller's, as of the last refresh
 
     async def start(self) -> None:
         try:
@@ -99,6 +100,7 @@ class InstancePool:
 
     async def refresh(self) -> None:
         table: InstanceTable = await self._controller.ask(ListInstances(self._role))
+        self.transitions = table.transitions
         seen = set()
         for info in table.instances:
             seen.add(info.instance_id)
@@ -167,6 +169,14 @@ class DecodePool:
     @property
     def prefill_ready(self) -> list[str]:
         return self.prefill.ready
+
+    def metric_lines(self) -> list[str]:
+        """The controller's lifecycle transition counter (every role's, carried in the instance
+        table the decode pool fetched last), in the Prometheus text format."""
+        lines = ["# TYPE dsi_instance_transitions_total counter"]
+        lines += [f'dsi_instance_transitions_total{{role="{t.role}",from="{t.before}",to="{t.after}"}} {t.count}'
+                  for t in self.decode.transitions]
+        return lines
 
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         return self.decode.pick(exclude)

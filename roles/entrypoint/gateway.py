@@ -65,6 +65,7 @@ class Gateway:
         self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
         self.keep = keep
+        metrics.sources.append(pool.metric_lines)
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
 

@@ -11,7 +11,10 @@
     dsi_engine_cached_tokens_total             prompt tokens the engines reused from the store
                                                (what usage reports; below the hits when a block
                                                was corrupt or the store away)
-    + the lines of each ``sources`` callable (the replica's gauges, see PrefixLookup)
+    + the lines of each ``sources`` callable: the replica's gauges (see PrefixLookup) and
+      dsi_instance_transitions_total{role, from, to}, the controller's lifecycle moves, which the
+      controller has no HTTP to serve: they travel in the InstanceTable the gateway fetches every
+      refresh (see DecodePool.metric_lines), so they lag the controller by up to one refresh
 """
 
 from __future__ import annotations

@@ -57,5 +57,8 @@ class FakePool:
             self.cancelled += 1
             raise
 
+    def metric_lines(self) -> list[str]:
+        return ['dsi_instance_transitions_total{role="decode",from="ready",to="serving"} 1']
+
     async def close(self) -> None:
         pass

@@ -9,7 +9,7 @@ import zmq.asyncio
 
 from dsi.engine.params import SamplingParams
 from dsi.errors import PeerLost
-from dsi.messages.control import InstanceInfo, InstanceTable, Load
+from dsi.messages.control import InstanceInfo, InstanceTable, Load, TransitionCount
 from dsi.messages.gateway import Generate
 from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from tests.dsi.cli.procs import free_port
@@ -88,3 +88,16 @@ async def test_a_draining_instance_gets_no_new_work_and_its_running_streams_go_o
     item.cancel()
     await asyncio.gather(item, return_exceptions=True)
     await stream.aclose()
+
+
+async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
+    pool, tables = pool
+    moves = [TransitionCount("decode", "none", "ready", 2), TransitionCount("prefill", "serving", "dead", 1)]
+    tables.append(InstanceTable([info("serving", address=f"tcp://127.0.0.1:{free_port()}")], transitions=moves))
+    assert pool.metric_lines() == ["# TYPE dsi_instance_transitions_total counter"]  # nothing fetched yet
+    await pool.decode.refresh()
+    assert pool.metric_lines() == [
+        "# TYPE dsi_instance_transitions_total counter",
+        'dsi_instance_transitions_total{role="decode",from="none",to="ready"} 2',
+        'dsi_instance_transitions_total{role="prefill",from="serving",to="dead"} 1',
+    ]

@@ -58,6 +58,7 @@ async def test_good_requests_in_each_protocol(recipe):
         async with http.get(server.make_url("/metrics")) as resp:
             text = await resp.text()
             assert 'dsi_requests_total{protocol="chat",status="200"} 1' in text and "dsi_ttft_seconds_count 3" in text
+            assert 'dsi_instance_transitions_total{role="decode",from="ready",to="serving"} 1' in text
         async with http.get(server.make_url("/openapi.json")) as resp:
             assert "/v1/messages" in (await resp.json())["paths"]
     await server.close()
