@@ -1,0 +1,44 @@
+"""Controller state is soft: a restarted controller process rebuilds its table from heartbeats."""
+
+import json
+import time
+
+from tests.dsi.cli.procs import Procs, dsi_status, instances, local_config, python_module, wait_until
+
+TIMEOUT_S = 5.0  # configs/local.toml heartbeat_timeout_s (the interval is 0.5 s in these configs)
+
+
+def start(procs: Procs, config, role_id: str):
+    proc = procs.start(role_id, python_module("dsi.cli.role", "--config", str(config), "--role", role_id))
+    assert proc.wait_ready() == f"READY {role_id}"
+    return proc
+
+
+def test_a_restarted_controller_lists_a_serving_decode_as_serving_within_one_timeout(tmp_path):
+    config = local_config(tmp_path, keep=["controller-0", "decode-0"])
+    status = ("--config", str(config))
+    with Procs(tmp_path) as procs:
+        first = start(procs, config, "controller-0")
+        decode = start(procs, config, "decode-0")
+        wait_until(lambda: instances(*status).get("decode-0", {}).get("state") == "serving")
+        pid = instances(*status)["decode-0"]["pid"]
+        first.kill_group()  # SIGKILL: no goodbye, its table is gone
+        time.sleep(1.0)  # the decode keeps beating into the void meanwhile
+        second = start(procs, config, "controller-0")
+        back = time.monotonic()
+        listed = wait_until(
+            lambda: (got := instances(*status)).get("decode-0", {}).get("state") == "serving" and got,
+            timeout=TIMEOUT_S,
+        )
+        assert time.monotonic() - back < TIMEOUT_S
+        assert listed["decode-0"]["pid"] == pid == decode.pid  # the same process, never restarted
+        moves = {(m["role"], m["from"], m["to"]): m["count"] for m in dsi_transitions(status)}
+        assert moves[("decode", "none", "serving")] == 1  # straight back to serving, not via ready
+        assert ("decode", "none", "ready") not in moves
+        assert "decode-0 (decode): none -> serving (re-registered as serving" in second.log()
+
+
+def dsi_transitions(status) -> list[dict]:
+    done = dsi_status("--json", *status)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["transitions"]
