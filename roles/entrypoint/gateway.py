@@ -34,7 +34,7 @@ from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from dsi.roles.entrypoint.errors import error_response
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
-from dsi.roles.entrypoint.sse import ClientGone, open_sse, send
+from dsi.roles.entrypoint.sse import ClientGone, SlowReader, SseStream, open_sse
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +55,20 @@ class Prepared:
 
 
 class Gateway:
-    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take."""
+    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take.
+    ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
+    and its engine request with it (see dsi.roles.entrypoint.sse)."""
 
     def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer,
-                 prefix: PrefixLookup | None = None, keep: int | None = None) -> None:
+                 prefix: PrefixLookup | None = None, keep: int | None = None,
+                 slow_reader_timeout_s: float = 30.0) -> None:
         self.pool = pool
         self.keys = keys
         self.metrics = metrics
         self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
         self.keep = keep
+        self.slow_reader_timeout_s = slow_reader_timeout_s
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
 
@@ -136,18 +140,20 @@ class Gateway:
             self.pool.pick()  # fail before the 200 goes out when nothing can serve
         except NoInstance as exc:
             return self._error(protocol, 503, str(exc))
-        resp = await open_sse(request)
+        sse = await open_sse(request, self.slow_reader_timeout_s)
         try:
-            await self._run(out, msg, resp)
-        except ClientGone:
-            self.metrics.error("client_gone")
-            return resp
+            await self._run(out, msg, sse)
+        except ClientGone as exc:
+            self.metrics.error("slow_reader" if isinstance(exc, SlowReader) else "client_gone")
+            return sse.resp
+        finally:
+            self.metrics.sse_buffer_peak_bytes = max(self.metrics.sse_buffer_peak_bytes, sse.peak_buffered)
         self.metrics.request_done(protocol, 200)
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await resp.write_eof()
-        return resp
+            await sse.resp.write_eof()
+        return sse.resp
 
-    async def _run(self, out: OutputStream, msg: Generate, resp: web.StreamResponse | None) -> None:
+    async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
         start = last = time.perf_counter()
         generated = cached = 0
@@ -164,7 +170,7 @@ class Gateway:
                     if not out.done and chunk.finish:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None:
-                        await send(resp, pieces)
+                        await resp.send(pieces)
                     if out.done:
                         break  # closing the stream aborts the request in the engine
         except DsiError as exc:
@@ -174,14 +180,14 @@ class Gateway:
             log.warning("request %s failed: %s", msg.request_id, exc)
             pieces = out.finish("error", message=f"generation failed: {exc.code}: {exc.message}")
             if resp is not None:
-                await send(resp, pieces)
+                await resp.send(pieces)
         finally:
             self.metrics.generated_tokens += generated
             self.metrics.engine_cached_tokens += cached
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None:
-                await send(resp, pieces)
+                await resp.send(pieces)
 
     def _error(self, protocol: str, status: int, message: str, **extra: str | None) -> web.Response:
         self.metrics.request_done(protocol, status)
