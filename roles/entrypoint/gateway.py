@@ -155,19 +155,26 @@ class Gateway:
 
     async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
+        metrics = self.metrics
+        observe_itl = metrics.itl.observe
         start = last = time.perf_counter()
-        generated = cached = 0
+        generated = 0
+        cached = -1  # none reported yet; every chunk of a run reports the same count
         try:
             async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
                 async for chunk in chunks:
                     now = time.perf_counter()
-                    (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
+                    if generated:
+                        observe_itl(now - last)
+                    else:
+                        metrics.ttft.observe(now - start)
                     last = now
                     generated += len(chunk.token_ids)
-                    cached = chunk.cached_tokens
-                    out.set_cached_tokens(cached)
+                    if chunk.cached_tokens != cached:
+                        cached = chunk.cached_tokens
+                        out.set_cached_tokens(cached)
                     pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
-                    if not out.done and chunk.finish:
+                    if chunk.finish and not out.done:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None:
                         await resp.send(pieces)
@@ -182,8 +189,8 @@ class Gateway:
             if resp is not None:
                 await resp.send(pieces)
         finally:
-            self.metrics.generated_tokens += generated
-            self.metrics.engine_cached_tokens += cached
+            metrics.generated_tokens += generated
+            metrics.engine_cached_tokens += max(cached, 0)
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None:
