@@ -73,6 +73,8 @@ class Gateway:
             metrics.sources.append(prefix.metric_lines)
 
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
+        # The streaming path is kept to few coroutine frames (handle -> _stream -> _run): every
+        # token's resumption passes through each of them.
         caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
         if caller is None:
             return self._error(protocol, 401, "missing or invalid API key")
@@ -82,12 +84,20 @@ class Gateway:
             return self._error(protocol, 429, str(exc))
         self.metrics.in_flight += 1
         try:
-            return await self._serve(request, protocol, caller)
+            ready = await self._prepared(request, protocol, caller)
+            if isinstance(ready, web.StreamResponse):
+                return ready
+            prep, msg = ready
+            if prep.stream:
+                return await self._stream(request, protocol, prep, msg)
+            return await self._complete(protocol, prep, msg)
         finally:
             self.metrics.in_flight -= 1
             self.keys.release(caller)
 
-    async def _serve(self, request: web.Request, protocol: str, caller: Caller) -> web.StreamResponse:
+    async def _prepared(self, request: web.Request, protocol: str, caller: Caller
+                        ) -> tuple[Prepared, Generate] | web.Response:
+        """The request and its engine message, or the error response that refuses it."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
@@ -104,9 +114,7 @@ class Gateway:
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
         msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
                        cached_tokens=cached, hit_policy=prep.hit_policy)
-        if prep.stream:
-            return await self._stream(request, protocol, prep, msg)
-        return await self._complete(protocol, prep, msg)
+        return prep, msg
 
     def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
         """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path), as
