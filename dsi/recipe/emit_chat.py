@@ -107,6 +107,9 @@ class ChatWriter:
         return []
 
     def step(self, events: Sequence[StepEvent]) -> list[str]:
+        if len(events) == 1 and type(e := events[0]) is ContentDelta and self._role_sent and not self._unsent:
+            self._content.append(e.text)  # the usual step: one text delta
+            return [f"{self._content_head}{to_json(e.text)}}}{self._tail}"]
         out: list[str] = []
         for e in events:
             if type(e) is ContentLogprobs:
