@@ -19,6 +19,7 @@ upstream queue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -37,16 +38,19 @@ class SlowReader(ClientGone):
 class SseStream:
     """One streamed response: ``send`` writes one engine step's events as one chunk.
 
+    ``write``: the prepared response's payload writer's ``write`` (the request's ``writer``),
+    called directly: the response's own ``write`` only adds checks that hold here.
     ``peak_buffered``: the most bytes the transport held unsent before a write (bytes).
     """
 
-    __slots__ = ("_high", "_transport", "peak_buffered", "resp", "stall_timeout_s")
+    __slots__ = ("_high", "_transport", "_write", "peak_buffered", "resp", "stall_timeout_s")
 
-    def __init__(self, resp: web.StreamResponse, transport: asyncio.Transport | None,
-                 stall_timeout_s: float) -> None:
+    def __init__(self, resp: web.StreamResponse, write: Callable[[bytes], Awaitable[None]],
+                 transport: asyncio.Transport | None, stall_timeout_s: float) -> None:
         self.resp = resp
         self.stall_timeout_s = stall_timeout_s
         self.peak_buffered = 0
+        self._write = write
         self._transport = transport  # None: the client left before the stream began
         self._high = transport.get_write_buffer_limits()[1] if transport is not None else 0
 
@@ -62,11 +66,11 @@ class SseStream:
         try:
             if buffered == 0 and len(data) <= self._high:
                 # The client keeps up: this write cannot pause the protocol, so it never waits.
-                await self.resp.write(data)
+                await self._write(data)
                 return
             self.peak_buffered = max(self.peak_buffered, buffered)
             async with asyncio.timeout(self.stall_timeout_s):
-                await self.resp.write(data)
+                await self._write(data)
         except TimeoutError:
             transport.abort()
             raise SlowReader(f"the client read nothing for {self.stall_timeout_s:g}s") from None
@@ -77,4 +81,4 @@ class SseStream:
 async def open_sse(request: web.Request, stall_timeout_s: float) -> SseStream:
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
-    return SseStream(resp, request.transport, stall_timeout_s)
+    return SseStream(resp, request.writer.write, request.transport, stall_timeout_s)
