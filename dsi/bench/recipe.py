@@ -74,7 +74,7 @@ def bench_encode(sizes_mb: tuple[int, ...] = (1, 4), repeats: int = 3) -> dict[s
 
 # ---- gateway: token source and the two servers (child processes) --------------------------------
 class TokenSource:
-    """Stands in for DecodePool (``generate``, ``pick``, ``ready``): every request gets ``ids``,
+    """Stands in for DecodePool (``generate``, ``pick``, ``ready``, ``metric_lines``): every request gets ``ids``,
     one id per chunk as one engine step would send it, ``interval_s`` apart (0: one turn of the
     event loop, as a chunk arriving on a socket gives)."""
 
@@ -85,6 +85,9 @@ class TokenSource:
     @property
     def ready(self) -> list[str]:
         return ["bench"]
+
+    def metric_lines(self) -> list[str]:
+        return []  # no instances, no transitions
 
     def pick(self, exclude: frozenset[str] = frozenset()) -> str:
         return "bench"

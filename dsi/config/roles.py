@@ -41,6 +41,9 @@ class EntrypointOptions:
     # Seconds a request whose decode died waits for another decode to be ready before it ends
     # with an error (the request is re-run there; see dsi.roles.entrypoint.recovery).
     reroute_wait_s: float = field(default=5.0, metadata=spec(checks=(at_least(0.0), at_most(600.0))))
+    # Seconds a streaming client may read nothing before its stream is aborted, and its engine
+    # request with it (see dsi.roles.entrypoint.sse).
+    slow_reader_timeout_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0), at_most(3600.0))))
 
 
 def _optional_bind(text: str) -> str:

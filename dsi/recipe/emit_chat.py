@@ -73,6 +73,10 @@ class ChatWriter:
         # Every chunk is this prefix + delta + suffix; only the delta is encoded per step.
         self._prefix = "data: " + to_json(head)[:-1] + ',"choices":[{"index":0,"delta":'
         self._usage_null = ',"usage":null' if options.include_usage else ""
+        # A text delta with no logprobs to carry (nearly every chunk): head + JSON string + tail.
+        self._tail = ',"logprobs":null,"finish_reason":null}]' + self._usage_null + "}\n\n"
+        self._content_head = self._prefix + '{"content":'
+        self._reasoning_head = self._prefix + '{"reasoning_content":'
         self._role_sent = False
         self._reasoning: list[str] = []
         self._content: list[str] = []
@@ -103,17 +107,26 @@ class ChatWriter:
         return []
 
     def step(self, events: Sequence[StepEvent]) -> list[str]:
+        if len(events) == 1 and type(e := events[0]) is ContentDelta and self._role_sent and not self._unsent:
+            self._content.append(e.text)  # the usual step: one text delta
+            return [f"{self._content_head}{to_json(e.text)}}}{self._tail}"]
         out: list[str] = []
         for e in events:
             if type(e) is ContentLogprobs:
                 self._logprobs += e.entries
                 self._unsent += e.entries
-            elif type(e) is ReasoningDelta:
-                self._reasoning.append(e.text)
-                out.append(self._chunk({"reasoning_content": e.text}))
             elif type(e) is ContentDelta:
                 self._content.append(e.text)
-                out.append(self._chunk({"content": e.text}, with_logprobs=True))
+                if self._role_sent and not self._unsent:
+                    out.append(f"{self._content_head}{to_json(e.text)}}}{self._tail}")
+                else:
+                    out.append(self._chunk({"content": e.text}, with_logprobs=True))
+            elif type(e) is ReasoningDelta:
+                self._reasoning.append(e.text)
+                if self._role_sent:
+                    out.append(f"{self._reasoning_head}{to_json(e.text)}}}{self._tail}")
+                else:
+                    out.append(self._chunk({"reasoning_content": e.text}))
             elif type(e) is ToolCallStart:
                 self._calls.append((e.id, e.name, []))
                 call = {"index": e.index, "id": e.id, "type": "function"}

@@ -105,6 +105,13 @@ class OutputStream:
     ) -> list[str]:
         """SSE pieces for the ids one engine step generated; ``logprobs`` / ``top_logprobs``:
         the engine's, per id (used with ``options.logprobs``)."""
+        if self._started and self._logprobs is None and self._finish is None:  # most steps
+            self.completion_tokens += len(token_ids)
+            events = self._parser.feed(token_ids)
+            if not events or type(events[-1]) is not Finish:
+                return self._writer.step(events)
+            finish = events.pop()
+            return self._writer.step(events) + self._end(finish, None, "")
         out = self._opening()
         self.completion_tokens += len(token_ids)
         if self._finish is not None:

@@ -211,7 +211,14 @@ class OutputParser:
             return []
         self._events = events = []
         if self._ctrl_set.isdisjoint(token_ids):
-            if self._state == _REASONING:
+            state = self._state
+            if state == _CONTENT and self._started and not (self._held or self._stop or self._parse_tools):
+                # Plain content with nothing held back (most steps): what _content would emit.
+                text = self._detok.feed(token_ids)
+                if text:
+                    events.append(ContentDelta(text))
+                return events
+            if state == _REASONING:
                 self.reasoning_tokens += len(token_ids)
             self._text(self._detok.feed(token_ids))
             return events

@@ -52,7 +52,8 @@ class EntrypointActor(RoleActor):
         recipe = Recipe({node.model.name: ModelVersion.V4})
         preparer = Preparer(recipe, shape.max_context, node.kvcache.hit_policy)
         keys = ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key)
-        self.gateway = Gateway(pool, keys, Metrics(), preparer, prefix, keep=shape.keep)
+        self.gateway = Gateway(pool, keys, Metrics(), preparer, prefix, keep=shape.keep,
+                               slow_reader_timeout_s=opts.slow_reader_timeout_s)
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes)
         self._runner = await start_http(app, self.http_host, self.http_port)
         await super().on_start()

@@ -12,10 +12,15 @@
 
 A client that disconnects cancels its handler (``handler_cancellation``), which closes the
 engine stream and aborts the request on its instance.
+
+Any other path or method is answered 404 / 405 in the shape of the path's protocol by a
+catch-all route rather than a middleware: a middleware adds two coroutine frames that every
+streamed token's resumption passes through.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 from aiohttp import web
@@ -28,9 +33,9 @@ _ROUTES = (("/v1/chat/completions", "chat"), ("/v1/responses", "responses"), ("/
 
 
 def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
+    app = web.Application(client_max_size=max_body_bytes)
     for path, protocol in _ROUTES:
-        app.router.add_post(path, _handler(gateway, protocol))
+        app.router.add_post(path, functools.partial(gateway.handle, protocol=protocol))
     created = int(time.time())
 
     async def list_models(_request: web.Request) -> web.Response:
@@ -51,6 +56,13 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Ap
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    known = {path for path, _ in _ROUTES} | {"/v1/models", "/health", "/metrics", "/openapi.json"}
+
+    async def unrouted(request: web.Request) -> web.Response:
+        status, reason = (405, "Method Not Allowed") if request.path in known else (404, "Not Found")
+        return error_response(protocol_of(request.path), status, reason)
+
+    app.router.add_route("*", "/{tail:.*}", unrouted)  # last: every other route is tried first
     return app
 
 
@@ -66,24 +78,6 @@ def health_status(decode_ready: int, prefill_ready: int) -> tuple[int, dict[str,
     if prefill_ready:
         reason += f" ({prefill_ready} prefill serving, but a request needs a decode instance to stream from)"
     return 503, {**body, "status": "unavailable", "reason": reason}
-
-
-def _handler(gateway: Gateway, protocol: str):
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await gateway.handle(request, protocol)
-
-    return handle
-
-
-@web.middleware
-async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    """aiohttp's own HTTP errors (404, 405, 413...) in the shape of the route's protocol."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(protocol_of(request.path), exc.status, exc.reason or "error")
 
 
 async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:

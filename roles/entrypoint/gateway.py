@@ -34,7 +34,7 @@ from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from dsi.roles.entrypoint.errors import error_response
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
-from dsi.roles.entrypoint.sse import ClientGone, open_sse, send
+from dsi.roles.entrypoint.sse import ClientGone, SlowReader, SseStream, open_sse
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,13 @@ class Prepared:
 
 
 class Gateway:
-    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take."""
+    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take.
+    ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
+    and its engine request with it (see dsi.roles.entrypoint.sse)."""
 
     def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer,
-                 prefix: PrefixLookup | None = None, keep: int | None = None) -> None:
+                 prefix: PrefixLookup | None = None, keep: int | None = None,
+                 slow_reader_timeout_s: float = 30.0) -> None:
         self.pool = pool
         self.keys = keys
         self.metrics = metrics
@@ -66,10 +69,13 @@ class Gateway:
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
         self.keep = keep
         metrics.sources.append(pool.metric_lines)
+        self.slow_reader_timeout_s = slow_reader_timeout_s
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
 
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
+        # The streaming path is kept to few coroutine frames (handle -> _stream -> _run): every
+        # token's resumption passes through each of them.
         caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
         if caller is None:
             return self._error(protocol, 401, "missing or invalid API key")
@@ -79,12 +85,20 @@ class Gateway:
             return self._error(protocol, 429, str(exc))
         self.metrics.in_flight += 1
         try:
-            return await self._serve(request, protocol, caller)
+            ready = await self._prepared(request, protocol, caller)
+            if isinstance(ready, web.StreamResponse):
+                return ready
+            prep, msg = ready
+            if prep.stream:
+                return await self._stream(request, protocol, prep, msg)
+            return await self._complete(protocol, prep, msg)
         finally:
             self.metrics.in_flight -= 1
             self.keys.release(caller)
 
-    async def _serve(self, request: web.Request, protocol: str, caller: Caller) -> web.StreamResponse:
+    async def _prepared(self, request: web.Request, protocol: str, caller: Caller
+                        ) -> tuple[Prepared, Generate] | web.Response:
+        """The request and its engine message, or the error response that refuses it."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
@@ -101,9 +115,7 @@ class Gateway:
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
         msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
                        cached_tokens=cached, hit_policy=prep.hit_policy)
-        if prep.stream:
-            return await self._stream(request, protocol, prep, msg)
-        return await self._complete(protocol, prep, msg)
+        return prep, msg
 
     def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
         """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path), as
@@ -137,35 +149,44 @@ class Gateway:
             self.pool.pick()  # fail before the 200 goes out when nothing can serve
         except NoInstance as exc:
             return self._error(protocol, 503, str(exc))
-        resp = await open_sse(request)
+        sse = await open_sse(request, self.slow_reader_timeout_s)
         try:
-            await self._run(out, msg, resp)
-        except ClientGone:
-            self.metrics.error("client_gone")
-            return resp
+            await self._run(out, msg, sse)
+        except ClientGone as exc:
+            self.metrics.error("slow_reader" if isinstance(exc, SlowReader) else "client_gone")
+            return sse.resp
+        finally:
+            self.metrics.sse_buffer_peak_bytes = max(self.metrics.sse_buffer_peak_bytes, sse.peak_buffered)
         self.metrics.request_done(protocol, 200)
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await resp.write_eof()
-        return resp
+            await sse.resp.write_eof()
+        return sse.resp
 
-    async def _run(self, out: OutputStream, msg: Generate, resp: web.StreamResponse | None) -> None:
+    async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
+        metrics = self.metrics
+        observe_itl = metrics.itl.observe
         start = last = time.perf_counter()
-        generated = cached = 0
+        generated = 0
+        cached = -1  # none reported yet; every chunk of a run reports the same count
         try:
             async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
                 async for chunk in chunks:
                     now = time.perf_counter()
-                    (self.metrics.itl if generated else self.metrics.ttft).observe(now - (last if generated else start))
+                    if generated:
+                        observe_itl(now - last)
+                    else:
+                        metrics.ttft.observe(now - start)
                     last = now
                     generated += len(chunk.token_ids)
-                    cached = chunk.cached_tokens
-                    out.set_cached_tokens(cached)
+                    if chunk.cached_tokens != cached:
+                        cached = chunk.cached_tokens
+                        out.set_cached_tokens(cached)
                     pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
-                    if not out.done and chunk.finish:
+                    if chunk.finish and not out.done:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None:
-                        await send(resp, pieces)
+                        await resp.send(pieces)
                     if out.done:
                         break  # closing the stream aborts the request in the engine
         except DsiError as exc:
@@ -175,14 +196,14 @@ class Gateway:
             log.warning("request %s failed: %s", msg.request_id, exc)
             pieces = out.finish("error", message=f"generation failed: {exc.code}: {exc.message}")
             if resp is not None:
-                await send(resp, pieces)
+                await resp.send(pieces)
         finally:
-            self.metrics.generated_tokens += generated
-            self.metrics.engine_cached_tokens += cached
+            metrics.generated_tokens += generated
+            metrics.engine_cached_tokens += max(cached, 0)
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None:
-                await send(resp, pieces)
+                await resp.send(pieces)
 
     def _error(self, protocol: str, status: int, message: str, **extra: str | None) -> web.Response:
         self.metrics.request_done(protocol, status)

@@ -6,6 +6,8 @@
     dsi_ttft_seconds (histogram)               time to first token
     dsi_itl_seconds (histogram)                inter-token latency (per engine step's chunk)
     dsi_requests_in_flight (gauge)
+    dsi_sse_buffer_peak_bytes (gauge)          the most bytes one stream's transport held unsent
+                                               (its client behind); bounded, see entrypoint.sse
     dsi_prefix_lookup_tokens_total / dsi_prefix_hit_tokens_total   prompt tokens looked up in the
                                                CHECK replica, and those it holds (hit ratio)
     dsi_engine_cached_tokens_total             prompt tokens the engines reused from the store
@@ -56,6 +58,7 @@ class Metrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     in_flight: int = 0
+    sse_buffer_peak_bytes: int = 0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     prefix_lookup_tokens: int = 0
@@ -77,6 +80,7 @@ class Metrics:
         lines += ["# TYPE dsi_prompt_tokens_total counter", f"dsi_prompt_tokens_total {self.prompt_tokens}",
                   "# TYPE dsi_generated_tokens_total counter", f"dsi_generated_tokens_total {self.generated_tokens}",
                   "# TYPE dsi_requests_in_flight gauge", f"dsi_requests_in_flight {self.in_flight}",
+                  "# TYPE dsi_sse_buffer_peak_bytes gauge", f"dsi_sse_buffer_peak_bytes {self.sse_buffer_peak_bytes}",
                   "# TYPE dsi_ttft_seconds histogram", *self.ttft.lines("dsi_ttft_seconds"),
                   "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds"),
                   "# TYPE dsi_prefix_lookup_tokens_total counter",

@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import socket
+import time
 
 import pytest
 from aiohttp import ClientSession
@@ -273,3 +275,31 @@ def _sse(text: str) -> list[tuple[str | None, dict]]:
         if lines.get("data") != "[DONE]":
             events.append((lines.get("event"), json.loads(lines["data"])))
     return events
+
+
+async def test_a_client_that_stops_reading_holds_a_bounded_buffer_and_is_cut_off(recipe):
+    # A raw socket with a small receive window asks for a long stream and never reads: the
+    # gateway's writes back up, the transport's buffer stays bounded, and after the stall
+    # timeout the stream is aborted and the engine stream closed (CANCEL upstream).
+    max_tokens = 300_000
+    pool = FakePool(tokens=range(100, 100 + max_tokens))
+    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 1 << 20), slow_reader_timeout_s=0.5)
+    server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    body = json.dumps({**GOOD["chat"], "max_tokens": max_tokens, "stream": True}).encode()
+    head = (f"POST {PATHS['chat']} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    loop = asyncio.get_running_loop()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (server.host, server.port))
+        await loop.sock_sendall(sock, head + body)
+        t0 = time.monotonic()
+        while (pool.cancelled == 0 or gateway.metrics.in_flight) and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.05)
+    assert pool.cancelled == 1 and gateway.metrics.in_flight == 0
+    assert gateway.metrics.errors["slow_reader"] == 1
+    assert 0 < gateway.metrics.sse_buffer_peak_bytes <= 256 * 1024, gateway.metrics.sse_buffer_peak_bytes
+    assert gateway.metrics.generated_tokens < max_tokens // 4  # the engine stream stopped early
+    await server.close()
