@@ -83,7 +83,7 @@ async def test_roles_register_serve_and_say_goodbye(controller_peer):
         await workers.start()
         try:
             await peer.connect()
-            await wait_for(peer, {"controller-0": "ready", "entrypoint-0": "ready", "prefill-0": "ready"})
+            await wait_for(peer, {"controller-0": "serving", "entrypoint-0": "serving", "prefill-0": "serving"})
             table = await peer.ask(ListInstances("entrypoint"))
             [gateway] = table.instances
             async with aiohttp.ClientSession() as http, http.get(f"http://{gateway.http}/health") as resp:
@@ -92,7 +92,7 @@ async def test_roles_register_serve_and_say_goodbye(controller_peer):
             assert workers.heartbeats["prefill-0"].sent >= 1
         finally:
             await workers.stop()
-        await wait_for(peer, {"controller-0": "ready", "entrypoint-0": "stopped", "prefill-0": "stopped"})
+        await wait_for(peer, {"controller-0": "serving", "entrypoint-0": "stopped", "prefill-0": "stopped"})
     finally:
         await control.stop()
 
@@ -105,11 +105,11 @@ async def test_heartbeats_reach_a_restarted_controller(controller_peer):
     try:
         await control.start()
         await peer.connect()
-        await wait_for(peer, {"controller-0": "ready", "prefill-0": "ready"})
+        await wait_for(peer, {"controller-0": "serving", "prefill-0": "serving"})
         await control.stop()
         control = RoleHost(cfg, ["controller-0"])
         await control.start()  # a fresh registry on the same address
-        await wait_for(peer, {"controller-0": "ready", "prefill-0": "ready"})
+        await wait_for(peer, {"controller-0": "serving", "prefill-0": "serving"})
     finally:
         await workers.stop()
         await control.stop()
