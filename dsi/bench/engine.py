@@ -82,8 +82,10 @@ def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64
     default, other = ("async", "sync") if default_async else ("sync", "async")
     out["default_at_least_as_fast"] = all(out[f"decode_tok_s_b{b}_{default}"] >= out[f"decode_tok_s_b{b}_{other}"]
                                           for b in batches)
-    on = [_decode_run(weights, big, steps, default_async, True)[0] for _ in range(repeats)]
-    off = [_decode_run(weights, big, steps, default_async, False)[0] for _ in range(repeats)]
+    on, off = [], []
+    for _ in range(repeats):  # interleaved, like the scheduling runs
+        on.append(_decode_run(weights, big, steps, default_async, True)[0])
+        off.append(_decode_run(weights, big, steps, default_async, False)[0])
     out[f"decode_tok_s_b{big}_invariant"] = round(statistics.median(on), 1)
     out[f"decode_tok_s_b{big}_variant"] = round(statistics.median(off), 1)
     out["batch_invariant_cost"] = round(statistics.median(off) / statistics.median(on), 3)
