@@ -20,18 +20,12 @@ from dsi.model.weights import load_model
 from dsi.recipe import ModelVersion, Recipe
 from dsi.recipe.emit_stream import OutputStream
 from dsi.roles.entrypoint.prepare import Preparer
-from tests.dsi.cli.procs import SHARED_MODEL_DIR, Procs
+from tests.dsi.cli.procs import SHARED_MODEL_DIR
 from tests.roles.cluster import Cluster, cluster_config, reference_outputs
 from tests.roles.test_disaggregation_http import WORDS, deltas
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 def chat_bodies(n: int, seed: int) -> list[dict]:

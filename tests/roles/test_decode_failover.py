@@ -17,7 +17,7 @@ from dsi.engine.hit_policy import HitPolicy
 from dsi.engine.params import SamplingParams
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import HitUnavailable
-from tests.dsi.cli.procs import Procs, free_port
+from tests.dsi.cli.procs import free_port
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 from tests.roles.test_disaggregation import assert_no_leaks
 from tests.roles.test_prefix_cache_cluster import in_process, wait_blocks
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.slow
 BS = 128
 GREEDY = SamplingParams(max_tokens=160, temperature=0.0)
 UNPINNED = 40  # tokens of the control request that shows the pin mattered (greedy: a prefix of the run)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 def add_decode(config: Path, role_id: str) -> None:

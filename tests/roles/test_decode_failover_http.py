@@ -36,12 +36,6 @@ MAX_TOKENS = 200
 TEXT = "the harbor ledger keeps a quantum river of spice and tensor gardens " * 12
 
 
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
-
-
 def other_weights(directory: Path) -> Path:
     """The tiny model's shape and config.json with other weights (another init seed)."""
     cfg, _ = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))

@@ -10,18 +10,11 @@ import pytest
 
 from dsi.engine.params import SamplingParams
 from dsi.messages.gateway import Generate
-from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
 pytestmark = pytest.mark.slow
 
 ENGINES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 def prompts(n: int, seed: int, lo: int = 1, hi: int = 700) -> list[list[int]]:

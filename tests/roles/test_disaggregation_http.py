@@ -16,18 +16,11 @@ from dsi.model.config import get_config
 from dsi.recipe import ModelVersion, Recipe
 from dsi.recipe.emit_stream import OutputStream
 from dsi.roles.entrypoint.prepare import Preparer
-from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
 pytestmark = pytest.mark.slow
 
 WORDS = ("alpha", "ledger", "quantum", "river", "garden", "compile", "orbit", "spice", "tensor", "harbor", "日本", "数据")
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 def bodies(n: int, seed: int) -> list[dict]:

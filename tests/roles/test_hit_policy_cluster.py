@@ -9,19 +9,12 @@ import random
 
 import pytest
 
-from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config
 from tests.roles.test_prefix_cache_cluster import wait_blocks
 
 pytestmark = pytest.mark.slow
 ROLES = ("controller-0", "kvstore-0", "prefill-0", "prefill-1", "decode-0", "decode-1")
 TOKENS = 12
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 async def _all(client: Client, tag: str, prompts: list[list[int]], policy: str | None = None) -> list[list[int]]:

@@ -17,19 +17,13 @@ from dsi.messages.kvstore import GetStats, StoreStats
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.transport.client import Peer
-from tests.dsi.cli.procs import SHARED_MODEL_DIR, Procs
+from tests.dsi.cli.procs import SHARED_MODEL_DIR
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
 pytestmark = pytest.mark.slow
 
 ROLES = ("controller-0", "kvstore-0", "prefill-0", "decode-0")
 BS = 128
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
 
 
 def in_process(first: list[int], first_max: int, second: list[int], second_max: int, hit: int

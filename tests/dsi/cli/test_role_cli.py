@@ -10,12 +10,6 @@ import pytest
 from tests.dsi.cli.procs import REPO_ROOT, Procs, instances, local_config, python_module, wait_until
 
 
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
-
-
 def role(procs: Procs, config, role_id: str, *extra: str):
     proc = procs.start(
         role_id, python_module("dsi.cli.role", "--config", str(config), "--role", role_id, *extra)

@@ -23,12 +23,6 @@ from tests.dsi.cli.procs import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
-
-
 def serve(procs: Procs, config, *extra: str):
     proc = procs.start("serve", python_module("dsi.cli.main", "serve", "--config", str(config), *extra))
     return proc, proc.read_line()

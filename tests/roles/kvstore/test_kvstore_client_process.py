@@ -17,12 +17,6 @@ pytestmark = pytest.mark.slow
 SIZE = 4096
 
 
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
-
-
 def start_role(procs: Procs, config, role: str):
     proc = procs.start(role, python_module("dsi.cli.role", "--config", str(config), "--role", role))
     assert proc.wait_ready() == f"READY {role}"

@@ -19,12 +19,6 @@ from tests.roles.kvstore.conftest import block_bytes, chain, put_msg
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def procs(tmp_path):
-    with Procs(tmp_path) as group:
-        yield group
-
-
 def start_kvstore(procs: Procs, config):
     proc = procs.start("kvstore-0", python_module("dsi.cli.role", "--config", str(config), "--role", "kvstore-0"))
     assert proc.wait_ready() == "READY kvstore-0"
