@@ -3,6 +3,7 @@
 from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig, load_config, parse_config
 from dsi.config.overrides import with_http_port, with_role_subset
+from dsi.config.provisioner import KubernetesOptions, ProvisionerConfig
 from dsi.config.roles import (
     BalancerOptions,
     ControllerOptions,
@@ -32,11 +33,13 @@ __all__ = [
     "EncoderOptions",
     "EngineOptions",
     "EntrypointOptions",
+    "KubernetesOptions",
     "KvcacheConfig",
     "KvstoreOptions",
     "LoggingConfig",
     "ModelConfig",
     "NodeConfig",
+    "ProvisionerConfig",
     "RoleConfig",
     "RoleKind",
     "RoleOptions",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dsi.config.errors import ConfigError, Where
+from dsi.config.provisioner import ProvisionerConfig
 from dsi.config.reader import read_table
 from dsi.config.roles import RoleConfig, RoleKind, read_roles
 from dsi.config.sections import (
@@ -36,6 +37,7 @@ class NodeConfig:
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     kvcache: KvcacheConfig = field(default_factory=KvcacheConfig)
     engine: EngineSection = field(default_factory=EngineSection)
+    provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
     roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
 
     def role(self, role_id: str) -> RoleConfig:
