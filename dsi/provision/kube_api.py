@@ -151,7 +151,10 @@ class KubeApi:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeUnavailable(0, f"{method} {path}: no answer from {self.auth.base_url}: {exc!r}") from None
         if status < 300:
-            return json.loads(text) if text else None
+            try:
+                return json.loads(text) if text else None
+            except ValueError:
+                raise KubeError(status, f"{method} {path}: {status} with a body that is not JSON: {text[:200]!r}") from None
         message = f"{method} {path}: {status} {_reason(text)}"
         if status >= 500:
             raise KubeUnavailable(status, message)

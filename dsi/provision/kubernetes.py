@@ -94,7 +94,9 @@ class KubernetesProvisioner:
         self._refresher: asyncio.Task | None = None
 
     @classmethod
-    def from_options(cls, opts: KubernetesOptions, **kwargs: object) -> KubernetesProvisioner:
+    def from_options(
+        cls, opts: KubernetesOptions, on_change: Callable[[ProvisionedInstance], None] | None = None
+    ) -> KubernetesProvisioner:
         """A provisioner as [provisioner.kubernetes] describes it (the service account by default)."""
         auth = KubeAuth.in_cluster(opts.api_url, opts.token_file, opts.ca_file)
         return cls(
@@ -104,7 +106,7 @@ class KubernetesProvisioner:
             ready_timeout_s=opts.ready_timeout_s,
             stop_timeout_s=opts.stop_timeout_s,
             poll_interval_s=opts.poll_interval_s,
-            **kwargs,  # type: ignore[arg-type]
+            on_change=on_change,
         )
 
     async def start(self, role_id: str) -> ProvisionedInstance:
@@ -148,16 +150,25 @@ class KubernetesProvisioner:
         return [slot.snapshot() for slot in self._slots.values()]
 
     async def close(self) -> None:
-        """Stop every instance in reverse start order (highest ordinals first), then the client."""
+        """Stop every instance in reverse start order (highest ordinals first), then the client.
+        An instance that cannot be stopped is logged and the rest are still stopped; the first
+        such error is raised at the end."""
+        errors: list[Exception] = []
         try:
             for role_id in reversed(list(self._slots)):
-                await self.stop(role_id)
+                try:
+                    await self.stop(role_id)
+                except (KubeError, OrdinalOrder, StopTimedOut) as exc:
+                    log.error("%s: cannot stop it: %s", role_id, exc)
+                    errors.append(exc)
         finally:
             if self._refresher is not None:
                 self._refresher.cancel()
                 await asyncio.gather(self._refresher, return_exceptions=True)
                 self._refresher = None
             await self.api.close()
+        if errors:
+            raise errors[0]
 
     async def refresh(self) -> None:
         """Read every dsi pod of the namespace once and update the instances no call is changing."""

@@ -79,11 +79,11 @@ class FakeKube:
             status = pending.pop(0)
             return _status(status, f"injected {status}")
         parts = request.path.strip("/").split("/")
-        if parts[:4] == ["apis", "apps", "v1", "namespaces"] and parts[5:6] == ["statefulsets"]:
+        if parts[:5] == ["apis", "apps", "v1", "namespaces", NS] and parts[5:6] == ["statefulsets"]:
             return self._scale(request.method, parts[6], body)
         if parts[:4] == ["api", "v1", "namespaces", NS] and parts[4:5] == ["pods"]:
             return self._pod(parts[5]) if len(parts) == 6 else self._pod_list()
-        return _status(404, f"no route {request.path}")
+        return _status(404, f"not played here: {request.method} {request.path}")
 
     def _scale(self, method: str, name: str, body: Any) -> web.Response:
         if name not in self.replicas:

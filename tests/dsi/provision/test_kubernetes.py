@@ -28,6 +28,7 @@ DECODE = "/apis/apps/v1/namespaces/dsi/statefulsets/dsi-decode/scale"
 PREFILL = "/apis/apps/v1/namespaces/dsi/statefulsets/dsi-prefill/scale"
 PODS = "/api/v1/namespaces/dsi/pods"
 LIST = f"{PODS}?labelSelector=app.kubernetes.io/name%3Ddsi"
+pytestmark = pytest.mark.timeout(30)
 FAST = RetryPolicy(attempts=3, initial_s=0.01, timeout_s=2.0)
 
 
