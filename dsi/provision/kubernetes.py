@@ -91,6 +91,7 @@ class KubernetesProvisioner:
         self._clock = clock
         self._slots: dict[str, _Slot] = {}  # in start order
         self._locks: dict[str, asyncio.Lock] = {}  # one per StatefulSet: scale changes in turn
+        self._scaling: set[str] = set()  # role ids whose start is changing a scale now
         self._refresher: asyncio.Task | None = None
 
     @classmethod
@@ -112,11 +113,15 @@ class KubernetesProvisioner:
     async def start(self, role_id: str) -> ProvisionedInstance:
         replica = replica_of(role_id, self.prefix)
         old = self._slots.get(role_id)
-        if old is not None and old.state not in ("stopped", "failed"):
-            raise ValueError(f"{role_id} is already provisioned ({old.state})")
+        if role_id in self._scaling or (old is not None and old.state not in ("stopped", "failed")):
+            raise ValueError(f"{role_id} is already provisioned ({old.state if old else 'starting'})")
         slot = _Slot(replica, busy=True)
-        async with self._lock(replica.statefulset):
-            await self._scale(replica, up=True)  # raises before anything changed
+        self._scaling.add(role_id)
+        try:
+            async with self._lock(replica.statefulset):
+                await self._scale(replica, up=True)  # raises before anything changed
+        finally:
+            self._scaling.discard(role_id)
         self._slots.pop(role_id, None)
         self._slots[role_id] = slot
         self._move(slot, "starting", f"{replica.statefulset} includes ordinal {replica.ordinal}")

@@ -221,3 +221,16 @@ async def test_the_service_account_token_is_read_before_every_call(tmp_path, mon
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(KubeError, match="KUBERNETES_SERVICE_HOST/PORT are unset"):
         KubeAuth.in_cluster()
+
+
+async def test_a_second_start_of_the_same_instance_is_refused():
+    fake = FakeKube(replicas={"dsi-decode": 0}, ready_after=3)
+    async with kube(fake) as prov:
+        first = asyncio.ensure_future(prov.start("decode-0"))
+        await asyncio.sleep(0)  # the first start has claimed decode-0
+        with pytest.raises(ValueError, match="decode-0 is already provisioned"):
+            await prov.start("decode-0")
+        assert (await first).state == "ready"
+        with pytest.raises(ValueError, match=r"decode-0 is already provisioned \(ready\)"):
+            await prov.start("decode-0")
+        assert [c for c in fake.seen() if c[0] == "PUT"] == [("PUT", DECODE)]
