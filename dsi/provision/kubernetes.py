@@ -114,7 +114,8 @@ class KubernetesProvisioner:
         replica = replica_of(role_id, self.prefix)
         old = self._slots.get(role_id)
         if role_id in self._scaling or (old is not None and old.state not in ("stopped", "failed")):
-            raise ValueError(f"{role_id} is already provisioned ({old.state if old else 'starting'})")
+            state = "starting" if role_id in self._scaling else old.state if old else "?"
+            raise ValueError(f"{role_id} is already provisioned ({state})")
         slot = _Slot(replica, busy=True)
         self._scaling.add(role_id)
         try:
@@ -227,7 +228,7 @@ class KubernetesProvisioner:
 
     async def _wait_ready(self, slot: _Slot) -> None:
         pod, deadline = slot.replica.pod, self._clock() + self._ready_timeout_s
-        while True:
+        while slot.state == "starting":  # else stop() has taken over
             with contextlib.suppress(KubeNotFound):  # not created yet
                 view = pod_view(await self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{pod}"))
                 if view.hopeless is not None:

@@ -234,3 +234,14 @@ async def test_a_second_start_of_the_same_instance_is_refused():
         with pytest.raises(ValueError, match=r"decode-0 is already provisioned \(ready\)"):
             await prov.start("decode-0")
         assert [c for c in fake.seen() if c[0] == "PUT"] == [("PUT", DECODE)]
+
+
+async def test_a_stop_during_the_wait_for_ready_ends_the_start():
+    fake = FakeKube(replicas={"dsi-decode": 0}, ready_after=10**6, gone_after=0)
+    async with kube(fake) as prov:
+        starting = asyncio.ensure_future(prov.start("decode-0"))
+        while ("PUT", DECODE) not in fake.seen():
+            await asyncio.sleep(0.01)
+        await prov.stop("decode-0")
+        inst = await asyncio.wait_for(starting, 1.0)  # not the 2 s ready timeout
+        assert (inst.state, fake.replicas) == ("stopped", {"dsi-decode": 0})
