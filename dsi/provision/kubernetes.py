@@ -16,6 +16,9 @@ StatefulSet keeps the replica until `stop`.
 
 `list()` is a cached view (no I/O): the calls above update it, and a refresher task reads the
 pods every `poll_interval_s` while an instance is up. `pid` is always None (pods, not processes).
+A stop during a start's wait for readiness ends that wait. `close()` keeps the Provisioner
+contract: it scales away every instance this provisioner started, so a process that closes it on
+its way out takes those pods with it.
 """
 
 from __future__ import annotations
