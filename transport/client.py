@@ -101,6 +101,11 @@ class Peer:
         self._fail_all(err)
 
     @property
+    def connected(self) -> bool:
+        """True while a connection is up and its handshake done (calls are answered)."""
+        return self._connected.is_set()
+
+    @property
     def pending(self) -> int:
         return len(self._calls) + len(self._streams)
 
