@@ -44,6 +44,9 @@ class EntrypointOptions:
     # Seconds a streaming client may read nothing before its stream is aborted, and its engine
     # request with it (see dsi.roles.entrypoint.sse).
     slow_reader_timeout_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0), at_most(3600.0))))
+    # Seconds a request waits for a balancer's route before the gateway picks the least loaded
+    # instance itself (see dsi.roles.entrypoint.router).
+    balancer_timeout_s: float = field(default=0.02, metadata=spec(checks=(greater(0.0), at_most(10.0))))
 
 
 def _optional_bind(text: str) -> str:
