@@ -32,7 +32,7 @@ async def balancer():
 
 
 async def test_short_and_long_prompts_get_engines_of_their_own_buckets(balancer):
-    actor, ref, clock = balancer
+    _actor, ref, clock = balancer
     first = await ref.ask(RouteQuery("prefill", uncached_tokens=100))
     assert first == Route("prefill-0", "tcp://127.0.0.1:7000", bucket=0)
     long = await ref.ask(RouteQuery("prefill", uncached_tokens=3_000))
@@ -65,7 +65,7 @@ async def test_exclude_is_honoured_without_reshuffling_the_buckets(balancer):
 
 
 async def test_routes_follow_the_pushed_load_and_pending_requests(balancer):
-    actor, ref, clock = balancer
+    _actor, ref, _clock = balancer
     ref.tell(decode("decode-0", running=10, kv=40_000))
     assert (await ref.ask(RouteQuery("decode", kv_tokens=1_000))).instance_id == "decode-1"
     # decode-1 reports 39,500 KV tokens before it accepted the request routed to it (accepted=0):
@@ -88,7 +88,7 @@ async def test_drained_dead_and_silent_instances_get_nothing(balancer):
 
 
 async def test_bad_queries_are_typed_errors_and_the_balancer_keeps_routing(balancer):
-    actor, ref, clock = balancer
+    _actor, ref, _clock = balancer
     with pytest.raises(InvalidRequest, match="not 'encoder'"):
         await ref.ask(RouteQuery("encoder"))
     with pytest.raises(InvalidRequest, match=">= 0"):
