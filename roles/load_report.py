@@ -16,9 +16,8 @@ from collections.abc import Callable, Sequence
 
 import zmq.asyncio
 
-from dsi.errors import DsiError
 from dsi.messages.balancer import LoadReport
-from dsi.transport.client import Peer
+from dsi.transport.client import Peer, connect_until_up
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -78,9 +77,4 @@ class LoadReporter:
             await asyncio.sleep(self.min_gap_s)
 
     async def _connect(self, peer: Peer) -> None:
-        """The handshake; a balancer that is not up yet is connected to when it comes (the Peer
-        repeats the handshake on every new connection)."""
-        try:
-            await peer.connect()
-        except DsiError as exc:
-            log.info("%s: balancer %s not reachable yet (%s)", self.name, peer.address, exc)
+        await connect_until_up(peer, "balancer")

@@ -41,7 +41,7 @@ from dsi.errors import AskTimeout, DsiError, PeerLost
 from dsi.messages import ALL
 from dsi.messages.balancer import BalancerState, BalancerStatus, Route, RouteQuery
 from dsi.roles.entrypoint.metrics import Histogram
-from dsi.transport.client import Peer
+from dsi.transport.client import Peer, connect_until_up
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -138,10 +138,7 @@ class BalancerRouter:
         return "error"
 
     async def _connect(self, peer: Peer) -> None:
-        try:
-            await peer.connect()
-        except DsiError as exc:  # the peer repeats the handshake when the balancer comes up
-            log.info("balancer %s not reachable yet: %s", peer.address, exc)
+        await connect_until_up(peer, "balancer")
 
     async def _follow_status(self) -> None:
         while True:
