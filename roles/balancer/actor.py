@@ -77,6 +77,11 @@ class BalancerActor(RoleActor):
     def load_report(self, msg: LoadReport) -> None:
         if msg.role not in ROLES:
             raise InvalidRequest(f"a load report comes from a prefill or decode, not {msg.role!r}")
+        counts = ("queued_tokens", "running", "waiting", "kv_tokens", "max_requests", "kv_capacity_tokens", "accepted")
+        negative = [name for name in counts if getattr(msg, name) < 0]
+        if negative or not msg.instance_id:
+            raise InvalidRequest(f"load report of {msg.instance_id!r}: needs an id and counts >= 0 "
+                                 f"(negative: {', '.join(negative) or 'none'})")
         self.reports += 1
         self.table.report(msg, self._clock())
 

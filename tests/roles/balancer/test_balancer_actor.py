@@ -95,4 +95,16 @@ async def test_bad_queries_are_typed_errors_and_the_balancer_keeps_routing(balan
         await ref.ask(RouteQuery("decode", kv_tokens=-1))
     with pytest.raises(InvalidRequest, match="prefill or decode"):
         await ref.ask(LoadReport("kvstore-0", "kvstore", 1.0))
+    with pytest.raises(InvalidRequest, match="negative: kv_tokens"):
+        await ref.ask(decode("decode-0", kv=-5))  # kept out: it would break every later route
     assert (await ref.ask(RouteQuery("decode", kv_tokens=10))).instance_id in ("decode-0", "decode-1")
+
+
+async def test_status_shows_the_load_spread_per_role(balancer):
+    _actor, ref, _clock = balancer
+    ref.tell(prefill("prefill-1", queued=3_000))  # queued 0 and 3,000: max / mean = 2
+    ref.tell(decode("decode-0", running=32, kv=10_000))  # scores 0.5 and 0: max / mean = 2
+    state = await ref.ask(BalancerStatus())
+    assert state.spread == {"prefill": 2.0, "decode": 2.0}
+    assert [(v.instance_id, v.state, v.queued_tokens) for v in state.instances][2:] == [
+        ("prefill-0", "serving", 0), ("prefill-1", "serving", 3_000)]
