@@ -26,7 +26,7 @@ from dsi.actor import handles
 from dsi.config import BalancerOptions
 from dsi.errors import DsiError, InvalidRequest
 from dsi.messages.balancer import BalancerState, BalancerStatus, LoadReport, Route, RouteQuery
-from dsi.messages.control import InstanceTable, ListInstances, Load
+from dsi.messages.control import InstanceTable, ListInstances
 from dsi.model.config import ModelConfig
 from dsi.roles.balancer.loads import LoadTable
 from dsi.roles.balancer.policies import Policies, spread
@@ -66,9 +66,6 @@ class BalancerActor(RoleActor):
         await super().on_stop()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
-
-    def load(self) -> Load:
-        return Load(running=sum(self.routed.values()), inbox=self.inbox_depth)
 
     def listed(self, table: InstanceTable) -> None:
         self.table.listed(table.instances)
