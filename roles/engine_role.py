@@ -16,22 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import msgspec
 import zmq.asyncio
 
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.config.sections import EngineSection
-from dsi.engine import EngineConfig, EngineService, EngineShape
+from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 from dsi.errors import DsiError
 from dsi.messages import ALL
+from dsi.messages.balancer import LoadReport
 from dsi.messages.control import Load
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.roles.curve import server_keys
 from dsi.roles.kvstore.client import KvstoreClient
+from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
 from dsi.roles.state_cache import StateCache
 from dsi.transport.client import Peer
@@ -70,6 +74,8 @@ class EngineRoleSettings:
     state_cache_bytes: int = 256 << 20
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY  # [kvcache]: for requests that do not name one
     compute: EngineSection = field(default_factory=EngineSection)  # [engine]: batch invariance, scheduling
+    balancers: tuple[str, ...] = ()  # where load reports go (see dsi.roles.load_report)
+    report_interval_s: float = 1.0  # seconds between load reports when nothing changes
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
@@ -79,12 +85,33 @@ class EngineRoleSettings:
             host = "127.0.0.1"
         return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
                    server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
-                   role.bind, hit_policy=node.kvcache.hit_policy, compute=node.engine)
+                   role.bind, hit_policy=node.kvcache.hit_policy, compute=node.engine,
+                   balancers=node.balancer_addresses, report_interval_s=node.cluster.heartbeat_interval_s)
 
 
 def lease_target(lease: KvLease) -> KvTarget:
     """The data-plane target a lease names."""
     return KvTarget(lease.backend, lease.address, lease.lease_id, lease.nbytes, lease.region)
+
+
+class Arrival:
+    """A request accepted by an engine role that its engine does not count yet (prefill: the
+    un-cached tokens being computed; decode: a handoff until its KV is imported). ``settle`` when
+    the engine counts it (or it failed); settling again only reports the change."""
+
+    def __init__(self, role: EngineRole, tokens: int) -> None:
+        self.role, self.tokens, self.settled = role, tokens, False
+        role.accepted += 1
+        role.incoming_requests += 1
+        role.incoming_tokens += tokens
+        role.load_changed()
+
+    def settle(self) -> None:
+        if not self.settled:
+            self.settled = True
+            self.role.incoming_requests -= 1
+            self.role.incoming_tokens -= self.tokens
+        self.role.load_changed()
 
 
 class EngineRole(RoleActor):
@@ -108,6 +135,11 @@ class EngineRole(RoleActor):
         self._unshared: set[str] = set()
         self._collect_task: asyncio.Task | None = None
         self._peers: dict[str, Peer] = {}  # other engine instances (prefills, SWA state owners)
+        self.accepted = 0  # requests accepted since start (load reports carry it)
+        self.incoming_requests = 0  # accepted, not yet counted by the engine (see Arrival)
+        self.incoming_tokens = 0
+        self.started_at = time.time()
+        self.reporter: LoadReporter | None = None
 
     @property
     def shape(self) -> EngineShape:
@@ -126,9 +158,16 @@ class EngineRole(RoleActor):
             await self.kvstore.start()
         self._collect_task = asyncio.get_running_loop().create_task(self._collect_forever())
         await super().on_start()
+        if self.settings.balancers:
+            self.reporter = LoadReporter(self.name, self.settings.balancers, self.load_report, self.ctx,
+                                         keys=self.settings.keys, interval_s=self.settings.report_interval_s)
+            await self.reporter.start()
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        if self.reporter is not None:
+            self.reporter.send_now()  # state "stopping": the balancers stop routing here
+            await self.reporter.stop()
         for peer in self._peers.values():
             await peer.close()
         if self._collect_task is not None:
@@ -163,6 +202,26 @@ class EngineRole(RoleActor):
             return super().load()
         now = self.service.load
         return Load(running=now.running, queued=now.waiting, kv_tokens=now.kv_tokens, inbox=self.inbox_depth)
+
+    # ---- load reports to the balancers -----------------------------------------------------------
+    def arrive(self, tokens: int) -> Arrival:
+        return Arrival(self, tokens)
+
+    def load_changed(self) -> None:
+        if self.reporter is not None:
+            self.reporter.poke()
+
+    def load_report(self) -> LoadReport:
+        """What this instance holds now, incoming requests included (see Arrival)."""
+        now = self.service.load if self.service is not None else EngineLoad()
+        report = LoadReport(self.name, self.kind, self.started_at, self.state, running=now.running,
+                            waiting=now.waiting, kv_tokens=now.kv_tokens, accepted=self.accepted)
+        if self.kind == "prefill":
+            return msgspec.structs.replace(report, queued_tokens=self.incoming_tokens)
+        capacity = self.service.shape.num_pages * self.service.shape.block_size if self.service is not None else 0
+        return msgspec.structs.replace(report, running=now.running + self.incoming_requests,
+                                       kv_tokens=now.kv_tokens + self.incoming_tokens,
+                                       max_requests=self.settings.options.max_running, kv_capacity_tokens=capacity)
 
     @handles
     def engine_stats(self, msg: GetEngineStats) -> EngineStats:

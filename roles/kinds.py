@@ -10,8 +10,10 @@ from dsi.config import (
     NodeConfig,
     RoleConfig,
 )
+from dsi.model.config import get_config
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
+from dsi.roles.curve import client_keys
 from dsi.roles.decode import DecodeActor
 from dsi.roles.encoder import EncoderActor
 from dsi.roles.engine_role import EngineRoleSettings
@@ -38,5 +40,6 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
         case "kvstore" if isinstance(options, KvstoreOptions):
             return KvstoreActor(role.id, options)
         case "balancer" if isinstance(options, BalancerOptions):
-            return BalancerActor(role.id, options)
+            return BalancerActor(role.id, options, get_config(node.model.config), controller=node.cluster.controller,
+                                 keys=client_keys(node.security), refresh_s=node.cluster.heartbeat_interval_s)
     raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")

@@ -101,6 +101,11 @@ class Peer:
         self._fail_all(err)
 
     @property
+    def connected(self) -> bool:
+        """True while a connection is up and its handshake done (calls are answered)."""
+        return self._connected.is_set()
+
+    @property
     def pending(self) -> int:
         return len(self._calls) + len(self._streams)
 
@@ -274,3 +279,16 @@ class Peer:
                 future.set_exception(err)
         for queue in list(self._streams.values()):
             queue.put_nowait(err)
+
+
+async def connect_until_up(peer: Peer, what: str, retry_s: float = 1.0) -> None:
+    """Complete ``peer``'s handshake, trying again every ``retry_s`` seconds until it answers (for
+    callers that act only on a connected peer: a Hello that timed out while the connection was
+    already up is not repeated by the peer itself)."""
+    while True:
+        try:
+            await peer.connect()
+            return
+        except DsiError as exc:
+            log.info("%s %s not reachable yet (%s); trying again", what, peer.address, exc)
+        await asyncio.sleep(retry_s)

@@ -4,7 +4,8 @@
 
 STATE is the instance's lifecycle state (starting | ready | serving | draining | stopped | dead),
 with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
-The JSON also has the controller's lifecycle transition counts.
+The JSON also has the controller's lifecycle transition counts. Each serving balancer adds
+which prefill serves which length bucket (see dsi.cli.status_balancers; ``balancers`` in the JSON).
 
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
@@ -23,6 +24,7 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
+from dsi.cli.status_balancers import balancers_json, fetch_balancers, format_buckets
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
@@ -62,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
     except ControllerUnreachable as exc:
         print(f"dsi status: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(table_json(table), indent=2) if args.json else format_table(table.instances))
+    balancers = uvloop.run(fetch_balancers(table, keys, args.timeout))
+    if args.json:
+        print(json.dumps({**table_json(table), "balancers": balancers_json(balancers)}, indent=2))
+    else:
+        print(format_table(table.instances) + (f"\n\n{format_buckets(balancers)}" if balancers else ""))
     return 0
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsi.config.endpoints import reachable
 from dsi.config.errors import ConfigError, Where
 from dsi.config.provisioner import ProvisionerConfig
 from dsi.config.reader import read_table
@@ -47,6 +48,14 @@ class NodeConfig:
                 return role
         known = ", ".join(role.id for role in self.roles)
         raise ConfigError(str(self.source), "roles", f"no role with id {role_id!r}; roles: {known}")
+
+    @property
+    def balancer_addresses(self) -> tuple[str, ...]:
+        """Where the balancers listen: ``[cluster] balancers``, else this file's balancer roles
+        (a wildcard bind reached by the role's ``host``)."""
+        if self.cluster.balancers is not None:
+            return self.cluster.balancers
+        return tuple(reachable(role.bind, role.host) for role in self.roles_of("balancer"))
 
     def roles_of(self, kind: RoleKind) -> tuple[RoleConfig, ...]:
         """The roles of one kind, in file order (possibly none)."""

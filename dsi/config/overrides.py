@@ -24,10 +24,13 @@ def with_http_port(cfg: NodeConfig, port: int) -> NodeConfig:
 
 
 def with_role_subset(cfg: NodeConfig, ids: Iterable[str]) -> NodeConfig:
-    """`cfg` keeping only the roles named in `ids` (in file order); each id must exist."""
+    """`cfg` keeping only the roles named in `ids` (in file order); each id must exist. The
+    balancer addresses are still those of the whole file."""
     wanted = set(ids)
     if not wanted:
         raise ConfigError(str(cfg.source), "roles", "an empty role subset runs nothing")
     for role_id in sorted(wanted):
         cfg.role(role_id)  # raises ConfigError naming the unknown id
-    return replace(cfg, roles=tuple(role for role in cfg.roles if role.id in wanted))
+    # The balancers stay known: the roles kept report to (or ask) those of the whole file.
+    cluster = replace(cfg.cluster, balancers=cfg.balancer_addresses)
+    return replace(cfg, cluster=cluster, roles=tuple(role for role in cfg.roles if role.id in wanted))

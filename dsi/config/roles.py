@@ -22,7 +22,7 @@ from dsi.config.endpoints import endpoint_host, parse_bind, parse_host_port
 from dsi.config.errors import Where
 from dsi.config.reader import describe, expect_table, read_field, read_table, read_values
 from dsi.config.sections import NAME, NAME_RULE
-from dsi.config.spec import Seen, at_least, at_most, greater, matches, nonempty, spec, spec_of
+from dsi.config.spec import Seen, at_least, at_most, greater, less, matches, nonempty, spec, spec_of
 
 RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
 
@@ -44,6 +44,9 @@ class EntrypointOptions:
     # Seconds a streaming client may read nothing before its stream is aborted, and its engine
     # request with it (see dsi.roles.entrypoint.sse).
     slow_reader_timeout_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0), at_most(3600.0))))
+    # Seconds a request waits for a balancer's route before the gateway picks the least loaded
+    # instance itself (see dsi.roles.entrypoint.router).
+    balancer_timeout_s: float = field(default=0.02, metadata=spec(checks=(greater(0.0), at_most(10.0))))
 
 
 def _optional_bind(text: str) -> str:
@@ -87,9 +90,31 @@ class ControllerOptions:
     """No options yet (drain and autoscaling, which will have them, are planned)."""
 
 
+def _token_edges(raw: Any, where: Where) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not raw or any(type(x) is not int for x in raw):
+        raise where.error(f"expected a non-empty array of integers, got {describe(raw)}")
+    if any(x <= 0 for x in raw) or raw != sorted(set(raw)):
+        raise where.error(f"must be increasing positive token counts, got {raw}")
+    return tuple(raw)
+
+
 @dataclass(slots=True, frozen=True, kw_only=True)
 class BalancerOptions:
-    policy: Literal["prefill", "decode", "vision", "eplb"]
+    """A balancer routes prefill and decode requests (see dsi.roles.balancer and dsi.balance)."""
+
+    # Prefill buckets: un-cached tokens where buckets 1, 2, ... start (DeepSeek's 16K / 64K / 256K).
+    bucket_edges: tuple[int, ...] = field(default=(16_384, 65_536, 262_144), metadata=spec(reader=_token_edges))
+    rebalance_s: float = field(default=10.0, metadata=spec(checks=(greater(0.0),)))  # seconds between plan checks
+    half_life_s: float = field(default=60.0, metadata=spec(checks=(greater(0.0),)))  # measured load halves, s
+    bucket_hysteresis: float = field(default=0.05, metadata=spec(checks=(at_least(0.0), less(1.0))))
+    min_share: float = field(default=0.01, metadata=spec(checks=(at_least(0.0), less(1.0))))
+    # Decode bands: KV tokens of the last band_window requests; a request under long_min_tokens is short.
+    band_window: int = field(default=256, metadata=spec(checks=(greater(0),)))
+    long_min_tokens: int = field(default=8_192, metadata=spec(checks=(greater(0),)))
+    band_hysteresis: float = field(default=0.1, metadata=spec(checks=(at_least(0.0), less(1.0))))
+    overload: float = field(default=0.9, metadata=spec(checks=(greater(0.0), at_most(1.0))))
+    # An instance whose last load report is older than this (seconds) gets no new work.
+    report_timeout_s: float = field(default=3.0, metadata=spec(checks=(greater(0.0),)))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from dsi.config.endpoints import parse_connect
+from dsi.config.errors import Where
+from dsi.config.reader import describe
 from dsi.config.spec import (
     Spec,
     at_least,
@@ -27,6 +29,15 @@ NAME = r"[A-Za-z0-9_.-]+"
 NAME_RULE = "letters, digits, '_', '.' or '-'"
 
 
+def _endpoints(raw: Any, where: Where) -> tuple[str, ...]:
+    if not isinstance(raw, list) or any(type(x) is not str for x in raw):
+        raise where.error(f"expected an array of endpoint strings, got {describe(raw)}")
+    try:
+        return tuple(parse_connect(x) for x in raw)
+    except ValueError as err:
+        raise where.error(str(err)) from None
+
+
 @dataclass(slots=True, frozen=True, kw_only=True)
 class ClusterConfig:
     """What every node of one cluster agrees on."""
@@ -39,6 +50,9 @@ class ClusterConfig:
     )
     # Seeds the KV hash chain; the store outlives every process, so it is fixed cluster-wide.
     root_seed: int = field(default=0, metadata=spec(checks=(at_least(0), at_most(2**64 - 1))))
+    # ZeroMQ endpoints of the balancers: engines push their load to each, the entrypoint asks
+    # them where a request goes. Absent: the balancer roles of this file (see NodeConfig).
+    balancers: tuple[str, ...] | None = field(default=None, metadata=spec(reader=_endpoints))
 
 
 def _key_file(kind: str) -> Mapping[str, Spec]:

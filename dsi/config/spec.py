@@ -93,6 +93,13 @@ def at_most(bound: float) -> Check:
     return check
 
 
+def less(bound: float) -> Check:
+    def check(value: Any, _: Seen) -> str | None:
+        return None if value < bound else f"must be < {bound}, got {value}"
+
+    return check
+
+
 def greater_than_key(name: str) -> Check:
     """The value must exceed the field `name` of the same table, read before this one."""
 

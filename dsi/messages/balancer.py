@@ -1,4 +1,12 @@
-"""Balancer queries: where should this request go?"""
+"""Balancer channel: engines push their load, the entrypoint asks where a request goes.
+
+    prefill / decode --LoadReport (tell; every interval and on change)--> every balancer
+    entrypoint --RouteQuery (ask, bounded)--> one balancer --Route | NoInstance
+    dsi status --BalancerStatus (ask)--> balancer --BalancerState
+
+A balancer routes only to instances that the controller lists as ``serving`` and that sent a
+report lately; a request's ``exclude`` (instances that already failed it) is never chosen.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +14,68 @@ from dsi.messages.base import Message
 
 
 class RouteQuery(Message):
-    role: str  # prefill | decode | encoder
-    uncached_tokens: int = 0
-    kv_tokens: int = 0
+    role: str  # prefill | decode
+    uncached_tokens: int = 0  # prefill: prompt tokens to compute (the prompt less its predicted hit)
+    kv_tokens: int = 0  # decode: KV tokens the request holds when it arrives (its prompt)
     exclude: list[str] = []  # instance ids that already failed this request
+    cached_tokens: int = 0  # prefill: the predicted prefix hit, tokens (for the FLOP estimate)
 
 
 class Route(Message):
     instance_id: str
-    address: str
+    address: str  # the instance's control-plane endpoint
+    bucket: int = -1  # prefill: the length bucket of the request
+    band: str = ""  # decode: long | short | one
 
 
-BalancerMsg = RouteQuery | Route
-BALANCER = (RouteQuery, Route)
+class LoadReport(Message):
+    """Engine -> balancer (tell): what the instance holds now. Counts, not rates."""
+
+    instance_id: str
+    role: str  # prefill | decode
+    started_at: float  # unix seconds; a restarted instance reports a new value
+    state: str = "ready"  # the process's own state: starting | ready | stopping
+    queued_tokens: int = 0  # prefill: un-cached prompt tokens accepted and not yet computed
+    running: int = 0  # requests it holds
+    waiting: int = 0  # requests queued for admission
+    kv_tokens: int = 0  # KV tokens its running requests hold
+    max_requests: int = 0  # decode capacity: requests it can batch
+    kv_capacity_tokens: int = 0  # decode capacity: KV tokens it can hold
+    accepted: int = 0  # requests it has accepted since it started (a counter)
+
+
+class BalancerStatus(Message):
+    """Operator -> balancer: its view (answered with BalancerState)."""
+
+
+class BucketInfo(Message):
+    bucket: int
+    min_tokens: int  # un-cached tokens, inclusive
+    max_tokens: int  # exclusive; 0 = no upper bound
+    share: float  # measured compute share (0..1)
+    engines: list[str]  # the prefill instances that serve it
+    queued_tokens: int  # un-cached tokens queued on those engines
+
+
+class InstanceView(Message):
+    instance_id: str
+    role: str
+    state: str  # serving | draining | stale (no recent report) | <controller state>
+    queued_tokens: int
+    running: int
+    kv_tokens: int
+    report_age_s: float  # seconds since its last report (-1: none)
+
+
+class BalancerState(Message):
+    balancer_id: str
+    buckets: list[BucketInfo]
+    long_band: list[str]  # decode instances of the long band (empty: one band)
+    long_threshold: int  # KV tokens where the long band starts (0: one band)
+    instances: list[InstanceView]
+    routed: dict[str, int] = {}  # requests routed per role since start
+    spread: dict[str, float] = {}  # per role: max / mean load over serving instances (1.0 = even)
+
+
+BalancerMsg = RouteQuery | Route | LoadReport | BalancerStatus | BucketInfo | InstanceView | BalancerState
+BALANCER = (RouteQuery, Route, LoadReport, BalancerStatus, BucketInfo, InstanceView, BalancerState)

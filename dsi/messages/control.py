@@ -13,8 +13,8 @@ from dsi.messages.base import Message
 
 
 class Load(Message):
-    """An instance's load as the controller's table shows it (and, once they exist, balancers and
-    the autoscaler read it): counts, not rates."""
+    """An instance's load as the controller's table shows it: counts, not rates. (Balancers get
+    the engines' LoadReport instead, dsi.messages.balancer.)"""
 
     running: int = 0  # requests being served
     queued: int = 0  # requests waiting for admission

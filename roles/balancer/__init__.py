@@ -1,5 +1,5 @@
-"""The balancer role. Planned: prefill, decode, vision and expert-parallel load balancing; today it
-routes nothing (the entrypoint picks the least loaded instance itself)."""
+"""The balancer role: routes prefill requests by length bucket and decode requests by load and
+KV-length band, from the load the engines push (dsi.balance holds the policies)."""
 
 from dsi.roles.balancer.actor import BalancerActor
 

@@ -63,6 +63,7 @@ class DecodeActor(EngineRole):
             raise HitUnavailable(f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
                                  f"bounded-replay hit of {msg.pin_hit.tokens} tokens")
         self._remember(msg.request_id, msg)
+        self.arrive(0).settle()  # the engine counts it from here
         prompt_tokens = len(msg.token_ids)
         first = True
         try:
@@ -71,6 +72,7 @@ class DecodeActor(EngineRole):
                 yield _chunk(msg.request_id, out, prompt_tokens, hit=NO_HIT if first else None)
                 first = False
         finally:
+            self.load_changed()
             self._forget(msg.request_id)
 
     # ---- disaggregated -----------------------------------------------------------------------
@@ -83,6 +85,7 @@ class DecodeActor(EngineRole):
         num_blocks = self.shape.blocks(len(req.token_ids))
         layout = self.shape.state_layout(num_blocks)
         reservation = await self._reserve(num_blocks)
+        arrival = self.arrive(len(req.token_ids))  # counted here until the engine holds it
         lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
         timeout = self.settings.lease_timeout_s
         inbound = self.data.expect(lease_id, layout.nbytes, timeout)
@@ -105,6 +108,7 @@ class DecodeActor(EngineRole):
             self._remember(req.request_id, req, done)
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
+            arrival.settle()
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
                              list(done.logprobs), list(done.top_logprobs), done.hit)
             async with contextlib.aclosing(stream):
@@ -112,6 +116,7 @@ class DecodeActor(EngineRole):
                     yield _chunk(req.request_id, out, len(req.token_ids), done.cached_tokens)
         finally:
             self.counters.leases -= 1
+            arrival.settle()
             inbound.release()
             await self.service.release(reservation)  # a no-op once the import took it
             self._forget(req.request_id)

@@ -1,7 +1,8 @@
 """EntrypointActor: the API gateway role.
 
 On start it loads the recipe (tokenizer, model table), learns the engine instances from the
-controller, starts following the kvstore's index (a CHECK replica, for prefix hits; see
+controller, connects to the balancers (``[cluster] balancers``; with none it routes by itself),
+starts following the kvstore's index (a CHECK replica, for prefix hits; see
 dsi.roles.entrypoint.prefix) and serves the HTTP API on its ``http`` address (see
 dsi.roles.entrypoint.app).
 """
@@ -42,7 +43,8 @@ class EntrypointActor(RoleActor):
         node, opts = self.node, self.options
         self._ctx = zmq.asyncio.Context()
         pool = DecodePool(node.cluster.controller, self._ctx, keys=client_keys(node.security), peer_id=self.name,
-                          reroute_wait_s=opts.reroute_wait_s)
+                          reroute_wait_s=opts.reroute_wait_s, balancers=node.balancer_addresses,
+                          balancer_timeout_s=opts.balancer_timeout_s)
         await pool.start()
         shape = get_config(node.model.config)
         # The engine's page hashes: the chain of its model config under cluster.root_seed.

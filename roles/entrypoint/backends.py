@@ -6,7 +6,10 @@ controller lists as ``serving``, the one with the fewest requests, counting both
 instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
 work, but the streams already running there go on (their Peer stays open).
 
-``DecodePool`` routes a request: with prefill instances in the cluster it picks one of each and
+``DecodePool`` routes a request: with balancers configured it asks one first, within a bound
+(``balancer_timeout_s``; see dsi.roles.entrypoint.router), and picks locally (the least loaded,
+as above) when none answers, when it knows no instance, or when it names one this gateway does
+not list as serving. With prefill instances in the cluster it picks one of each and
 streams ``Handoff`` from the decode (which has the prefill write the KV into its lease); without
 any it streams a colocated ``Generate``. Failures are retried on other instances:
 
@@ -30,7 +33,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -38,11 +41,13 @@ import zmq.asyncio
 
 from dsi.errors import AskTimeout, DsiError, Overloaded, PeerLost
 from dsi.messages import ALL
+from dsi.messages.balancer import Route
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances, TransitionCount
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
 from dsi.roles.controller.lifecycle import InstanceState
 from dsi.roles.entrypoint.recovery import Delivered
+from dsi.roles.entrypoint.router import Ask, BalancerRouter
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
@@ -70,7 +75,7 @@ class _Instance:
 class InstancePool:
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, role: str = "decode",
                  keys: CurveKeys | None = None, refresh_s: float = 1.0, peer_id: str = "entrypoint") -> None:
-        self._ctx, self._keys, self._role, self._peer_id = ctx, keys, role, peer_id
+        self._ctx, self._keys, self.role, self._peer_id = ctx, keys, role, peer_id
         self._controller = Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
         self._instances: dict[str, _Instance] = {}
         self._refresh_s = refresh_s
@@ -99,7 +104,7 @@ class InstancePool:
         return [i for i, inst in self._instances.items() if inst.info.state == SERVING]
 
     async def refresh(self) -> None:
-        table: InstanceTable = await self._controller.ask(ListInstances(self._role))
+        table: InstanceTable = await self._controller.ask(ListInstances(self.role))
         self.transitions = table.transitions
         seen = set()
         for info in table.instances:
@@ -133,10 +138,14 @@ class InstancePool:
         ready = [inst for inst in self._instances.values()
                  if inst.info.state == SERVING and inst.key not in exclude]
         if not ready:
-            raise NoInstance(f"no serving {self._role} instance")
+            raise NoInstance(f"no serving {self.role} instance")
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
                                             inst.info.load.kv_tokens))
 
+    def get(self, instance_id: str, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance | None:
+        """The serving instance ``instance_id`` unless its ``key`` is in ``exclude``."""
+        inst = self._instances.get(instance_id)
+        return inst if inst is not None and inst.info.state == SERVING and inst.key not in exclude else None
 
 
 class DecodePool:
@@ -146,19 +155,26 @@ class DecodePool:
 
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
                  refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0,
-                 reroute_wait_s: float = 5.0) -> None:
+                 reroute_wait_s: float = 5.0, balancers: Sequence[str] = (), balancer_timeout_s: float = 0.02) -> None:
         self.decode = InstancePool(controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id)
         self.prefill = InstancePool(controller, ctx, role="prefill", keys=keys, refresh_s=refresh_s,
                                     peer_id=peer_id)
         self.item_timeout_s = item_timeout_s
         self.reroute_wait_s = reroute_wait_s  # seconds a re-routed request waits for a ready decode
         self.retries = 0
+        # Asked first for every route; None (no balancer configured) is today's local pick alone.
+        self.router = BalancerRouter(balancers, ctx, keys=keys, peer_id=peer_id,
+                                     bound_s=balancer_timeout_s) if balancers else None
 
     async def start(self) -> None:
         await self.decode.start()
         await self.prefill.start()
+        if self.router is not None:
+            await self.router.start()
 
     async def close(self) -> None:
+        if self.router is not None:
+            await self.router.close()
         await self.prefill.close()
         await self.decode.close()
 
@@ -176,7 +192,7 @@ class DecodePool:
         lines = ["# TYPE dsi_instance_transitions_total counter"]
         lines += [f'dsi_instance_transitions_total{{role="{t.role}",from="{t.before}",to="{t.after}"}} {t.count}'
                   for t in self.decode.transitions]
-        return lines
+        return lines + (self.router.metric_lines() if self.router is not None else [])
 
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         return self.decode.pick(exclude)
@@ -196,8 +212,7 @@ class DecodePool:
         bad_prefills: set[tuple[str, float]] = set()
         delivered = Delivered()  # what the caller already has
         for attempt in range(self.max_attempts):
-            inst = await self._pick_decode(bad_decodes, wait=attempt > 0)
-            pre = self.prefill.pick(bad_prefills) if self.prefill.ready else None
+            inst, pre = await self._route(msg, bad_decodes, bad_prefills, wait=attempt > 0)
             req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
             call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
@@ -229,6 +244,33 @@ class DecodePool:
                         failed, len(delivered.token_ids))
             if len(bad_prefills) >= len(self.prefill.ready):
                 bad_prefills.clear()
+
+    async def _route(self, msg: Generate, bad_decodes: set[tuple[str, float]], bad_prefills: set[tuple[str, float]],
+                     wait: bool) -> tuple[_Instance, _Instance | None]:
+        """The decode and (with prefill instances in the cluster) the prefill of one attempt: the
+        balancer's choice, else the local least loaded one (see dsi.roles.entrypoint.router)."""
+        need_prefill = bool(self.prefill.ready)
+        pre_route: Route | str = ""
+        dec_route: Route | str = ""
+        if self.router is not None:
+            ask = Ask(len(msg.token_ids), msg.cached_tokens, {k[0] for k in bad_prefills}, {k[0] for k in bad_decodes})
+            pre_route, dec_route = await self.router.route(ask, prefill=need_prefill)
+        inst = self._routed(self.decode, dec_route, bad_decodes) or await self._pick_decode(bad_decodes, wait)
+        pre = None
+        if need_prefill:
+            pre = self._routed(self.prefill, pre_route, bad_prefills) or self.prefill.pick(bad_prefills)
+        return inst, pre
+
+    def _routed(self, pool: InstancePool, route: Route | str, exclude: set[tuple[str, float]]) -> _Instance | None:
+        """The instance a balancer's ``route`` names, if this gateway can use it; counts the route."""
+        if self.router is None:
+            return None
+        inst = pool.get(route.instance_id, exclude) if isinstance(route, Route) else None
+        if inst is not None:
+            self.router.taken(pool.role)
+        else:
+            self.router.local(pool.role, route if isinstance(route, str) else "unknown")
+        return inst
 
     async def _pick_decode(self, exclude: Collection[tuple[str, float]], wait: bool) -> _Instance:
         """A ready decode not in ``exclude``; a re-routed request (``wait``) waits up to

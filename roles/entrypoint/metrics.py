@@ -17,6 +17,8 @@
       dsi_instance_transitions_total{role, from, to}, the controller's lifecycle moves, which the
       controller has no HTTP to serve: they travel in the InstanceTable the gateway fetches every
       refresh (see DecodePool.metric_lines), so they lag the controller by up to one refresh
+      and, with balancers configured, the routes they gave or the local picks made instead, and
+      the balancer's buckets and load spread (see dsi.roles.entrypoint.router)
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
-from dsi.roles.engine_role import EngineRole, lease_target
+from dsi.roles.engine_role import Arrival, EngineRole, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,14 @@ class PrefillActor(EngineRole):
 
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
+        req = msg.request
+        arrival = self.arrive(max(1, len(req.token_ids) - req.cached_tokens))  # queued until computed
+        try:
+            return await self._prefill_to(msg, arrival)
+        finally:
+            arrival.settle()
+
+    async def _prefill_to(self, msg: PrefillTo, arrival: Arrival) -> Prefilled:
         assert self.service is not None and self.data is not None
         req, lease = msg.request, msg.lease
         started = time.monotonic()
@@ -71,6 +79,7 @@ class PrefillActor(EngineRole):
                                            prefill_only=True, cached=cached)
             async with contextlib.aclosing(stream):
                 outputs = [o async for o in stream]
+            arrival.settle()
         finally:
             if fetched is not None:
                 fetched.release()

@@ -55,6 +55,21 @@ def test_bands_move_with_the_mix():
     assert b.route(10_000, pool).band == "short" and b.route(100_000, pool).band == "long"
 
 
+def test_band_movement_exact_assignments_on_idle_instances():
+    b = DecodeBalancer(DecodeBalancerConfig(window=40, min_samples=8))
+    pool = _idle(4)
+    for k in [1_000] * 30 + [10_000] * 10:
+        b.route(k, pool)
+    assert (b.bands.threshold, b.bands.long, round(b.bands.share, 3)) == (10_000, ("d0", "d1", "d2"), 0.7)
+    assert (b.route(1_000, pool).instance, b.route(10_000, pool).instance) == ("d3", "d0")
+    # the mix moves up tenfold: the boundary follows, the long instances stay long through the
+    # re-plans on the way (step 4), and a 10K request that was long is now short (on d3)
+    for k in [10_000] * 30 + [100_000] * 10:
+        b.route(k, pool)
+    assert (b.bands.threshold, b.bands.long) == (100_000, ("d0", "d1", "d2"))
+    assert (b.route(10_000, pool).instance, b.route(100_000, pool).instance) == ("d3", "d0")
+
+
 def test_long_band_size_follows_its_kv_share_with_hysteresis():
     # mean KV per request: d2 50,000 > d3 2,000 > d1 1,000 > d0 500
     pool = [_d("d0", 1, 500), _d("d1", 1, 1_000), _d("d2", 1, 50_000), _d("d3", 1, 2_000)]

@@ -122,12 +122,18 @@ CASES = [
     ("missing-roles", BASE.split("[[roles]]")[0], "roles", "missing required key"),
     ("missing-role-id", edit('id = "entrypoint-0"\n', ""), "roles[1].id", "missing required key"),
     ("missing-http", edit('http = "127.0.0.1:8000"\n', ""), "roles[1].http", "missing required key"),
-    ("missing-policy", BASE + BALANCER, "roles[3].policy", "missing required key"),
     (
-        "bad-policy",
-        BASE + BALANCER + 'policy = "random"\n',
-        "roles[3].policy",
-        "'prefill', 'decode', 'vision', 'eplb'",
+        "bad-bucket-edges",
+        BASE + BALANCER + "bucket_edges = [512, 256]\n",
+        "roles[3].bucket_edges",
+        "increasing positive token counts",
+    ),
+    ("balancer-policy-gone", BASE + BALANCER + 'policy = "prefill"\n', "roles[3].policy", "unknown key"),
+    (
+        "bad-balancer-endpoint",
+        edit('controller = "tcp://127.0.0.1:7100"\n', 'controller = "tcp://127.0.0.1:7100"\nbalancers = ["tcp://*:7140"]\n'),
+        "cluster.balancers",
+        "wildcard",
     ),
     (
         "duplicate-bind",

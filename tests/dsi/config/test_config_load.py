@@ -51,8 +51,10 @@ def test_local_config_runs_every_role_on_loopback() -> None:
         ("decode", "decode-0", "tcp://127.0.0.1:7120"),
         ("decode", "decode-1", "tcp://127.0.0.1:7121"),
         ("kvstore", "kvstore-0", "tcp://127.0.0.1:7130"),
+        ("balancer", "balancer-0", "tcp://127.0.0.1:7140"),
     ]
     assert all(role.host == "127.0.0.1" for role in cfg.roles)
+    assert cfg.balancer_addresses == ("tcp://127.0.0.1:7140",)
     assert cfg.cluster.controller == cfg.role("controller-0").bind
     entry = cfg.role("entrypoint-0").options
     assert entry == EntrypointOptions(http_host="127.0.0.1", http_port=8000, max_body_bytes=16 * 1024 * 1024)
@@ -117,7 +119,7 @@ def test_role_lookup_by_id_and_kind() -> None:
     cfg = load_config(REPO / "configs" / "local.toml")
     assert cfg.role("decode-1").bind == "tcp://127.0.0.1:7121"
     assert [role.id for role in cfg.roles_of("prefill")] == ["prefill-0", "prefill-1"]
-    assert cfg.roles_of("balancer") == ()
+    assert cfg.roles_of("encoder") == ()
     with pytest.raises(ConfigError) as caught:
         cfg.role("decode-9")
     assert caught.value.key == "roles"

@@ -48,6 +48,7 @@ def test_with_http_port_needs_an_entrypoint(tmp_path: Path) -> None:
 def test_with_role_subset_keeps_file_order() -> None:
     cfg = with_role_subset(load_config(LOCAL), ["decode-0", "controller-0", "prefill-1"])
     assert [role.id for role in cfg.roles] == ["controller-0", "prefill-1", "decode-0"]
+    assert cfg.balancer_addresses == ("tcp://127.0.0.1:7140",)  # the file's balancer, though not kept
 
 
 @pytest.mark.parametrize("ids", [["decode-7"], []])
