@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsi.config.autoscale import AutoscaleSection
 from dsi.config.errors import ConfigError, Where
 from dsi.config.reader import read_table
 from dsi.config.roles import RoleConfig, RoleKind, read_roles
@@ -36,6 +37,8 @@ class NodeConfig:
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     kvcache: KvcacheConfig = field(default_factory=KvcacheConfig)
     engine: EngineSection = field(default_factory=EngineSection)
+    # None without an [autoscale] section: every instance serves, nothing is started or stopped.
+    autoscale: AutoscaleSection | None = field(default=None, metadata=spec(fallback=lambda _: None))
     roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
 
     def role(self, role_id: str) -> RoleConfig:
