@@ -2,9 +2,13 @@
 
     dsi status [--config configs/local.toml] [--controller tcp://HOST:PORT] [--json] [--timeout S]
 
+Under the instances, the autoscaler's roles (quota use, targets, ready pool) and its last
+decisions, when the config has an [autoscale] section (see :mod:`dsi.cli.scale_view`).
+
 STATE is the instance's lifecycle state (starting | ready | serving | draining | stopped | dead),
 with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
-The JSON also has the controller's lifecycle transition counts.
+The JSON also has the controller's lifecycle transition counts and, under ``autoscale``, every
+decision kept (the last 100).
 
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
@@ -23,9 +27,10 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
+from dsi.cli.scale_view import ask_scale, format_scale, scale_json
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
-from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
+from dsi.messages.control import GetScale, InstanceInfo, InstanceTable, ListInstances, ScaleStatus
 from dsi.roles.curve import client_keys
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -53,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        address, keys = _target(args.config, args.controller)
+        address, keys = controller_target(args.config, args.controller)
     except (ConfigError, ValueError) as exc:  # ValueError: a key file without its secret key
         print(f"dsi status: {exc}", file=sys.stderr)
         return 2
@@ -62,8 +67,21 @@ def run(args: argparse.Namespace) -> int:
     except ControllerUnreachable as exc:
         print(f"dsi status: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(table_json(table), indent=2) if args.json else format_table(table.instances))
+    scale = uvloop.run(_fetch_scale(address, keys, args.timeout))
+    if args.json:
+        print(json.dumps({**table_json(table), **({"autoscale": scale_json(scale)} if scale else {})}, indent=2))
+    else:
+        print(format_table(table.instances) + (f"\n\n{format_scale(scale)}" if scale else ""))
     return 0
+
+
+async def _fetch_scale(address: str, keys: CurveKeys | None, timeout: float) -> ScaleStatus | None:
+    """The autoscaler's state; None when it is off or the controller does not answer it."""
+    try:
+        status = await ask_scale(address, keys, timeout, GetScale())
+    except DsiError:
+        return None
+    return status if status.enabled else None
 
 
 async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) -> InstanceTable:
@@ -124,7 +142,7 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
     )
 
 
-def _target(config: str | None, controller: str | None) -> tuple[str, CurveKeys | None]:
+def controller_target(config: str | None, controller: str | None) -> tuple[str, CurveKeys | None]:
     """The controller address and the client keys to use."""
     if controller is not None and config is None:
         return controller, None

@@ -167,7 +167,7 @@ class InstanceRegistry:
         serving = sum(1 for e in self._entries.values() if e.beat.role == role and e.state is S.SERVING)
         if self.ready_pool.keeps(role, serving):
             return []
-        return self._move(entry, S.SERVING, "assigned: below the serving target", now)
+        return self._move(entry, S.SERVING, "assigned", now)
 
     def _move(self, entry: _Entry, after: InstanceState, reason: str, now: float) -> list[Transition]:
         check_transition(entry.state, after)

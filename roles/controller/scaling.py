@@ -5,7 +5,9 @@ per scaled role, the instances the registry holds and their last heartbeat loads
 
     prefill demand   un-cached prompt tokens/s: the rise of every instance's ``uncached_tokens``
                      counter since the previous decision, over the seconds between them
-    decode demand    active requests: running + queued of every live instance
+    decode demand    active requests: running + queued summed over the live instances, the most
+                     seen at any sweep (each heartbeat interval) since the previous decision, so
+                     that the gaps between one request and the next do not read as a drop
     capacity         per serving instance, from [autoscale.ROLE] capacity
 
 and applies the decision's moves to the registry at once::
@@ -48,6 +50,7 @@ class _Role:
     wanted: int
     manual: int | None = None
     demand: float = 0.0
+    peak: float = 0.0  # decode: the most active requests seen since the last decision
     to_pool: dict[RunKey, float] = field(default_factory=dict)  # -> when it left service
     to_stop: dict[RunKey, float] = field(default_factory=dict)  # -> when it left service
     from_pool: set[RunKey] = field(default_factory=set)  # of to_stop, those that never served
@@ -116,10 +119,14 @@ class Scaler:
 
     # ---- between decisions ------------------------------------------------------------------
     def housekeep(self, now: float) -> list[Transition]:
-        """Drained instances return to the pool; runs that ended are forgotten."""
-        infos = {(i.instance_id, i.started_at): i for i in self._registry.instances(now)}
+        """Drained instances return to the pool; runs that ended are forgotten; decode's active
+        requests are sampled."""
+        listed = self._registry.instances(now)
+        infos = {(i.instance_id, i.started_at): i for i in listed}
         moves: list[Transition] = []
-        for state in self._roles.values():
+        for name, state in self._roles.items():
+            if name == "decode":
+                state.peak = max(state.peak, _active(_live(listed, name)))
             for key, since in list(state.to_pool.items()):
                 info = infos.get(key)
                 if info is None or info.state != S.DRAINING:
@@ -181,7 +188,8 @@ class Scaler:
 
     def _demand(self, name: ScaledRole, state: _Role, live: list[InstanceInfo], now: float) -> float:
         if name == "decode":
-            return float(sum(i.load.running + i.load.queued for i in live))
+            peak, state.peak = max(state.peak, _active(live)), 0.0
+            return peak
         counters = {(i.instance_id, i.started_at): i.load.uncached_tokens for i in live}
         risen = sum(max(0, count - state.counters[key]) for key, count in counters.items() if key in state.counters)
         state.counters = counters
@@ -259,6 +267,10 @@ class Scaler:
 
 def _live(infos: list[InstanceInfo], role: str) -> list[InstanceInfo]:
     return [i for i in infos if i.role == role and i.state not in FINAL]
+
+
+def _active(live: list[InstanceInfo]) -> float:
+    return float(sum(i.load.running + i.load.queued for i in live))
 
 
 def _desc(text: str) -> tuple[int, ...]:

@@ -147,3 +147,14 @@ def test_manual_targets_are_checked_against_the_bounds():
     assert decision.decode.rules[-2:] == ("manual", "rate_limit")
     scaler.set_manual("decode", -1)
     assert scaler.status(0.0, 0.0).roles[0].manual == -1
+
+
+def test_decode_demand_is_the_peak_seen_since_the_last_decision():
+    registry, scaler = cluster()
+    registry.heartbeat(beat("decode-0", running=2), 0.0)
+    scaler.housekeep(0.5)
+    registry.heartbeat(beat("decode-0", running=0), 1.0)  # between two requests
+    decision, _ = scaler.decide(1.0)
+    assert decision.inputs.decode.demand == 2.0
+    decision, _ = scaler.decide(11.0)  # the peak starts over after each decision
+    assert decision.inputs.decode.demand == 0.0

@@ -1,0 +1,133 @@
+"""dsi serve with configs/autoscale.toml: a load ramp scales decode 1 -> 3 and back to 1.
+
+The test copy keeps the controller, the gateway and the four declared decode instances (no
+prefill, no kvstore: the gateway runs each request on a decode), with a 0.5 s heartbeat and a
+1 s decision interval, so the ramp fits in CI.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dsi.cli.procs import (
+    REPO_ROOT,
+    Procs,
+    dsi_status,
+    free_port,
+    gone,
+    local_config,
+    python_module,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+AUTOSCALE_TOML = REPO_ROOT / "configs" / "autoscale.toml"
+KEEP = ("controller-0", "entrypoint-0", "decode-0", "decode-1", "decode-2", "decode-3")
+STREAMS = 4  # demand 3-4 active requests at 1.5 per instance needs 3 decode instances
+
+
+def autoscale_config(tmp_path: Path) -> Path:
+    path = local_config(tmp_path, keep=KEEP, source=AUTOSCALE_TOML)
+    text = re.sub(r"(?m)^interval_s = .*$", "interval_s = 1.0", path.read_text())
+    text = re.sub(r"(?m)^drain_timeout_s = .*$", "drain_timeout_s = 20.0", text)
+    path.write_text(text)
+    return path
+
+
+def status(config: Path) -> dict[str, Any]:
+    done = dsi_status("--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def decode_role(data: dict[str, Any]) -> dict[str, Any]:
+    [role] = [r for r in data["autoscale"]["roles"] if r["role"] == "decode"]
+    return role
+
+
+@contextmanager
+def load(port: int, streams: int) -> Iterator[list[int]]:
+    """`streams` clients, each streaming one chat completion after another until the block ends;
+    yields the count of completed streams per client."""
+    stop = threading.Event()
+    done = [0] * streams
+
+    def client(i: int) -> None:
+        body = json.dumps({"model": "dsi-tiny", "max_tokens": 48, "stream": True,
+                           "messages": [{"role": "user", "content": f"count to ten, client {i}"}]})
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            try:
+                conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                while not stop.is_set() and (line := resp.readline()):
+                    if line.startswith(b"data: [DONE]"):
+                        done[i] += 1
+            except OSError:
+                pass
+            finally:
+                conn.close()  # mid-stream when stopped: the gateway cancels the request
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(70)
+
+
+def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: Path):
+    config = autoscale_config(tmp_path)
+    port = free_port()
+    server = procs.start("serve", python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port)))
+    assert server.read_line() == f"dsi serve: gateway http://127.0.0.1:{port} (4 instances)"
+    first = status(config)
+    procs.adopt(info["pid"] for info in first["instances"])
+    assert {i["instance_id"]: i["state"] for i in first["instances"] if i["role"] == "decode"} == {
+        "decode-0": "serving", "decode-1": "ready"}
+    role = decode_role(first)
+    assert (role["serving"], role["ready"], role["wanted"], role["max_instances"]) == (1, 1, 2, 4)
+
+    with load(port, STREAMS) as completed:
+        up = wait_until(lambda: (d := status(config)) and decode_role(d)["serving"] == 3 and d, timeout=120)
+        procs.adopt(info["pid"] for info in up["instances"])
+    assert sum(completed) > 0
+    down = wait_until(
+        lambda: (d := status(config)) and decode_role(d)["serving"] == 1 and decode_role(d)["draining"] == 0 and d,
+        timeout=120,
+    )
+    procs.adopt(info["pid"] for info in down["instances"])
+
+    decisions = [d for d in down["autoscale"]["decisions"] if d["role"] == "decode"]
+    targets = [d["target"] for d in decisions]
+    assert 3 in targets and targets[-1] == 1
+    # The rate limit: never more than one instance from the serving count per decision.
+    assert all(abs(d["target"] - d["serving"]) <= 1 for d in decisions)
+    assert all(d["serving"] <= 3 for d in decisions)
+    # The ready pool served the burst first: the first scale-up took a ready instance and
+    # started one to refill the pool.
+    first_up = next(d for d in up["autoscale"]["decisions"] if d["role"] == "decode" and d["target"] > d["serving"])
+    assert (first_up["serving"], first_up["ready"], first_up["take"], first_up["start"]) == (1, 1, 1, 1)
+    # Instances beyond min + pool were stopped by serve once drained.
+    live = {i["instance_id"]: i["state"] for i in down["instances"] if i["role"] == "decode"}
+    assert sorted(s for s in live.values() if s in ("serving", "ready")) == ["ready", "serving"]
+    assert "stopped" in live.values()
+
+    pids = [info["pid"] for info in down["instances"]]
+    server.signal(signal.SIGTERM)
+    assert server.wait(60) == 0
+    assert all(gone(pid) for pid in pids)
