@@ -7,6 +7,7 @@ prefill, no kvstore: the gateway runs each request on a decode), with a 0.5 s he
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -19,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from dsi.cli.scale_view import ask_scale
+from dsi.config import load_config
+from dsi.messages.control import GetScale, ScaleRole
 from tests.dsi.cli.procs import (
     REPO_ROOT,
     Procs,
@@ -33,8 +37,8 @@ from tests.dsi.cli.procs import (
 pytestmark = pytest.mark.slow
 
 AUTOSCALE_TOML = REPO_ROOT / "configs" / "autoscale.toml"
-KEEP = ("controller-0", "entrypoint-0", "decode-0", "decode-1", "decode-2", "decode-3")
-STREAMS = 4  # demand 3-4 active requests at 1.5 per instance needs 3 decode instances
+KEEP = ("controller-0", "entrypoint-0", "decode-0", "decode-1", "decode-2", "decode-3", "decode-4")
+STREAMS = 4  # 4 (or 5) active requests at 2 per instance need 3 decode instances
 
 
 def autoscale_config(tmp_path: Path) -> Path:
@@ -49,6 +53,13 @@ def status(config: Path) -> dict[str, Any]:
     done = dsi_status("--config", str(config), "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def decode_now(config: Path) -> ScaleRole:
+    """decode as the controller holds it, asked in this process (cheaper than `dsi status`)."""
+    address = load_config(config).cluster.controller
+    [role] = [r for r in asyncio.run(ask_scale(address, None, 10.0, GetScale())).roles if r.role == "decode"]
+    return role
 
 
 def decode_role(data: dict[str, Any]) -> dict[str, Any]:
@@ -97,19 +108,19 @@ def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: 
     assert server.read_line() == f"dsi serve: gateway http://127.0.0.1:{port} (4 instances)"
     first = status(config)
     procs.adopt(info["pid"] for info in first["instances"])
-    assert {i["instance_id"]: i["state"] for i in first["instances"] if i["role"] == "decode"} == {
-        "decode-0": "serving", "decode-1": "ready"}
+    # decode-0 and decode-1 started: the first one registered serves, the other waits in the pool.
+    decodes = {i["instance_id"]: i["state"] for i in first["instances"] if i["role"] == "decode"}
+    assert sorted(decodes) == ["decode-0", "decode-1"] and sorted(decodes.values()) == ["ready", "serving"]
     role = decode_role(first)
-    assert (role["serving"], role["ready"], role["wanted"], role["max_instances"]) == (1, 1, 2, 4)
+    assert (role["serving"], role["ready"], role["wanted"], role["max_instances"]) == (1, 1, 2, 5)
 
     with load(port, STREAMS) as completed:
-        up = wait_until(lambda: (d := status(config)) and decode_role(d)["serving"] == 3 and d, timeout=120)
+        wait_until(lambda: decode_now(config).serving == 3, timeout=120, every=1.0)
+        up = status(config)
         procs.adopt(info["pid"] for info in up["instances"])
     assert sum(completed) > 0
-    down = wait_until(
-        lambda: (d := status(config)) and decode_role(d)["serving"] == 1 and decode_role(d)["draining"] == 0 and d,
-        timeout=120,
-    )
+    wait_until(lambda: (role := decode_now(config)).serving == 1 and role.draining == 0, timeout=120, every=1.0)
+    down = status(config)
     procs.adopt(info["pid"] for info in down["instances"])
 
     decisions = [d for d in down["autoscale"]["decisions"] if d["role"] == "decode"]
@@ -117,10 +128,10 @@ def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: 
     assert 3 in targets and targets[-1] == 1
     # The rate limit: never more than one instance from the serving count per decision.
     assert all(abs(d["target"] - d["serving"]) <= 1 for d in decisions)
-    assert all(d["serving"] <= 3 for d in decisions)
     # The ready pool served the burst first: the first scale-up took a ready instance and
     # started one to refill the pool.
-    first_up = next(d for d in up["autoscale"]["decisions"] if d["role"] == "decode" and d["target"] > d["serving"])
+    ups = [d for d in up["autoscale"]["decisions"] if d["role"] == "decode" and d["target"] > d["serving"] >= 1]
+    first_up = ups[0]
     assert (first_up["serving"], first_up["ready"], first_up["take"], first_up["start"]) == (1, 1, 1, 1)
     # Instances beyond min + pool were stopped by serve once drained.
     live = {i["instance_id"]: i["state"] for i in down["instances"] if i["role"] == "decode"}
