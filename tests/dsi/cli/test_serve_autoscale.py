@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from dsi.cli.main import main
 from dsi.cli.scale_view import ask_scale
 from dsi.config import load_config
 from dsi.messages.control import GetScale, ScaleRole
@@ -33,8 +34,6 @@ from tests.dsi.cli.procs import (
     python_module,
     wait_until,
 )
-
-pytestmark = pytest.mark.slow
 
 AUTOSCALE_TOML = REPO_ROOT / "configs" / "autoscale.toml"
 KEEP = ("controller-0", "entrypoint-0", "decode-0", "decode-1", "decode-2", "decode-3", "decode-4")
@@ -101,6 +100,16 @@ def load(port: int, streams: int) -> Iterator[list[int]]:
             thread.join(70)
 
 
+def test_serve_refuses_a_scale_past_the_declared_instances(tmp_path: Path, capsys):
+    config = local_config(tmp_path, keep=KEEP[:-1], source=AUTOSCALE_TOML)  # decode-0..3 for a max of 5
+    assert main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsi serve: ") and err.endswith(
+        "autoscale.decode.max_instances: 5 decode instances may run, but the config declares 4 [[roles]] "
+        "of kind 'decode'\n")
+
+
+@pytest.mark.slow
 def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: Path):
     config = autoscale_config(tmp_path)
     port = free_port()
