@@ -27,7 +27,7 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
-from dsi.cli.scale_view import ask_scale, format_scale, scale_json
+from dsi.cli.scale_view import format_scale, scale_json
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
 from dsi.messages.control import GetScale, InstanceInfo, InstanceTable, ListInstances, ScaleStatus
@@ -63,11 +63,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dsi status: {exc}", file=sys.stderr)
         return 2
     try:
-        table = uvloop.run(fetch_instances(address, keys, args.timeout))
+        table, scale = uvloop.run(_fetch_status(address, keys, args.timeout))
     except ControllerUnreachable as exc:
         print(f"dsi status: {exc}", file=sys.stderr)
         return 1
-    scale = uvloop.run(_fetch_scale(address, keys, args.timeout))
     if args.json:
         print(json.dumps({**table_json(table), **({"autoscale": scale_json(scale)} if scale else {})}, indent=2))
     else:
@@ -75,13 +74,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fetch_scale(address: str, keys: CurveKeys | None, timeout: float) -> ScaleStatus | None:
-    """The autoscaler's state; None when it is off or the controller does not answer it."""
+async def _fetch_status(
+    address: str, keys: CurveKeys | None, timeout: float
+) -> tuple[InstanceTable, ScaleStatus | None]:
+    """The InstanceTable and, on the same connection, the autoscaler's state (None when it is off
+    or the controller does not answer it); ControllerUnreachable after `timeout` s."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(address, ctx, types=(InstanceTable, ScaleStatus), peer_id="dsi-status", keys=keys, timeout=timeout)
+    deadline = time.monotonic() + timeout
     try:
-        status = await ask_scale(address, keys, timeout, GetScale())
-    except DsiError:
-        return None
-    return status if status.enabled else None
+        try:
+            await peer.connect(timeout)
+            table = await peer.ask(ListInstances(), timeout=max(0.1, deadline - time.monotonic()))
+        except DsiError as exc:
+            raise ControllerUnreachable(
+                f"cannot reach the controller at {address} within {timeout:g}s ({exc})"
+            ) from None
+        try:
+            scale = await peer.ask(GetScale(), timeout=timeout)
+        except DsiError:  # a controller of an older version does not know GetScale
+            scale = None
+    finally:
+        await peer.close()
+        ctx.destroy(linger=0)
+    return table, scale if isinstance(scale, ScaleStatus) and scale.enabled else None
 
 
 async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) -> InstanceTable:
