@@ -201,7 +201,8 @@ class EngineRole(RoleActor):
         if self.service is None:
             return super().load()
         now = self.service.load
-        return Load(running=now.running, queued=now.waiting, kv_tokens=now.kv_tokens, inbox=self.inbox_depth)
+        return Load(running=now.running, queued=now.waiting, kv_tokens=now.kv_tokens, inbox=self.inbox_depth,
+                    uncached_tokens=now.prompt_tokens - now.cached_tokens)
 
     # ---- load reports to the balancers -----------------------------------------------------------
     def arrive(self, tokens: int) -> Arrival:

@@ -28,7 +28,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, node.cluster)
+            return ControllerActor(role.id, node.cluster, autoscale=node.autoscale)
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):

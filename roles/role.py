@@ -27,8 +27,8 @@ class RoleActor(Actor):
         self.state = "stopping"
 
     def load(self) -> Load:
-        """The counters the controller's table shows (balancers get the engines' own LoadReport, see
-        dsi.roles.load_report); a role with no engine runs nothing."""
+        """The counters the controller's table shows and its autoscaler reads (balancers get the
+        engines' own LoadReport, see dsi.roles.load_report); a role with no engine runs nothing."""
         return Load(inbox=self.inbox_depth)
 
     @handles

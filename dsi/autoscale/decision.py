@@ -14,6 +14,7 @@ class Rule(StrEnum):
 
     MIN = "min"  # the need was below min_instances
     MAX = "max"  # the need was above max_instances
+    MANUAL = "manual"  # an operator's target replaced the need
     QUOTA = "quota"  # quota use above the threshold: no scale-down, no stop
     COOLDOWN = "cooldown"  # the target already changed less than one interval ago
     RATE_LIMIT = "rate_limit"  # the change was more than max_change

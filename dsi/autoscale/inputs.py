@@ -26,6 +26,9 @@ class RoleInputs:
 
     ``capacity`` must be positive: with no instance to measure, pass the last measurement or a
     configured estimate.
+
+    ``manual`` is an operator's serving target (``dsi scale``), which replaces what demand asks
+    for; None leaves the target to demand.
     """
 
     serving: int
@@ -33,12 +36,17 @@ class RoleInputs:
     starting: int = 0
     capacity: float
     demand: float
+    manual: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("serving", "ready", "starting"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.manual is not None and (
+            not isinstance(self.manual, int) or isinstance(self.manual, bool) or self.manual < 0
+        ):
+            raise ValueError(f"manual must be a non-negative integer or None, got {self.manual!r}")
         if not (_is_finite(self.capacity) and self.capacity > 0):
             raise ValueError(f"capacity must be a positive finite number, got {self.capacity!r}")
         if not (_is_finite(self.demand) and self.demand >= 0):

@@ -6,7 +6,8 @@ Per role (prefill from un-cached tokens/s, decode from active requests), in this
 1. need: the smallest n with n * capacity > demand * (1 + margin), so the serving capacity
    always strictly exceeds the demand plus its margin, also on an exact multiple; 0 when there
    is no demand (see :func:`dsi.autoscale.need.instances_needed`).
-2. bounds: clamp to [min_instances, max_instances].
+2. bounds: clamp to [min_instances, max_instances]. An operator's target (``manual``, set by
+   ``dsi scale``) then replaces it, clamped the same way; the rules below still apply to it.
 3. cooldown: a role whose target changed less than interval_s ago (1 % tolerance for timer
    jitter) keeps its previous target (within the bounds), so calling more often than once per
    interval does not multiply the rate limit, and a shortfall still fills as instances arrive.
@@ -100,6 +101,8 @@ def _decide_role(
     reasons: list[Reason] = []
     need = instances_needed(seen.demand, seen.capacity, bounds.margin)
     target = _bound(need, bounds, reasons)
+    if seen.manual is not None:
+        target = _manual(seen.manual, target, bounds, reasons)
     target = _cool_down(target, before, bounds, inputs.now_s, config.interval_s, reasons)
     if quota_hold:
         target = _hold_for_quota(target, seen, bounds, config.quota_threshold, reasons)
@@ -129,6 +132,12 @@ def _bound(need: int, bounds: RoleBounds, reasons: list[Reason]) -> int:
         reasons.append(Reason(Rule.MAX, f"need {need} is above max_instances {bounds.max_instances}"))
         return bounds.max_instances
     return need
+
+
+def _manual(manual: int, target: int, bounds: RoleBounds, reasons: list[Reason]) -> int:
+    held = min(max(manual, bounds.min_instances), bounds.max_instances)
+    reasons.append(Reason(Rule.MANUAL, f"operator target {held} instead of {target}"))
+    return held
 
 
 def _hold_for_quota(

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `dsi --help` lists them.
-_COMMANDS = ("dsi.cli.serve", "dsi.cli.status", "dsi.cli.model", "dsi.cli.generate", "dsi.cli.recipe",
+_COMMANDS = ("dsi.cli.serve", "dsi.cli.status", "dsi.cli.scale", "dsi.cli.model", "dsi.cli.generate", "dsi.cli.recipe",
              "dsi.bench.cli")
 
 

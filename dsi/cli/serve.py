@@ -12,6 +12,10 @@ controller by its heartbeats, and a replaced controller learns every instance ag
 way. An instance that keeps dying is given up (logged as an error); if that is the controller,
 every role is stopped and serve exits 1.
 
+With an [autoscale] section only ``min_instances`` + ``ready_pool`` instances of a scaled role start
+(the first ones of the config); then a ``ScaleFollower`` starts and stops instances of it
+every heartbeat interval for the controller's targets (``dsi status`` shows them).
+
 A signal stops every child in reverse start order (the controller last) and exits 0. A role
 whose first start fails, or a cluster not ready within --ready-timeout seconds, stops all the
 others and exits 1.
@@ -28,14 +32,19 @@ from collections.abc import Coroutine
 from typing import Any, TextIO, TypeVar
 
 import aiohttp
+import zmq.asyncio
 
 from dsi.cli.status import ControllerUnreachable, fetch_instances, format_table
-from dsi.config import ConfigError, EntrypointOptions, NodeConfig, load_config, with_http_port
+from dsi.config import ConfigError, EntrypointOptions, NodeConfig, RoleConfig, load_config, with_http_port
+from dsi.config.autoscale import check_declared
 from dsi.logs import setup_logging
+from dsi.messages import ALL
 from dsi.messages.control import InstanceInfo
 from dsi.provision import LocalProvisioner, ProvisionedInstance, StartFailed
+from dsi.provision.follow import ScaleFollower
 from dsi.provision.process import describe_exit
 from dsi.roles.curve import client_keys
+from dsi.transport.client import Peer
 
 DEFAULT_CONFIG = "configs/local.toml"
 _POLL_S = 0.2
@@ -59,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         if args.port is not None:
             cfg = with_http_port(cfg, args.port)
+        _check_autoscale(cfg)
     except ConfigError as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +82,28 @@ def role_command(config: str, role_id: str, http_port: int | None) -> list[str]:
     return [*argv, "--http-port", str(http_port)] if http_port is not None else argv
 
 
+def _check_autoscale(cfg: NodeConfig) -> None:
+    """ConfigError when an [autoscale] section cannot be followed here."""
+    if cfg.autoscale is None:
+        return
+    if not cfg.roles_of("controller"):
+        raise ConfigError(str(cfg.source), "autoscale", "needs a controller role in the same config")
+    declared = {kind: len(cfg.roles_of(kind)) for kind in ("prefill", "decode")}
+    check_declared(cfg.autoscale, declared, str(cfg.source))
+
+
+def first_roles(cfg: NodeConfig) -> list[RoleConfig]:
+    """The roles serve starts itself: all, but of a scaled kind only the first
+    min_instances + ready_pool."""
+    scaled = cfg.autoscale.scaled() if cfg.autoscale is not None else {}
+    first: list[RoleConfig] = []
+    for role in cfg.roles:
+        bounds = scaled.get(role.kind)  # type: ignore[call-overload]
+        if bounds is None or sum(1 for r in first if r.kind == role.kind) < bounds.initial:
+            first.append(role)
+    return first
+
+
 class _Serve:
     def __init__(self, cfg: NodeConfig, http_port: int | None, ready_timeout_s: float) -> None:
         self.cfg = cfg
@@ -83,6 +115,9 @@ class _Serve:
         self.stop_requested = asyncio.Event()
         self.controller_failed: ProvisionedInstance | None = None
         self._fatal = asyncio.Event()
+        self.first = first_roles(cfg)
+        self.follower: ScaleFollower | None = None
+        self._follow_ctx: zmq.asyncio.Context | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -91,7 +126,11 @@ class _Serve:
         try:
             return await self._run()
         finally:
+            if self.follower is not None:
+                await self.follower.close()
             await self.provisioner.close()
+            if self._follow_ctx is not None:
+                self._follow_ctx.destroy(linger=0)
 
     async def _run(self) -> int:
         try:
@@ -102,7 +141,7 @@ class _Serve:
             return 1
         if not started:
             return 0
-        await self._until_stopped(self._fatal.wait())
+        await self._until_stopped(self._keep_serving())
         failed = self.controller_failed
         if failed is None:
             return 0
@@ -111,6 +150,24 @@ class _Serve:
             "stopping every role"
         )
         return 1
+
+    async def _keep_serving(self) -> None:
+        """Until a fatal failure; meanwhile follow the controller's scale targets, if any."""
+        if self.cfg.autoscale is None:
+            await self._fatal.wait()
+            return
+        declared = {kind: [r.id for r in self.cfg.roles_of(kind)] for kind in self.cfg.autoscale.scaled()}
+        self._follow_ctx = zmq.asyncio.Context()
+        peer = Peer(self.cfg.cluster.controller, self._follow_ctx, types=ALL, peer_id="dsi-serve",
+                    keys=client_keys(self.cfg.security), timeout=5.0)
+        self.follower = ScaleFollower(self.provisioner, declared, peer, self.cfg.cluster.heartbeat_interval_s)
+        following = asyncio.ensure_future(self.follower.run())
+        try:
+            await self._fatal.wait()
+        finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            await peer.close()
 
     def _changed(self, inst: ProvisionedInstance) -> None:
         if inst.state == "failed" and self.cfg.role(inst.role_id).kind == "controller":
@@ -130,8 +187,8 @@ class _Serve:
         return None if work.cancelled() else work.result()
 
     async def _start_all(self) -> bool:
-        controllers = [role for role in self.cfg.roles if role.kind == "controller"]
-        others = [role for role in self.cfg.roles if role.kind != "controller"]
+        controllers = [role for role in self.first if role.kind == "controller"]
+        others = [role for role in self.first if role.kind != "controller"]
         for wave in (controllers, others):
             try:
                 async with asyncio.TaskGroup() as group:  # one failure cancels the others' wait
@@ -140,16 +197,18 @@ class _Serve:
             except BaseExceptionGroup as failures:
                 raise failures.exceptions[0] from None
         table = await self._registered() if controllers else []
-        if controllers and any(role.kind == "decode" for role in self.cfg.roles):
+        if controllers and any(role.kind == "decode" for role in self.first):
             await self._serving()
-        _say(f"gateway {self._gateway()} ({len(self.cfg.roles)} instances)", stream=sys.stdout)
+        _say(f"gateway {self._gateway()} ({len(self.first)} instances)", stream=sys.stdout)
         if table:
             print(format_table(table), flush=True)
         return True
 
     async def _registered(self) -> list[InstanceInfo]:
-        """Wait until the controller lists every role of the config as serving; the table."""
-        wanted = {role.id for role in self.cfg.roles}
+        """Wait until the controller lists every role started as serving (or, of a scaled kind,
+        as serving or ready: the ready pool); the table."""
+        wanted = {role.id for role in self.first}
+        scaled = {role.id for role in self.first if self.cfg.autoscale and role.kind in self.cfg.autoscale.scaled()}
         keys = client_keys(self.cfg.security)
         while True:
             for inst in self.provisioner.list():
@@ -159,7 +218,11 @@ class _Serve:
                 table = await fetch_instances(self.cfg.cluster.controller, keys, timeout=2.0)
             except ControllerUnreachable:
                 continue
-            ready = {info.instance_id for info in table.instances if info.state == "serving"}
+            ready = {
+                info.instance_id
+                for info in table.instances
+                if info.state == "serving" or (info.state == "ready" and info.instance_id in scaled)
+            }
             if wanted <= ready:
                 return [info for info in table.instances if info.instance_id in wanted]
             await asyncio.sleep(_POLL_S)

@@ -2,10 +2,14 @@
 
     dsi status [--config configs/local.toml] [--controller tcp://HOST:PORT] [--json] [--timeout S]
 
+Under the instances, the autoscaler's roles (quota use, targets, ready pool) and its last
+decisions, when the config has an [autoscale] section (see :mod:`dsi.cli.scale_view`).
+
 STATE is the instance's lifecycle state (starting | ready | serving | draining | stopped | dead),
 with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
-The JSON also has the controller's lifecycle transition counts. Each serving balancer adds
-which prefill serves which length bucket (see dsi.cli.status_balancers; ``balancers`` in the JSON).
+The JSON also has the controller's lifecycle transition counts and, under ``autoscale``, every
+decision kept (the last 100). Each serving balancer adds which prefill serves which length bucket
+(see dsi.cli.status_balancers; ``balancers`` in the JSON).
 
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
@@ -24,10 +28,11 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
+from dsi.cli.scale_view import format_scale, scale_json
 from dsi.cli.status_balancers import balancers_json, fetch_balancers, format_buckets
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
-from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances
+from dsi.messages.control import GetScale, InstanceInfo, InstanceTable, ListInstances, ScaleStatus
 from dsi.roles.curve import client_keys
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -55,21 +60,51 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        address, keys = _target(args.config, args.controller)
+        address, keys = controller_target(args.config, args.controller)
     except (ConfigError, ValueError) as exc:  # ValueError: a key file without its secret key
         print(f"dsi status: {exc}", file=sys.stderr)
         return 2
     try:
-        table = uvloop.run(fetch_instances(address, keys, args.timeout))
+        table, scale = uvloop.run(_fetch_status(address, keys, args.timeout))
     except ControllerUnreachable as exc:
         print(f"dsi status: {exc}", file=sys.stderr)
         return 1
     balancers = uvloop.run(fetch_balancers(table, keys, args.timeout))
     if args.json:
-        print(json.dumps({**table_json(table), "balancers": balancers_json(balancers)}, indent=2))
+        extra = {"autoscale": scale_json(scale)} if scale else {}
+        print(json.dumps({**table_json(table), **extra, "balancers": balancers_json(balancers)}, indent=2))
     else:
-        print(format_table(table.instances) + (f"\n\n{format_buckets(balancers)}" if balancers else ""))
+        parts = [format_table(table.instances)]
+        parts += [format_scale(scale)] if scale else []
+        parts += [format_buckets(balancers)] if balancers else []
+        print("\n\n".join(parts))
     return 0
+
+
+async def _fetch_status(
+    address: str, keys: CurveKeys | None, timeout: float
+) -> tuple[InstanceTable, ScaleStatus | None]:
+    """The InstanceTable and, on the same connection, the autoscaler's state (None when it is off
+    or the controller does not answer it); ControllerUnreachable after `timeout` s."""
+    ctx = zmq.asyncio.Context()
+    peer = Peer(address, ctx, types=(InstanceTable, ScaleStatus), peer_id="dsi-status", keys=keys, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        try:
+            await peer.connect(timeout)
+            table = await peer.ask(ListInstances(), timeout=max(0.1, deadline - time.monotonic()))
+        except DsiError as exc:
+            raise ControllerUnreachable(
+                f"cannot reach the controller at {address} within {timeout:g}s ({exc})"
+            ) from None
+        try:
+            scale = await peer.ask(GetScale(), timeout=timeout)
+        except DsiError:  # a controller of an older version does not know GetScale
+            scale = None
+    finally:
+        await peer.close()
+        ctx.destroy(linger=0)
+    return table, scale if isinstance(scale, ScaleStatus) and scale.enabled else None
 
 
 async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) -> InstanceTable:
@@ -130,7 +165,7 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
     )
 
 
-def _target(config: str | None, controller: str | None) -> tuple[str, CurveKeys | None]:
+def controller_target(config: str | None, controller: str | None) -> tuple[str, CurveKeys | None]:
     """The controller address and the client keys to use."""
     if controller is not None and config is None:
         return controller, None

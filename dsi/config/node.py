@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsi.config.autoscale import AutoscaleSection
 from dsi.config.endpoints import reachable
 from dsi.config.errors import ConfigError, Where
 from dsi.config.provisioner import ProvisionerConfig
@@ -39,6 +40,8 @@ class NodeConfig:
     kvcache: KvcacheConfig = field(default_factory=KvcacheConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
+    # None without an [autoscale] section: every instance serves, nothing is started or stopped.
+    autoscale: AutoscaleSection | None = field(default=None, metadata=spec(fallback=lambda _: None))
     roles: tuple[RoleConfig, ...] = field(metadata=spec(reader=read_roles))
 
     def role(self, role_id: str) -> RoleConfig:

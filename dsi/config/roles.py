@@ -87,7 +87,7 @@ class EngineOptions:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class ControllerOptions:
-    """No options yet (drain and autoscaling, which will have them, are planned)."""
+    """No options yet (drain, which will have them, is planned; autoscaling is the [autoscale] section)."""
 
 
 def _token_edges(raw: Any, where: Where) -> tuple[int, ...]:

@@ -4,7 +4,8 @@ Every role instance asks the controller a ``Heartbeat`` each ``cluster.heartbeat
 the first one registers it, and each is answered with an ``Assignment``: the lifecycle state the
 controller holds for it, which the next heartbeats carry back (``assigned``) so that a restarted
 controller rebuilds its table from them. ``Goodbye`` on a graceful stop. ``ListInstances`` is
-what ``dsi status`` and the gateway ask; ``SetState`` is an operator's order (drain).
+what ``dsi status`` and the gateway ask; ``SetState`` is an operator's order (drain). ``GetScale`` is what ``dsi status`` and ``dsi serve``
+(which starts and stops instances for the targets) ask, ``SetScale`` is ``dsi scale``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from dsi.messages.base import Message
 
 
 class Load(Message):
-    """An instance's load as the controller's table shows it: counts, not rates. (Balancers get
-    the engines' LoadReport instead, dsi.messages.balancer.)"""
+    """An instance's load as the controller's table shows it and the autoscaler reads it: counts,
+    not rates (the controller takes the rate of a counter between two heartbeats). Balancers get
+    the engines' LoadReport instead (dsi.messages.balancer)."""
 
     running: int = 0  # requests being served
     queued: int = 0  # requests waiting for admission
     kv_tokens: int = 0  # tokens of KV held by running requests
     inbox: int = 0  # messages waiting in the actor's inbox
+    uncached_tokens: int = 0  # prompt tokens admitted without a prefix hit since the process started
 
 
 class Heartbeat(Message):
@@ -96,11 +99,83 @@ class Drain(Message):
     grace_s: float = 60.0
 
 
+class GetScale(Message):
+    """Operator or provisioner -> controller: answered with a ScaleStatus."""
+
+
+class SetScale(Message):
+    """Operator -> controller (``dsi scale``): hold `role` at `instances` serving, within its
+    [min_instances, max_instances]; -1 hands the role back to the autoscaler. Answered with a
+    ScaleStatus, or InvalidRequest (autoscaling off, role not scaled, count out of bounds)."""
+
+    role: str
+    instances: int
+
+
+class ScaleRole(Message):
+    """One scaled role as the controller holds it now. Counts are instances.
+
+    ``wanted`` is how many should exist (serving, ready, starting and draining back to the pool):
+    whoever holds a provisioner starts instances of the role until that many run, and stops the
+    ones named in ``stop`` (taken out of service and idle, drained for too long, or ready above
+    the pool target). ``demand`` and ``capacity`` are in the role's unit: un-cached prompt
+    tokens/s for prefill, active requests for decode.
+    """
+
+    role: str
+    min_instances: int
+    max_instances: int
+    ready_pool: int  # configured pool size
+    serving: int
+    ready: int
+    starting: int  # registered as starting, draining back to the pool, or started and not seen yet
+    draining: int  # taken out of service, to be stopped
+    target: int  # serving count wanted by the last decision (min_instances before the first)
+    pool_target: int
+    wanted: int
+    demand: float = 0.0
+    capacity: float = 0.0
+    manual: int = -1  # an operator's target (dsi scale), -1 = autoscaled
+    stop: list[str] = []
+
+
+class ScaleDecision(Message):
+    """One role's part of one autoscaler decision, with the inputs it was made from."""
+
+    at: float  # unix seconds
+    role: str
+    serving: int
+    ready: int
+    starting: int
+    demand: float
+    capacity: float
+    need: int
+    target: int
+    take: int = 0  # ready -> serving
+    returned: int = 0  # serving -> drained back to the ready pool
+    stop_serving: int = 0  # serving -> drained, then stopped
+    stop_ready: int = 0
+    start: int = 0
+    pool_target: int = 0
+    reasons: list[str] = []
+
+
+class ScaleStatus(Message):
+    """The autoscaler's state: off (``enabled`` False) or its roles and last decisions, oldest
+    first (up to 100 decisions, one entry per scaled role each)."""
+
+    enabled: bool
+    interval_s: float = 0.0
+    quota_threshold: float = 0.0
+    roles: list[ScaleRole] = []
+    decisions: list[ScaleDecision] = []
+
+
 ControlMsg = (
     Heartbeat | Assignment | Goodbye | ListInstances | InstanceTable | InstanceInfo | TransitionCount
-    | SetState | Drain | Load
+    | SetState | Drain | Load | GetScale | SetScale | ScaleRole | ScaleDecision | ScaleStatus
 )
 CONTROL = (
     Heartbeat, Assignment, Goodbye, ListInstances, InstanceInfo, InstanceTable, TransitionCount,
-    SetState, Drain, Load,
+    SetState, Drain, Load, GetScale, SetScale, ScaleRole, ScaleDecision, ScaleStatus,
 )

@@ -1,5 +1,5 @@
-"""The controller role: instance registry and lifecycle from heartbeats. Planned: autoscaler,
-drain with migration, failover."""
+"""The controller role: instance registry and lifecycle from heartbeats, the autoscaler with its
+ready pool. Planned: drain with migration, failover."""
 
 from dsi.roles.controller.actor import ControllerActor
 from dsi.roles.controller.registry import InstanceRegistry

@@ -4,7 +4,11 @@ Heartbeat registers or refreshes an instance and is answered with its Assignment
 it stopped, SetState is an operator's order (draining), ListInstances is answered with an
 InstanceTable that also carries the transition counts. A sweep every heartbeat interval marks
 silent instances dead and prunes old entries. Every lifecycle move is logged on one line.
-Autoscaling, drain with migration and failover are planned.
+
+With an [autoscale] section a Scaler (:mod:`dsi.roles.controller.scaling`) decides every
+``interval_s`` which ready instances serve and which stay in the ready pool, and how many
+instances each scaled role wants; GetScale reports it, SetScale is an operator's target.
+Drain with migration and failover are planned.
 """
 
 from __future__ import annotations
@@ -16,41 +20,58 @@ from collections.abc import Callable
 
 from dsi.actor import handles
 from dsi.config import ClusterConfig
+from dsi.config.autoscale import AutoscaleSection
+from dsi.errors import InvalidRequest
 from dsi.messages.control import (
     Assignment,
+    GetScale,
     Goodbye,
     Heartbeat,
     InstanceInfo,
     InstanceTable,
     ListInstances,
+    ScaleStatus,
+    SetScale,
     SetState,
 )
 from dsi.roles.controller.lifecycle import InstanceState, Transition
 from dsi.roles.controller.registry import InstanceRegistry
+from dsi.roles.controller.scaling import Scaler
 from dsi.roles.role import RoleActor
 
 log = logging.getLogger(__name__)
 
 
 class ControllerActor(RoleActor):
-    """`clock` returns monotonic seconds; tests inject a fake one."""
+    """`clock` returns monotonic seconds, `wall` unix seconds; tests inject fake ones.
+    `autoscale` None: every ready instance serves at once and nothing is scaled."""
 
     def __init__(
         self,
         name: str,
         cluster: ClusterConfig,
         *,
+        autoscale: AutoscaleSection | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         forget_after_s: float = 60.0,
     ) -> None:
         super().__init__(name)
         self.registry = InstanceRegistry(
             cluster.heartbeat_interval_s, cluster.heartbeat_timeout_s, forget_after_s
         )
+        self.scaler: Scaler | None = None
+        if autoscale is not None:
+            # Gateways refresh their instance lists about once a second (and at least once a heartbeat).
+            settle_s = 2.0 * max(1.0, cluster.heartbeat_interval_s)
+            self.scaler = self.registry.ready_pool = Scaler(autoscale, self.registry, settle_s=settle_s)
         self._clock = clock
+        self._wall = wall
 
     async def on_start(self) -> None:
         self.spawn(self._sweep_every(self.registry.interval_s), name=f"{self.name}.sweep")
+        if self.scaler is not None:
+            self.spawn(self._scale_every(self.scaler.section.interval_s), name=f"{self.name}.scale")
         await super().on_start()
 
     @handles
@@ -78,16 +99,56 @@ class ControllerActor(RoleActor):
             transitions=self.registry.transition_counts(),
         )
 
+    @handles
+    async def get_scale(self, msg: GetScale) -> ScaleStatus:
+        if self.scaler is None:
+            return ScaleStatus(enabled=False)
+        self.sweep()
+        return self.scaler.status(self._clock(), self._wall())
+
+    @handles
+    async def set_scale(self, msg: SetScale) -> ScaleStatus:
+        if self.scaler is None:
+            raise InvalidRequest("autoscaling is off: the config has no [autoscale] section")
+        self.scaler.set_manual(msg.role, msg.instances)
+        held = "handed back to the autoscaler" if msg.instances == -1 else f"held at {msg.instances} serving"
+        log.info("autoscale %s: %s by an operator", msg.role, held)
+        return self.scaler.status(self._clock(), self._wall())
+
     def sweep(self) -> None:
-        """Mark instances silent for the heartbeat timeout dead; prune old stopped and dead ones."""
+        """Mark instances silent for the heartbeat timeout dead; prune old stopped and dead ones;
+        return drained instances to the ready pool."""
         now = self._clock()
         _log(self.registry.expire(now))
         self.registry.prune(now)
+        if self.scaler is not None:
+            _log(self.scaler.housekeep(now))
+
+    def scale(self) -> None:
+        """One autoscaler decision, its moves applied and logged."""
+        assert self.scaler is not None
+        self.sweep()
+        decision, moves = self.scaler.decide(self._clock())
+        acted = bool(moves) or any(
+            decision.role(name).start or decision.role(name).stop_ready for name in self.scaler.roles()
+        )
+        for name in self.scaler.roles():
+            text = decision.role(name).describe().replace("\n", ";")
+            log.log(logging.INFO if acted else logging.DEBUG, "autoscale %s: %s", name, text)
+        _log(moves)
 
     async def _sweep_every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
             self.sweep()
+
+    async def _scale_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                self.scale()
+            except Exception:  # a bad decision must not end the loop that makes the next one
+                log.exception("autoscale: the decision failed")
 
 
 def _log(moves: list[Transition]) -> None:

@@ -3,7 +3,8 @@
 Pure data and checks, no I/O::
 
     (registered) --> starting --> ready --(assigned)--> serving --> draining
-                        |           |                      |           |
+                        |           |  ^                   |           |  |
+                        |           |  +-------(drained back to the pool)-+
                         +-----------+----------------------+-----------+--> stopped (Goodbye)
                                                                        +--> dead (missed heartbeats)
 
@@ -41,6 +42,7 @@ TRANSITIONS: frozenset[tuple[InstanceState, InstanceState]] = frozenset(
         (S.READY, S.SERVING),
         (S.READY, S.DRAINING),
         (S.SERVING, S.DRAINING),
+        (S.DRAINING, S.READY),  # the autoscaler returns a drained instance to the ready pool
         *((live, end) for live in (S.STARTING, S.READY, S.SERVING, S.DRAINING) for end in FINAL),
     }
 )

@@ -4,7 +4,8 @@ Pure bookkeeping, no I/O: every method takes ``now`` (monotonic seconds) and ret
 lifecycle moves it made (:class:`Transition`), which the registry also counts; the controller
 logs them. The states and allowed moves are in :mod:`dsi.roles.controller.lifecycle`.
 
-    heartbeat (new run) --> starting | ready ---_assign()---> serving
+    heartbeat (new run) --> starting | ready ---_assign()---> serving (unless the ready pool keeps it)
+    the controller's own order (move) -------------------> serving | draining | ready
     process says stopping ------------------------------> draining
     SetState(draining) ---------------------------------> draining
     Goodbye --------------------------------------------> stopped
@@ -24,6 +25,7 @@ heartbeat interval of its return.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from dsi.errors import InvalidRequest
 from dsi.messages.control import Heartbeat, InstanceInfo, TransitionCount
@@ -38,6 +40,14 @@ from dsi.roles.controller.lifecycle import (
 S = InstanceState
 SUSPECT_AFTER_INTERVALS = 2.5  # two missed heartbeats, with slack for scheduling jitter
 _OPERATOR_STATES = frozenset({S.DRAINING})  # what SetState may order today
+
+
+class ReadyPool(Protocol):
+    """Decides whether a ready instance stays unassigned (the autoscaler's ready pool)."""
+
+    def keeps(self, role: str, serving: int) -> bool:
+        """True to keep a ready instance of `role` in the pool while `serving` of it serve."""
+        ...
 
 
 @dataclass(slots=True)
@@ -64,6 +74,7 @@ class InstanceRegistry:
         self.timeout_s = timeout_s
         self.forget_after_s = forget_after_s
         self.transitions = TransitionCounter()
+        self.ready_pool: ReadyPool | None = None  # None: every ready instance serves at once
         self._entries: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
@@ -108,6 +119,11 @@ class InstanceRegistry:
             return []
         return self._move(entry, S(state), reason, now)
 
+    def move(self, instance_id: str, state: InstanceState, now: float, reason: str) -> list[Transition]:
+        """The controller's own order (the autoscaler's); IllegalTransition when not allowed,
+        KeyError when the instance is unknown."""
+        return self._move(self._entries[instance_id], state, reason, now)
+
     def expire(self, now: float) -> list[Transition]:
         """Every live instance silent for timeout_s becomes dead."""
         moves: list[Transition] = []
@@ -143,9 +159,15 @@ class InstanceRegistry:
 
     # ---- internals ---------------------------------------------------------------------------
     def _assign(self, entry: _Entry, now: float) -> list[Transition]:
-        """Where a ready instance goes. There is no ready pool policy running yet, so every ready
-        instance serves at once; the autoscaler will decide here which stay in the ready pool."""
-        return self._move(entry, S.SERVING, "assigned (no ready pool yet)", now)
+        """Where a ready instance goes: it serves, unless the ready pool keeps it (without one,
+        every ready instance serves at once)."""
+        if self.ready_pool is None:
+            return self._move(entry, S.SERVING, "assigned (no ready pool)", now)
+        role = entry.beat.role
+        serving = sum(1 for e in self._entries.values() if e.beat.role == role and e.state is S.SERVING)
+        if self.ready_pool.keeps(role, serving):
+            return []
+        return self._move(entry, S.SERVING, "assigned", now)
 
     def _move(self, entry: _Entry, after: InstanceState, reason: str, now: float) -> list[Transition]:
         check_transition(entry.state, after)

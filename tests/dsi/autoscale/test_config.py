@@ -53,6 +53,7 @@ def test_autoscaler_config_refuses_bad_values(options, message):
         ({"capacity": 0}, "capacity must be a positive finite number, got 0"),
         ({"demand": -1.0}, "demand must be a non-negative finite number, got -1.0"),
         ({"demand": float("nan")}, "demand must be a non-negative finite number, got nan"),
+        ({"manual": -1}, "manual must be a non-negative integer or None, got -1"),
     ],
 )
 def test_role_inputs_refuse_bad_values(options, message):

@@ -130,6 +130,14 @@ def test_margin_capacity_strictly_exceeds_demand_plus_margin(demand, margin, nee
         assert (got.target - 1) * 100 <= demand * (1 + margin)
 
 
+def test_margin_exact_decision_on_an_exact_multiple():
+    bounds = RoleBounds(min_instances=1, max_instances=10, max_change=2, margin=0.25)
+    got = decide_decode(bounds, serving=2, capacity=100, demand=160).decode  # 200 tokens/s needed
+    # 2 * 100 equals 160 * 1.25 and does not exceed it: one more.
+    assert without_reasons(got) == RoleDecision(need=3, target=3, start=1, shortfall=1, last_change_s=0.0)
+    assert got.rules == ()
+
+
 # --- quota rule -----------------------------------------------------------------------------
 
 
@@ -145,6 +153,13 @@ def test_no_scale_down_while_quota_use_is_above_the_threshold(serving, target, r
     bounds = RoleBounds(max_instances=100, max_change=5)
     got = decide_decode(bounds, serving=serving, capacity=10, demand=0).decode
     assert (got.target, got.stop_serving, got.rules) == (target, serving - target, rules)
+
+
+def test_quota_rule_exact_decision_holds_serving_and_stops_nothing():
+    bounds = RoleBounds(min_instances=1, max_instances=10, max_change=3, ready_pool=1)
+    got = decide_decode(bounds, serving=9, ready=1, capacity=10, demand=0).decode  # use 0.9
+    assert without_reasons(got) == RoleDecision(need=0, target=9, pool_target=1)
+    assert got.rules == (Rule.MIN, Rule.QUOTA)
 
 
 def test_quota_rule_reason_names_the_use():
@@ -217,3 +232,22 @@ def test_starts_never_exceed_max_held():
     # target 6 (max), pool 0; 3 are starting, so 2 more fill the quota.
     assert without_reasons(got) == RoleDecision(need=121, target=6, start=2, shortfall=5, last_change_s=0.0)
     assert got.rules == (Rule.MAX, Rule.POOL_QUOTA)
+
+
+# --- operator target ------------------------------------------------------------------------
+
+
+def test_a_manual_target_replaces_the_need_and_keeps_the_rate_limit():
+    bounds = RoleBounds(min_instances=1, max_instances=10, max_change=1, ready_pool=1)
+    got = decide_decode(bounds, serving=1, ready=1, capacity=10, demand=0, manual=4).decode
+    assert without_reasons(got) == RoleDecision(
+        need=0, target=2, take_from_pool=1, start=1, pool_target=1, last_change_s=0.0
+    )
+    assert [str(reason) for reason in got.reasons] == [
+        "min: need 0 is below min_instances 1",
+        "manual: operator target 4 instead of 1",
+        "rate_limit: 4 is 3 from serving 1, more than max_change 1: 2 this interval",
+    ]
+    # Outside the bounds (the config changed since): clamped.
+    got = decide_decode(bounds, serving=2, capacity=10, demand=0, manual=20).decode
+    assert (got.target, got.rules) == (3, (Rule.MIN, Rule.MANUAL, Rule.RATE_LIMIT))

@@ -33,10 +33,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def local_config(tmp_path: Path, keep: Sequence[str] = (), interval_s: float = 0.5) -> Path:
-    """configs/local.toml with every 127.0.0.1 port replaced by a free one, paths under tmp_path,
-    a faster heartbeat and, when `keep` names role ids, only those [[roles]]."""
-    head, *blocks = LOCAL_TOML.read_text().split("[[roles]]")
+def local_config(
+    tmp_path: Path, keep: Sequence[str] = (), interval_s: float = 0.5, source: Path = LOCAL_TOML
+) -> Path:
+    """`source` (configs/local.toml) with every 127.0.0.1 port replaced by a free one, paths under
+    tmp_path, a faster heartbeat and, when `keep` names role ids, only those [[roles]]."""
+    head, *blocks = source.read_text().split("[[roles]]")
     if keep:
         blocks = [b for b in blocks if re.search(r'(?m)^id = "([^"]+)"', b).group(1) in keep]  # type: ignore[union-attr]
     text = "[[roles]]".join([head, *blocks])
