@@ -12,6 +12,7 @@ from dsi.config import (
 )
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
+from dsi.roles.curve import server_keys
 from dsi.roles.decode import DecodeActor
 from dsi.roles.encoder import EncoderActor
 from dsi.roles.engine_role import EngineRoleSettings
@@ -26,7 +27,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, node.cluster)
+            return ControllerActor(role.id, node.cluster, keys=server_keys(node.security))
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):

@@ -90,17 +90,26 @@ class SetState(Message):
 
 
 class Drain(Message):
-    """Operator -> controller: take an instance offline after its grace period."""
+    """Operator -> controller: take an instance offline after its grace period (seconds); answered
+    with its InstanceInfo (``draining``). A decode moves its running requests with their KV to
+    other decodes at the end of it, a prefill finishes its work; then the instance stops."""
 
     instance_id: str
     grace_s: float = 60.0
 
 
+class Undrain(Message):
+    """Operator -> controller: cancel a drain during its grace period; the instance serves again.
+    IllegalTransition once the grace period is over (the instance is moving its work away)."""
+
+    instance_id: str
+
+
 ControlMsg = (
     Heartbeat | Assignment | Goodbye | ListInstances | InstanceTable | InstanceInfo | TransitionCount
-    | SetState | Drain | Load
+    | SetState | Drain | Undrain | Load
 )
 CONTROL = (
     Heartbeat, Assignment, Goodbye, ListInstances, InstanceInfo, InstanceTable, TransitionCount,
-    SetState, Drain, Load,
+    SetState, Drain, Undrain, Load,
 )

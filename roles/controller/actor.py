@@ -4,7 +4,12 @@ Heartbeat registers or refreshes an instance and is answered with its Assignment
 it stopped, SetState is an operator's order (draining), ListInstances is answered with an
 InstanceTable that also carries the transition counts. A sweep every heartbeat interval marks
 silent instances dead and prunes old entries. Every lifecycle move is logged on one line.
-Autoscaling, drain with migration and failover are planned.
+
+``Drain`` marks an instance draining (the gateway sends it no new work) and passes the order on
+to it (``DrainOrder`` at its control address): after the grace period a decode moves its
+running requests with their KV to other decodes, a prefill finishes its work, and the
+instance stops. ``Undrain`` within the grace period cancels it at the instance first, then
+makes it serving again. Autoscaling and failover are planned.
 """
 
 from __future__ import annotations
@@ -14,20 +19,29 @@ import logging
 import time
 from collections.abc import Callable
 
+import zmq.asyncio
+
 from dsi.actor import handles
 from dsi.config import ClusterConfig
+from dsi.errors import DsiError
+from dsi.messages import ALL
 from dsi.messages.control import (
     Assignment,
+    Drain,
     Goodbye,
     Heartbeat,
     InstanceInfo,
     InstanceTable,
     ListInstances,
     SetState,
+    Undrain,
 )
+from dsi.messages.migrate import DrainOrder
 from dsi.roles.controller.lifecycle import InstanceState, Transition
 from dsi.roles.controller.registry import InstanceRegistry
 from dsi.roles.role import RoleActor
+from dsi.transport.client import Peer
+from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +56,24 @@ class ControllerActor(RoleActor):
         *,
         clock: Callable[[], float] = time.monotonic,
         forget_after_s: float = 60.0,
+        keys: CurveKeys | None = None,
     ) -> None:
         super().__init__(name)
         self.registry = InstanceRegistry(
             cluster.heartbeat_interval_s, cluster.heartbeat_timeout_s, forget_after_s
         )
         self._clock = clock
+        self._keys = keys  # to pass drain orders on to instances
+        self._ctx: zmq.asyncio.Context | None = None
 
     async def on_start(self) -> None:
         self.spawn(self._sweep_every(self.registry.interval_s), name=f"{self.name}.sweep")
         await super().on_start()
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
 
     @handles
     async def heartbeat(self, msg: Heartbeat) -> Assignment:
@@ -68,6 +90,44 @@ class ControllerActor(RoleActor):
         _log(self.registry.set_state(msg.instance_id, msg.state, now, msg.reason))
         [info] = [i for i in self.registry.instances(now) if i.instance_id == msg.instance_id]
         return info
+
+    @handles
+    async def drain(self, msg: Drain) -> InstanceInfo:
+        now = self._clock()
+        _log(self.registry.drain(msg.instance_id, msg.grace_s, now))
+        info = self._info(msg.instance_id)
+        await self._order(info, DrainOrder(msg.grace_s))  # an unreachable instance: still draining
+        return info
+
+    @handles
+    async def undrain(self, msg: Undrain) -> InstanceInfo:
+        now = self._clock()
+        if not self.registry.in_grace(msg.instance_id, now):
+            _log(self.registry.undrain(msg.instance_id, now))  # raises why not
+        await self._order(self._info(msg.instance_id), DrainOrder(cancel=True))  # it may refuse: too late
+        _log(self.registry.undrain(msg.instance_id, self._clock()))
+        return self._info(msg.instance_id)
+
+    def _info(self, instance_id: str) -> InstanceInfo:
+        [info] = [i for i in self.registry.instances(self._clock()) if i.instance_id == instance_id]
+        return info
+
+    async def _order(self, info: InstanceInfo, order: DrainOrder, timeout_s: float = 5.0) -> None:
+        """Pass a drain order on to the instance; its refusal is raised to the operator, an
+        instance that cannot be reached is logged (a drain stands; an undrain then fails)."""
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        peer = Peer(info.address, self._ctx, types=ALL, peer_id=self.name, role="controller", keys=self._keys,
+                    timeout=timeout_s)
+        try:
+            await peer.connect(timeout_s)
+            await peer.ask(order, timeout=timeout_s)
+        except DsiError as exc:
+            if order.cancel or exc.code in ("illegal_transition", "invalid_request"):
+                raise
+            log.warning("drain order to %s not delivered: %s: %s", info.instance_id, exc.code, exc.message)
+        finally:
+            await peer.close()
 
     @handles
     async def list_instances(self, msg: ListInstances) -> InstanceTable:

@@ -2,7 +2,7 @@
 
 Pure data and checks, no I/O::
 
-    (registered) --> starting --> ready --(assigned)--> serving --> draining
+    (registered) --> starting --> ready --(assigned)--> serving <--> draining (undrain: in its grace period)
                         |           |                      |           |
                         +-----------+----------------------+-----------+--> stopped (Goodbye)
                                                                        +--> dead (missed heartbeats)
@@ -41,6 +41,7 @@ TRANSITIONS: frozenset[tuple[InstanceState, InstanceState]] = frozenset(
         (S.READY, S.SERVING),
         (S.READY, S.DRAINING),
         (S.SERVING, S.DRAINING),
+        (S.DRAINING, S.SERVING),  # an undrain during the grace period
         *((live, end) for live in (S.STARTING, S.READY, S.SERVING, S.DRAINING) for end in FINAL),
     }
 )
