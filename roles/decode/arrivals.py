@@ -179,6 +179,7 @@ class Arrivals:
             self._service.write_pages(arrival.reservation, start, pages)
             if start == arrival.held:
                 arrival.held = start + count
+            self.role.counters.precopied_pages += count
         except DsiError as exc:
             log.warning("%s: pre-copied pages of %s did not arrive: %s", self.role.name, arrival.request_id, exc)
         finally:
@@ -206,6 +207,7 @@ class Arrivals:
             inbound.release()
             if inbound in arrival.inbounds:
                 arrival.inbounds.remove(inbound)
+        self.role.counters.migrated_in += 1
         arrival.pump = asyncio.get_running_loop().create_task(self._pump(arrival, stream))
         if not arrival.imported.done():
             arrival.imported.set_result(None)

@@ -209,6 +209,7 @@ class Migration:
             future.set_result(target)
         if target:
             self.report.moved += 1
+            self.role.counters.migrated_out += 1
         else:
             self.report.rerun += 1
 

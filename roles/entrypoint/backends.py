@@ -158,6 +158,7 @@ class DecodePool:
         self.item_timeout_s = item_timeout_s
         self.reroute_wait_s = reroute_wait_s  # seconds a re-routed request waits for a ready decode
         self.retries = 0
+        self.migrations = 0  # streams moved by a drain to another decode (or re-run when it named none)
 
     async def start(self) -> None:
         await self.decode.start()
@@ -228,6 +229,7 @@ class DecodePool:
                             yield new
                 if migrated and migrations < self.max_migrations:
                     migrations += 1
+                    self.migrations += 1
                     continue
                 return
             except PrefillLost as exc:
