@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dsi.balance.migration import place
-from dsi.errors import DsiError, InvalidRequest
+from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances
 from dsi.messages.migrate import Migrant, MigrateCancel, MigrateIn, MigrationLeases, Precopy, PrecopyPage
 from dsi.roles.controller.lifecycle import IllegalTransition
@@ -193,7 +193,7 @@ class Migration:
             assert self.role.data is not None
             await asyncio.gather(*(self.role.data.send(lease_target(lease), s.to_parts(), timeout_s=expires)
                                    for lease, (_, s) in zip(answer.leases, items, strict=True)))
-        except (DsiError, InvalidRequest) as exc:
+        except Exception as exc:
             log.warning("%s: moving %d requests to %s failed (%s); they re-run", self.role.name, len(items),
                         target, exc)
             for rid, _ in items:
