@@ -1,7 +1,7 @@
 """``dsi drain`` of a decode with 32 streams running: after the grace period every request moves
 with its KV (full pages pre-copied during the grace period) to the other decodes and finishes
 there, token for token the undisturbed run; the drained process exits and the survivors' pools
-return to baseline. Real processes; the router is the gateway's own ``DecodePool``.
+return to baseline. A drained idle prefill stops too. Real processes; the router is the gateway's own ``DecodePool``.
 
 The undisturbed run is the same 32 requests run again on the survivors, undrained (the engines
 are batch-invariant, so a request's tokens do not depend on its batch). Cheap on purpose: the
@@ -18,6 +18,7 @@ import pytest
 
 from dsi.cli.drain import ask_controller
 from dsi.cli.main import main
+from dsi.cli.status import fetch_instances
 from dsi.engine.params import SamplingParams
 from dsi.messages.control import Drain, Undrain
 from dsi.roles.controller.lifecycle import IllegalTransition
@@ -78,3 +79,7 @@ async def test_a_drained_decode_moves_32_streams_with_their_kv_and_exits(procs, 
         assert json.loads(capsys.readouterr().out)["state"] == "serving"
         assert await asyncio.to_thread(main, ["undrain", "decode-9", "--controller", controller]) == 1
         assert "unknown instance" in capsys.readouterr().err
+        await ask_controller(controller, None, Drain("prefill-0", 0.0), 10.0)  # idle: it stops at once
+        assert await asyncio.to_thread(cluster.running["prefill-0"].wait, 60) == 0
+        table = {i.instance_id: i.state for i in (await fetch_instances(controller, None, 5.0)).instances}
+        assert (table["decode-0"], table["prefill-0"], table["decode-1"]) == ("stopped", "stopped", "serving")
