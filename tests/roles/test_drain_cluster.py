@@ -1,7 +1,8 @@
 """``dsi drain`` of a decode with 32 streams running: after the grace period every request moves
 with its KV (full pages pre-copied during the grace period) to the other decodes and finishes
 there, token for token the undisturbed run; the drained process exits and the survivors' pools
-return to baseline. A drained idle prefill stops too. Real processes; the router is the gateway's own ``DecodePool``.
+return to baseline. A drain undone during its grace period releases what was pre-copied; a
+drained idle prefill stops. Real processes; the router is the gateway's own ``DecodePool``.
 
 The undisturbed run is the same 32 requests run again on the survivors, undrained (the engines
 are batch-invariant, so a request's tokens do not depend on its batch). Cheap on purpose: the
@@ -28,7 +29,7 @@ from tests.roles.test_disaggregation import assert_no_leaks
 
 pytestmark = pytest.mark.slow
 
-MAX_TOKENS = 40
+MAX_TOKENS = 56
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 SEEDED = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=1234)
 SURVIVORS = ("decode-1", "decode-2")
@@ -36,6 +37,14 @@ SURVIVORS = ("decode-1", "decode-2")
 
 def prompts() -> list[list[int]]:
     return [prompt(100 + i, 136 if i % 8 == 0 else 12 + i) for i in range(32)]  # 4 of them fill a page
+
+
+async def until_precopied(client: Client, pages: int) -> None:
+    for _ in range(300):
+        if sum([(await client.stats(role)).precopied_pages for role in SURVIVORS]) >= pages:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("nothing was pre-copied")
 
 
 async def test_a_drained_decode_moves_32_streams_with_their_kv_and_exits(procs, tmp_path, capsys):
@@ -56,6 +65,11 @@ async def test_a_drained_decode_moves_32_streams_with_their_kv_and_exits(procs, 
             await s.until(1)
         for role in SURVIVORS:
             await ask_controller(controller, None, Undrain(role), 10.0)
+        # a drain cancelled after pre-copy began: the targets release what they received
+        await ask_controller(controller, None, Drain("decode-0", 60.0), 10.0)
+        await until_precopied(client, 4)
+        assert (await ask_controller(controller, None, Undrain("decode-0"), 10.0)).state == "serving"
+        await assert_no_leaks(client, SURVIVORS)
         info = await ask_controller(controller, None, Drain("decode-0", 2.0), 10.0)  # what `dsi drain` sends
         assert info.state == "draining"
         at_drain = [len(s.tokens) for s in streams]
@@ -67,7 +81,7 @@ async def test_a_drained_decode_moves_32_streams_with_their_kv_and_exits(procs, 
         assert client.pool.migrations == 32 and client.pool.retries == 0  # moved, not re-run
         stats = [await client.stats(role) for role in SURVIVORS]
         assert sum(s.migrated_in for s in stats) == 32
-        assert sum(s.precopied_pages for s in stats) >= 4  # the pages filled before the switch
+        assert sum(s.precopied_pages for s in stats) >= 8  # the full pages, pre-copied by both drains
         await assert_no_leaks(client, ("prefill-0", *SURVIVORS))
         with pytest.raises(IllegalTransition, match="not draining"):
             await ask_controller(controller, None, Undrain("decode-1"), 10.0)
