@@ -9,11 +9,11 @@
                      each client stream ends with ``finish="migrated"`` naming the new owner
       then:          once no stream is left here, the role retires (the process exits)
 
-A request that cannot move (no target, a target that refused, an export that failed twice)
-ends its stream with ``moved_to=""``: the entrypoint re-runs it from its prompt and checks the
-re-run against the tokens delivered. ``precopy=False`` moves everything at the switch;
-``recompute=True`` moves nothing (every request re-runs: what ``dsi bench drain`` compares).
-An undrain (``cancel``) is refused once the switch began.
+A request that cannot move (no target, a target that refused or failed) ends its stream with
+``moved_to=""``: the entrypoint re-runs it from its prompt and checks the re-run against the
+tokens delivered. One that cannot be exported (preempted, waiting for pages) is tried again for
+``switch_tries`` rounds, then finishes here before the role retires. An undrain (``cancel``) is
+refused once the switch began.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsi.balance.migration import place
@@ -46,17 +46,15 @@ class MigrationReport:
     moved: int = 0
     rerun: int = 0
     switch_s: float = 0.0  # end of the grace period -> every request's tail delivered
-    started: dict[str, float] = field(default_factory=dict)
+
 
 class Migration:
     precopy_interval_s = 0.2
     switch_tries = 50  # rounds of the switch for requests that could not be exported yet (preempted)
 
-    def __init__(self, role: DecodeActor, grace_s: float, *, precopy: bool = True, recompute: bool = False) -> None:
+    def __init__(self, role: DecodeActor, grace_s: float) -> None:
         self.role = role
         self.grace_s = grace_s
-        self.precopy = precopy
-        self.recompute = recompute
         self.switching = False
         self.report = MigrationReport()
         self._held: dict[str, int] = {}  # request id -> pages its target holds
@@ -93,11 +91,11 @@ class Migration:
         deadline = loop.time() + self.grace_s
         targets = await self._targets()
         while loop.time() < deadline:
-            if self.precopy and not self.recompute and targets:
+            if targets:
                 try:
                     await self._precopy_round(targets)
-                except DsiError as exc:
-                    log.warning("%s: pre-copy round failed: %s", self.role.name, exc)
+                except Exception:  # a failed round only means more to move at the switch
+                    log.exception("%s: pre-copy round failed", self.role.name)
             await asyncio.sleep(max(0.0, min(self.precopy_interval_s, deadline - loop.time())))
         self.switching = True
         t0 = time.perf_counter()
@@ -117,7 +115,7 @@ class Migration:
     async def _targets(self) -> dict[str, int]:
         """Serving decodes other than this one: control address -> KV tokens they hold."""
         controller = self.role.settings.controller
-        if not controller or self.recompute:
+        if not controller:
             return {}
         try:
             table: InstanceTable = await (await self._peer(controller)).ask(ListInstances("decode"), timeout=5.0)
