@@ -56,6 +56,9 @@ class Counters:
     persisted_blocks: int = 0  # full pages queued for the store
     states_pulled: int = 0
     states_served: int = 0
+    migrated_in: int = 0
+    migrated_out: int = 0
+    precopied_pages: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +232,8 @@ class EngineRole(RoleActor):
         c = self.counters
         counts = dict(prefills=c.prefills, handoffs=c.handoffs, failed_handoffs=c.failed_handoffs, leases=c.leases,
                       persisted_blocks=c.persisted_blocks, states_pulled=c.states_pulled,
-                      states_served=c.states_served)
+                      states_served=c.states_served, migrated_in=c.migrated_in, migrated_out=c.migrated_out,
+                      precopied_pages=c.precopied_pages)
         if self.service is None:
             return EngineStats(**counts)
         shape, now = self.service.shape, self.service.load

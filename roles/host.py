@@ -4,6 +4,8 @@
             actor -> ActorServer (bind, actor.on_start) -> HeartbeatSender
     stop:   per role, in reverse start order: heartbeats stop + Goodbye -> server and actor stop
             -> authenticator -> context
+    retire: a role that calls ``retire()`` (a drained instance) is stopped alone the same way;
+            ``finished`` is set once every role has retired
 
 A controller hosted in the same process starts first and stops last, so the other roles' first
 heartbeats and last Goodbyes reach it.
@@ -11,6 +13,7 @@ heartbeats and last Goodbyes reach it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from dsi.logs import role_context
 from dsi.roles.curve import server_keys
 from dsi.roles.heartbeat import HeartbeatSender, Identity
 from dsi.roles.kinds import make_actor
+from dsi.roles.role import RoleActor
 from dsi.transport.security import Authenticator, CurveKeys
 from dsi.transport.server import ActorServer
 
@@ -40,6 +44,7 @@ class _Running:
     role: RoleConfig
     server: ActorServer
     heartbeat: HeartbeatSender
+    actor: RoleActor
 
 
 class RoleHost:
@@ -52,6 +57,8 @@ class RoleHost:
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: Authenticator | None = None
         self._running: list[_Running] = []
+        self._watchers: list[asyncio.Task] = []
+        self.finished = asyncio.Event()  # every role retired
 
     @property
     def servers(self) -> dict[str, ActorServer]:
@@ -81,18 +88,31 @@ class RoleHost:
 
     async def stop(self) -> None:
         """Stop every started role in reverse start order, then the authenticator and context."""
+        for task in self._watchers:
+            if task is not asyncio.current_task():
+                task.cancel()
         while self._running:
-            run = self._running.pop()
-            with role_context(run.role.id):
-                await run.heartbeat.stop()
-                await run.server.stop()
-                log.info("%s stopped", run.role.id)
+            await self._stop_role(self._running.pop())
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+
+    async def _stop_role(self, run: _Running, reason: str = "stopped") -> None:
+        with role_context(run.role.id):
+            await run.heartbeat.stop(reason)
+            await run.server.stop()
+            log.info("%s stopped (%s)", run.role.id, reason)
+
+    async def _retire_when_asked(self, run: _Running) -> None:
+        await run.actor.retired.wait()
+        if run in self._running:
+            self._running.remove(run)
+            await self._stop_role(run, run.actor.retire_reason)
+        if not self._running:
+            self.finished.set()
 
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
@@ -113,7 +133,9 @@ class RoleHost:
         )
         await heartbeat.start()
         log.info("%s (%s) serving on %s", role.id, role.kind, identity.address)
-        return _Running(role, server, heartbeat)
+        run = _Running(role, server, heartbeat, actor)
+        self._watchers.append(asyncio.get_running_loop().create_task(self._retire_when_asked(run)))
+        return run
 
 
 def advertised(bound: str, host: str) -> str:

@@ -13,7 +13,7 @@ from dsi.config import (
 from dsi.model.config import get_config
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
-from dsi.roles.curve import client_keys
+from dsi.roles.curve import client_keys, server_keys
 from dsi.roles.decode import DecodeActor
 from dsi.roles.encoder import EncoderActor
 from dsi.roles.engine_role import EngineRoleSettings
@@ -28,7 +28,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, node.cluster, autoscale=node.autoscale)
+            return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security))
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):

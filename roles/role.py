@@ -5,9 +5,14 @@ Asking a role with a ``Load`` message (any values) answers its current Load, so 
 test can read any role's counters without knowing its kind.
 
     starting --start()--> ready --stop()--> stopping
+
+A role whose work is done for good (a drained instance) calls ``retire()``: its host stops it
+(Goodbye to the controller) and a process left with no role exits.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from dsi.actor import Actor, handles
 from dsi.messages.control import Load
@@ -16,9 +21,17 @@ from dsi.messages.control import Load
 class RoleActor(Actor):
     """Base of every role's actor. Subclasses with work to count override ``load``."""
 
+    retire_reason = "stopped"
+
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.state = "starting"
+        self.retired = asyncio.Event()  # set by retire(): the host stops this role
+
+    def retire(self, reason: str = "drained") -> None:
+        """Ask the host to stop this role (its work is done for good)."""
+        self.retire_reason = reason
+        self.retired.set()
 
     async def on_start(self) -> None:
         self.state = "ready"

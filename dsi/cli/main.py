@@ -8,8 +8,8 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `dsi --help` lists them.
-_COMMANDS = ("dsi.cli.serve", "dsi.cli.status", "dsi.cli.scale", "dsi.cli.model", "dsi.cli.generate", "dsi.cli.recipe",
-             "dsi.bench.cli")
+_COMMANDS = ("dsi.cli.serve", "dsi.cli.status", "dsi.cli.scale", "dsi.cli.drain", "dsi.cli.undrain",
+             "dsi.cli.model", "dsi.cli.generate", "dsi.cli.recipe", "dsi.bench.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

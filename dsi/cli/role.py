@@ -4,7 +4,8 @@
              [--log-level debug|info|warning|error]
 
 Without --role it runs every role of the file. Prints ``READY <role ids>`` on stdout once every
-role is serving; SIGTERM or SIGINT stops them gracefully (Goodbye to the controller) and exits 0.
+role is serving; SIGTERM or SIGINT stops them gracefully (Goodbye to the controller) and exits 0,
+as does a process whose every role was drained (``dsi drain``).
 Exit 2: the config is bad (the message names the file and the dotted key). Exit 1: a role could
 not start.
 """
@@ -75,8 +76,11 @@ async def serve(cfg: NodeConfig) -> int:
         log.error("cannot start: %s", exc)
         return 1
     print("READY " + " ".join(role.id for role in host.roles), flush=True)
-    await stop.wait()
-    log.info("stopping")
+    signalled, finished = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(host.finished.wait())
+    await asyncio.wait((signalled, finished), return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    finished.cancel()
+    log.info("stopping" if stop.is_set() else "every role retired (drained); stopping")
     await host.stop()
     return 0
 

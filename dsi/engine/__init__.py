@@ -25,6 +25,7 @@ _HOMES = {
     "EngineShape": "shape",
     "EngineStats": "prefix",
     "FullPage": "prefix",
+    "RequestMoved": "service",
     "RequestOutput": "engine",
     "RequestState": "transfer",
     "RequestStats": "prefix",

@@ -49,13 +49,16 @@ def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt
         _check_rings(cfg, cached, prompt_len, keep)
 
 
-def check_state(cfg: ModelConfig, state: RequestState) -> None:
-    """Buffers of this model's shape (fp32), and a cached prefix that lies inside the pages."""
+def check_state(cfg: ModelConfig, state: RequestState, held: int = 0) -> None:
+    """Buffers of this model's shape (fp32), and a cached prefix that lies inside the pages
+    (``held``: pages already in place before ``state.pages``, see ``Leases.write``)."""
     n = state.pages.shape[0] if state.pages.dim() == 2 else 0
     if state.layout() != StateLayout.of(cfg, n):
         raise InvalidRequest("imported buffers do not match this engine's model shape")
     bs = cfg.block_size
-    if state.num_cached % bs or state.num_cached // bs > n or not 0 <= state.replay_start <= state.num_cached:
+    if held < 0 or (held + n) * bs < state.num_computed:
+        raise InvalidRequest("the imported state's pages do not cover its computed positions")
+    if state.num_cached % bs or state.num_cached // bs > held + n or not 0 <= state.replay_start <= state.num_cached:
         raise InvalidRequest("the imported state's cached prefix does not match its pages")
 
 

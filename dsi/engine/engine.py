@@ -240,15 +240,20 @@ class Engine:
             self._worker.shutdown(wait=True)
 
     # ---- disaggregation --------------------------------------------------------------------------
-    def export_request(self, request_id: str) -> RequestState:
-        """Copy out a request's cache and counters and release it here (prefill-only or running)."""
+    def export_request(self, request_id: str, skip: int = 0) -> RequestState:
+        """Copy out a request's cache and counters and release it here (prefill-only or running).
+        ``skip``: leading pages the receiver already holds (pre-copied full pages, see
+        ``full_pages_of``); the state's ``pages`` are the ones after them."""
         self._drain()
         req = self.requests.get(request_id)
         if req is None or req.slot < 0 or (req.finished and not req.prefill_only):
             raise InvalidRequest(f"request {request_id!r} has no cache to export")
         if req.num_computed == 0:
             raise InvalidRequest(f"request {request_id!r} has not run yet")
-        pages = self.runner.pool.pages[torch.tensor(req.block_table, dtype=torch.long)].clone()
+        if not 0 <= skip <= req.num_computed // self.cfg.block_size:
+            raise InvalidRequest(f"request {request_id!r} has {req.num_computed // self.cfg.block_size} full "
+                                 f"pages; {skip} cannot be skipped")
+        pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)].clone()
         state = RequestState(req.request_id, list(req.prompt), list(req.output), req.params, req.seed,
                              req.consumer_start, req.num_computed, pages,
                              self.runner.slots.rings[req.slot].clone(), self.runner.slots.partial[req.slot].clone(),
@@ -260,6 +265,20 @@ class Engine:
         del self.requests[request_id]
         return state
 
+    def full_pages_of(self, request_id: str, start: int) -> torch.Tensor:
+        """A copy of a running request's full pages from ``start`` on: ``[m, page_elems]`` fp32
+        (m may be 0). A full page never changes again, so a copy taken while the request keeps
+        decoding stays valid (live migration pre-copies them). InvalidRequest when the request
+        holds no cache here (unknown, finished, or preempted)."""
+        self._drain()
+        req = self.requests.get(request_id)
+        if req is None or req.slot < 0 or req.finished:
+            raise InvalidRequest(f"request {request_id!r} has no cache here")
+        full = min(req.num_computed // self.cfg.block_size, len(req.block_table))
+        blocks = req.block_table[start:full]
+        return self.runner.pool.pages[torch.tensor(blocks, dtype=torch.long)].clone() if blocks else \
+            self.runner.pool.pages.new_empty((0, self.runner.pool.pages.shape[1]))
+
     def reserve(self, num_blocks: int) -> Reservation:
         """Take ``num_blocks`` pages and a state slot out of the scheduler's reach (for an import)."""
         return self.leases.reserve(num_blocks)
@@ -268,22 +287,34 @@ class Engine:
         """Give a reservation's pages and slot back; a no-op once released or imported."""
         self.leases.release(res)
 
-    def write_reservation(self, state: RequestState, res: Reservation) -> None:
-        """Copy a state's buffers into a reservation's pages and slot. The memory is reserved, so
-        this may run on any thread while the engine steps; ``import_request`` then copies nothing."""
-        self.leases.write(state, res)
+    def grow_reservation(self, res: Reservation, num_blocks: int) -> None:
+        """Reserve more pages so that ``res`` holds at least ``num_blocks`` (InvalidRequest: no room)."""
+        self.leases.grow(res, num_blocks)
 
-    def import_request(self, state: RequestState, reservation: Reservation | None = None) -> None:
+    def write_pages(self, res: Reservation, start: int, pages: torch.Tensor) -> None:
+        """Copy full pages into a reservation from page ``start`` on (reserved memory: any thread)."""
+        self.leases.write_pages(res, start, pages)
+
+    def write_reservation(self, state: RequestState, res: Reservation, held: int = 0) -> None:
+        """Copy a state's buffers into a reservation's pages and slot. The memory is reserved, so
+        this may run on any thread while the engine steps; ``import_request`` then copies nothing.
+        ``held``: leading pages already written (``write_pages``); ``state.pages`` follow them."""
+        self.leases.write(state, res, held)
+
+    def import_request(self, state: RequestState, reservation: Reservation | None = None, held: int = 0) -> None:
         """Admit a request with imported cache; it continues from ``num_computed``. With a
         reservation its pages and slot are used (extra pages go back to the pool); on an error
-        the reservation stays held for the caller to release."""
+        the reservation stays held for the caller to release. ``held`` (with a reservation): its
+        first pages already hold the request's leading pages, and ``state.pages`` the rest."""
         self._drain()
         if state.request_id in self.requests:
             raise InvalidRequest(f"request id {state.request_id!r} is already in use")
-        check_state(self.cfg, state)
+        if held and reservation is None:
+            raise InvalidRequest("pre-copied pages need the reservation that holds them")
+        check_state(self.cfg, state, held)
         params = state.params
         check_prompt(self.cfg, self.config.num_blocks, state.prompt, params)
-        n = state.pages.shape[0]
+        n = held + state.pages.shape[0]
         if reservation is None and (n > self.runner.pool.num_free or not self.runner.slots.num_free):
             raise InvalidRequest("not enough free pages or state slots to import the request")
         if reservation is not None and not reservation.active:
@@ -296,7 +327,7 @@ class Engine:
             except SpecError as exc:
                 raise InvalidRequest(f"imported request: {exc}") from None
             req.constraint_pos = len(req.output)
-        req.block_table, req.slot = self.leases.take(state, reservation or self.reserve(n))
+        req.block_table, req.slot = self.leases.take(state, reservation or self.reserve(n), held)
         if state.num_cached and state.replay_start == state.num_cached:
             # An exact hit: its rings at H are not in the state; a preemption here recomputes
             # from 0 (the hit-free run, which the exact hit equals). See Scheduler._preempt.

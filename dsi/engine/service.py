@@ -19,6 +19,13 @@ receive buffer may be reused as soon as it returns) and streams the continuation
 ``generate(..., prefill_only=True)`` yields the first token, after which ``export`` takes the
 request out. ``take_full_pages`` / ``take_ring_snapshots`` drain the engine's FullPage / RingSnapshot
 queues from any task.
+
+Live migration: ``full_pages_of`` copies a running request's full pages (pre-copy, while it
+keeps decoding); ``export_batch`` takes many running requests out between the same two steps,
+each without the pages the receiver already holds, and ends each one's stream with
+``RequestMoved`` (the tokens it had not streamed yet are in the exported state's ``output``);
+the receiver grows and fills a reservation (``grow_reservation``, ``write_pages``) and imports
+with ``held`` pages.
 """
 
 from __future__ import annotations
@@ -43,6 +50,12 @@ from dsi.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class RequestMoved(DsiError):
+    """Ends the stream of a request that ``export_batch`` took out of this engine (in process only)."""
+
+    code = "request_moved"
 
 
 @dataclass(slots=True)
@@ -113,18 +126,19 @@ class EngineService:
         after a preemption)."""
         return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached))
 
-    def import_request(self, state: RequestState, reservation: Reservation | None = None
+    def import_request(self, state: RequestState, reservation: Reservation | None = None, held: int = 0
                        ) -> AsyncIterator[RequestOutput]:
         """Continue an exported request here; streams like ``generate``. With a reservation the
         state's buffers are copied into it before this returns (InvalidRequest on a mismatch),
         and a refused import releases it; without one the buffers are read when the engine
-        admits the request (keep them until the first output)."""
+        admits the request (keep them until the first output). ``held``: leading pages already
+        in the reservation (pre-copied with ``write_pages``)."""
         if reservation is not None:
-            self._engine.write_reservation(state, reservation)  # reserved memory: safe while a step runs
+            self._engine.write_reservation(state, reservation, held)  # reserved memory: safe while a step runs
 
         def admit(engine: Engine) -> None:
             try:
-                engine.import_request(state, reservation)
+                engine.import_request(state, reservation, held)
             except DsiError:
                 if reservation is not None:
                     engine.release(reservation)
@@ -151,6 +165,36 @@ class EngineService:
     async def export(self, request_id: str) -> RequestState:
         """Take a (prefilled or running) request out of the engine with its cache."""
         return await self.call(lambda e: e.export_request(request_id))
+
+    async def export_batch(self, skips: dict[str, int]) -> dict[str, RequestState | DsiError]:
+        """Take running requests out between the same two steps: request id -> its state without
+        its first ``skips[id]`` pages, or the error that kept it here. Each exported request's
+        stream ends with ``RequestMoved``."""
+        def take(engine: Engine) -> dict[str, RequestState | DsiError]:
+            out: dict[str, RequestState | DsiError] = {}
+            for request_id, skip in skips.items():
+                try:
+                    out[request_id] = engine.export_request(request_id, skip)
+                except DsiError as exc:
+                    out[request_id] = exc
+                    continue
+                queue = self._streams.pop(request_id, None)
+                if queue is not None:
+                    queue.put_nowait(RequestMoved(f"request {request_id!r} moved to another instance"))
+            return out
+
+        return await self.call(take)
+
+    async def full_pages_of(self, request_id: str, start: int) -> torch.Tensor:
+        """A copy of a running request's full pages from ``start`` on (``[m, page_elems]`` fp32)."""
+        return await self.call(lambda e: e.full_pages_of(request_id, start))
+
+    async def grow_reservation(self, reservation: Reservation, num_blocks: int) -> None:
+        await self.call(lambda e: e.grow_reservation(reservation, num_blocks))
+
+    def write_pages(self, reservation: Reservation, start: int, pages: torch.Tensor) -> None:
+        """Copy pre-copied full pages into a reservation (reserved memory: safe while a step runs)."""
+        self._engine.write_pages(reservation, start, pages)
 
     def request_stats(self, request_id: str) -> RequestStats | None:
         """What a request cost, as of the final output of its stream (a prefill-only request's

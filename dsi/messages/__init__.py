@@ -10,7 +10,8 @@ from dsi.messages.control import CONTROL
 from dsi.messages.gateway import GATEWAY
 from dsi.messages.handoff import HANDOFF
 from dsi.messages.kvstore import KVSTORE
+from dsi.messages.migrate import MIGRATE
 
-ALL = (*CONTROL, *GATEWAY, *HANDOFF, *KVSTORE, *BALANCER)
+ALL = (*CONTROL, *GATEWAY, *HANDOFF, *KVSTORE, *BALANCER, *MIGRATE)
 
-__all__ = ["ALL", "BALANCER", "COMMON", "CONTROL", "GATEWAY", "HANDOFF", "KVSTORE", "PROTOCOL_VERSION", "Blob", "Message"]
+__all__ = ["ALL", "BALANCER", "COMMON", "CONTROL", "GATEWAY", "HANDOFF", "KVSTORE", "MIGRATE", "PROTOCOL_VERSION", "Blob", "Message"]

@@ -93,7 +93,9 @@ class SetState(Message):
 
 
 class Drain(Message):
-    """Operator -> controller: take an instance offline after its grace period."""
+    """Operator -> controller: take an instance offline after its grace period (seconds); answered
+    with its InstanceInfo (``draining``). A decode moves its running requests with their KV to
+    other decodes at the end of it, a prefill finishes its work; then the instance stops."""
 
     instance_id: str
     grace_s: float = 60.0
@@ -171,11 +173,18 @@ class ScaleStatus(Message):
     decisions: list[ScaleDecision] = []
 
 
+class Undrain(Message):
+    """Operator -> controller: cancel a drain during its grace period; the instance serves again.
+    IllegalTransition once the grace period is over (the instance is moving its work away)."""
+
+    instance_id: str
+
+
 ControlMsg = (
     Heartbeat | Assignment | Goodbye | ListInstances | InstanceTable | InstanceInfo | TransitionCount
-    | SetState | Drain | Load | GetScale | SetScale | ScaleRole | ScaleDecision | ScaleStatus
+    | SetState | Drain | Undrain | Load | GetScale | SetScale | ScaleRole | ScaleDecision | ScaleStatus
 )
 CONTROL = (
     Heartbeat, Assignment, Goodbye, ListInstances, InstanceInfo, InstanceTable, TransitionCount,
-    SetState, Drain, Load, GetScale, SetScale, ScaleRole, ScaleDecision, ScaleStatus,
+    SetState, Drain, Undrain, Load, GetScale, SetScale, ScaleRole, ScaleDecision, ScaleStatus,
 )

@@ -28,16 +28,19 @@ class TokenChunk(Message):
     computing (what usage reports). ``logprobs`` / ``top_logprobs``: one entry per token id,
     when the request asked for them (``SamplingParams.logprobs`` / ``top_logprobs``); a top
     entry lists (id, logprob) pairs, most likely first. ``hit``, on the first chunk only: the
-    prefix hit the run took (what a re-run is pinned to)."""
+    prefix hit the run took (what a re-run is pinned to). ``finish="migrated"`` (no tokens): the
+    request moved off a draining decode; ``moved_to`` names the control address of the decode
+    that continues it (``Resume`` there), or is "" when it must be re-run from its prompt."""
 
     request_id: str
     token_ids: list[int]
-    finish: str = ""  # "" | stop | length | abort | error
+    finish: str = ""  # "" | stop | length | abort | error | migrated
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = []
     top_logprobs: list[list[tuple[int, float]]] = []
     hit: HitChoice | None = None
+    moved_to: str = ""  # with finish="migrated"
 
 
 class Abort(Message):

@@ -104,6 +104,9 @@ class EngineStats(Message):
     states_kept: int = 0  # SWA states in this host's cache
     states_pulled: int = 0  # hits served exactly with a pulled SWA state (no replay)
     states_served: int = 0  # states this host sent to others
+    migrated_in: int = 0  # requests taken over from a draining decode (imported here)
+    migrated_out: int = 0  # requests this decode moved away while draining
+    precopied_pages: int = 0  # full pages received here before a switch (live migration pre-copy)
 
 
 class PrefillLost(DsiError):

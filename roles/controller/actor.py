@@ -8,7 +8,11 @@ silent instances dead and prunes old entries. Every lifecycle move is logged on 
 With an [autoscale] section a Scaler (:mod:`dsi.roles.controller.scaling`) decides every
 ``interval_s`` which ready instances serve and which stay in the ready pool, and how many
 instances each scaled role wants; GetScale reports it, SetScale is an operator's target.
-Drain with migration and failover are planned.
+``Drain`` marks an instance draining (the gateway sends it no new work) and passes the order on
+to it (``DrainOrder`` at its control address): after the grace period a decode moves its
+running requests with their KV to other decodes, a prefill finishes its work, and the
+instance stops. ``Undrain`` within the grace period cancels it at the instance first, then
+makes it serving again.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import logging
 import time
 from collections.abc import Callable
 
+import zmq.asyncio
+
 from dsi.actor import handles
 from dsi.config import ClusterConfig
 from dsi.config.autoscale import AutoscaleSection
-from dsi.errors import InvalidRequest
+from dsi.errors import DsiError, InvalidRequest
+from dsi.messages import ALL
 from dsi.messages.control import (
     Assignment,
+    Drain,
     GetScale,
     Goodbye,
     Heartbeat,
@@ -33,11 +41,15 @@ from dsi.messages.control import (
     ScaleStatus,
     SetScale,
     SetState,
+    Undrain,
 )
+from dsi.messages.migrate import DrainOrder
 from dsi.roles.controller.lifecycle import InstanceState, Transition
 from dsi.roles.controller.registry import InstanceRegistry
 from dsi.roles.controller.scaling import Scaler
 from dsi.roles.role import RoleActor
+from dsi.transport.client import Peer
+from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +67,7 @@ class ControllerActor(RoleActor):
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         forget_after_s: float = 60.0,
+        keys: CurveKeys | None = None,
     ) -> None:
         super().__init__(name)
         self.registry = InstanceRegistry(
@@ -67,12 +80,19 @@ class ControllerActor(RoleActor):
             self.scaler = self.registry.ready_pool = Scaler(autoscale, self.registry, settle_s=settle_s)
         self._clock = clock
         self._wall = wall
+        self._keys = keys  # to pass drain orders on to instances
+        self._ctx: zmq.asyncio.Context | None = None
 
     async def on_start(self) -> None:
         self.spawn(self._sweep_every(self.registry.interval_s), name=f"{self.name}.sweep")
         if self.scaler is not None:
             self.spawn(self._scale_every(self.scaler.section.interval_s), name=f"{self.name}.scale")
         await super().on_start()
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
 
     @handles
     async def heartbeat(self, msg: Heartbeat) -> Assignment:
@@ -89,6 +109,44 @@ class ControllerActor(RoleActor):
         _log(self.registry.set_state(msg.instance_id, msg.state, now, msg.reason))
         [info] = [i for i in self.registry.instances(now) if i.instance_id == msg.instance_id]
         return info
+
+    @handles
+    async def drain(self, msg: Drain) -> InstanceInfo:
+        now = self._clock()
+        _log(self.registry.drain(msg.instance_id, msg.grace_s, now))
+        info = self._info(msg.instance_id)
+        await self._order(info, DrainOrder(msg.grace_s))  # an unreachable instance: still draining
+        return info
+
+    @handles
+    async def undrain(self, msg: Undrain) -> InstanceInfo:
+        now = self._clock()
+        if not self.registry.in_grace(msg.instance_id, now):
+            _log(self.registry.undrain(msg.instance_id, now))  # raises why not
+        await self._order(self._info(msg.instance_id), DrainOrder(cancel=True))  # it may refuse: too late
+        _log(self.registry.undrain(msg.instance_id, self._clock()))
+        return self._info(msg.instance_id)
+
+    def _info(self, instance_id: str) -> InstanceInfo:
+        [info] = [i for i in self.registry.instances(self._clock()) if i.instance_id == instance_id]
+        return info
+
+    async def _order(self, info: InstanceInfo, order: DrainOrder, timeout_s: float = 5.0) -> None:
+        """Pass a drain order on to the instance; its refusal is raised to the operator, an
+        instance that cannot be reached is logged (a drain stands; an undrain then fails)."""
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        peer = Peer(info.address, self._ctx, types=ALL, peer_id=self.name, role="controller", keys=self._keys,
+                    timeout=timeout_s)
+        try:
+            await peer.connect(timeout_s)
+            await peer.ask(order, timeout=timeout_s)
+        except DsiError as exc:
+            if order.cancel or exc.code in ("illegal_transition", "invalid_request"):
+                raise
+            log.warning("drain order to %s not delivered: %s: %s", info.instance_id, exc.code, exc.message)
+        finally:
+            await peer.close()
 
     @handles
     async def list_instances(self, msg: ListInstances) -> InstanceTable:

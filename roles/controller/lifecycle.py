@@ -2,7 +2,7 @@
 
 Pure data and checks, no I/O::
 
-    (registered) --> starting --> ready --(assigned)--> serving --> draining
+    (registered) --> starting --> ready --(assigned)--> serving <--> draining (undrain: in its grace period)
                         |           |  ^                   |           |  |
                         |           |  +-------(drained back to the pool)-+
                         +-----------+----------------------+-----------+--> stopped (Goodbye)
@@ -43,6 +43,7 @@ TRANSITIONS: frozenset[tuple[InstanceState, InstanceState]] = frozenset(
         (S.READY, S.DRAINING),
         (S.SERVING, S.DRAINING),
         (S.DRAINING, S.READY),  # the autoscaler returns a drained instance to the ready pool
+        (S.DRAINING, S.SERVING),  # an undrain during the grace period
         *((live, end) for live in (S.STARTING, S.READY, S.SERVING, S.DRAINING) for end in FINAL),
     }
 )

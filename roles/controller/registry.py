@@ -8,6 +8,8 @@ logs them. The states and allowed moves are in :mod:`dsi.roles.controller.lifecy
     the controller's own order (move) -------------------> serving | draining | ready
     process says stopping ------------------------------> draining
     SetState(draining) ---------------------------------> draining
+    drain(grace_s) -------------------------------------> draining until now + grace_s
+    undrain (before the grace period ends) -------------> serving
     Goodbye --------------------------------------------> stopped
     silent for timeout_s (expire) ----------------------> dead
     another process under the same id ------------------> dead (the old run), new run registered
@@ -31,6 +33,7 @@ from dsi.errors import InvalidRequest
 from dsi.messages.control import Heartbeat, InstanceInfo, TransitionCount
 from dsi.roles.controller.lifecycle import (
     FINAL,
+    IllegalTransition,
     InstanceState,
     Transition,
     TransitionCounter,
@@ -56,6 +59,7 @@ class _Entry:
     seen_at: float  # monotonic seconds of the last heartbeat
     state: InstanceState
     ended_at: float | None = None  # monotonic seconds it became stopped or dead
+    drain_until: float | None = None  # monotonic seconds a drain's grace period ends (None: no drain order)
 
 
 class InstanceRegistry:
@@ -123,6 +127,42 @@ class InstanceRegistry:
         """The controller's own order (the autoscaler's); IllegalTransition when not allowed,
         KeyError when the instance is unknown."""
         return self._move(self._entries[instance_id], state, reason, now)
+
+    def drain(self, instance_id: str, grace_s: float, now: float, reason: str = "drain") -> list[Transition]:
+        """An operator's drain order: ``draining`` now, its work moved away after ``grace_s``
+        seconds. InvalidRequest for an unknown instance or a negative grace; IllegalTransition
+        from a final state. A second order for a draining instance keeps the first deadline."""
+        entry = self._entries.get(instance_id)
+        if entry is None:
+            raise InvalidRequest(f"unknown instance {instance_id!r}")
+        if not grace_s >= 0:
+            raise InvalidRequest(f"grace_s must be >= 0 seconds, not {grace_s}")
+        if entry.state is S.DRAINING and entry.drain_until is not None:
+            return []
+        moves = [] if entry.state is S.DRAINING else self._move(entry, S.DRAINING, f"{reason}, grace {grace_s:g}s", now)
+        entry.drain_until = now + grace_s
+        return moves
+
+    def undrain(self, instance_id: str, now: float, reason: str = "undrain") -> list[Transition]:
+        """Cancel a drain order within its grace period: back to ``serving``. InvalidRequest for
+        an unknown instance; IllegalTransition when it is not draining by an order, or the grace
+        period is over (its work is being moved away)."""
+        entry = self._entries.get(instance_id)
+        if entry is None:
+            raise InvalidRequest(f"unknown instance {instance_id!r}")
+        if entry.state is not S.DRAINING or entry.drain_until is None:
+            raise IllegalTransition(f"{instance_id} is {entry.state}, not draining by a drain order")
+        if now >= entry.drain_until:
+            raise IllegalTransition(f"{instance_id}: the grace period ended {now - entry.drain_until:.1f}s ago; "
+                                    f"its work is moving away")
+        entry.drain_until = None
+        return self._move(entry, S.SERVING, reason, now)
+
+    def in_grace(self, instance_id: str, now: float) -> bool:
+        """Whether an instance is draining by an order whose grace period has not ended."""
+        entry = self._entries.get(instance_id)
+        return entry is not None and entry.state is S.DRAINING and entry.drain_until is not None \
+            and now < entry.drain_until
 
     def expire(self, now: float) -> list[Transition]:
         """Every live instance silent for timeout_s becomes dead."""

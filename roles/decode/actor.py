@@ -19,6 +19,11 @@ its chain hash and the request's traffic class; a store that is down delays or d
 of a request served with a bounded-replay hit, and of salted requests, are not persisted, and
 their SWA states are not announced. Leaving a stream early, or an ``Abort`` tell,
 aborts the request in the engine.
+
+Drain (``DrainOrder`` from the controller): live migration of every running request to the
+other decodes (:mod:`dsi.roles.decode.migration`), whose streams end here with
+``finish="migrated"`` naming the new owner; ``Precopy`` / ``MigrateIn`` / ``Resume`` are the
+receiving end (:mod:`dsi.roles.decode.arrivals`). Then the role retires.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from dsi.actor import handles
-from dsi.engine import RequestOutput, RequestState, Reservation
+from dsi.engine import RequestMoved, RequestOutput, RequestState, Reservation
 from dsi.engine.hit_policy import NO_HIT, HitChoice
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, HitUnavailable, Prefilled, PrefillLost, PrefillTo
+from dsi.messages.migrate import DrainOrder, MigrateCancel, MigrateIn, MigrationLeases, Precopy, Resume
+from dsi.roles.controller.lifecycle import IllegalTransition
+from dsi.roles.decode.arrivals import Arrivals
+from dsi.roles.decode.migration import Migration
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,8 @@ log = logging.getLogger(__name__)
 class _Meta:
     traffic_class: str
     stored_pages: int = 0  # leading pages the store already has (the prefix hit)
+    cached_tokens: int = 0  # what the request's chunks report
+    kv_tokens: int = 0  # prompt tokens (for placing it when it migrates)
 
 
 class DecodeActor(EngineRole):
@@ -54,6 +65,9 @@ class DecodeActor(EngineRole):
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)
         self._meta: dict[str, _Meta] = {}  # engine request id -> how its pages are persisted
+        self.live: dict[str, _Meta] = {}  # requests streaming from here now
+        self.arrivals = Arrivals(self)
+        self.migration: Migration | None = None
 
     # ---- colocated -------------------------------------------------------------------------
     @handles
@@ -65,13 +79,15 @@ class DecodeActor(EngineRole):
         self._remember(msg.request_id, msg)
         self.arrive(0).settle()  # the engine counts it from here
         prompt_tokens = len(msg.token_ids)
-        first = True
+        stream = self.service.generate(msg.request_id, list(msg.token_ids), msg.sampling)
         try:
-            async for out in self.service.generate(msg.request_id, list(msg.token_ids),
-                                                    msg.sampling):
-                yield _chunk(msg.request_id, out, prompt_tokens, hit=NO_HIT if first else None)
-                first = False
+            first = await anext(stream)
+            yield _chunk(msg.request_id, first, prompt_tokens, hit=NO_HIT)
+            if not first.finished:
+                async for chunk in self._continue(msg.request_id, stream, prompt_tokens):
+                    yield chunk
         finally:
+            await stream.aclose()
             self.load_changed()
             self._forget(msg.request_id)
 
@@ -112,8 +128,8 @@ class DecodeActor(EngineRole):
             yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
                              list(done.logprobs), list(done.top_logprobs), done.hit)
             async with contextlib.aclosing(stream):
-                async for out in stream:
-                    yield _chunk(req.request_id, out, len(req.token_ids), done.cached_tokens)
+                async for chunk in self._continue(req.request_id, stream, len(req.token_ids), done.cached_tokens):
+                    yield chunk
         finally:
             self.counters.leases -= 1
             arrival.settle()
@@ -144,6 +160,72 @@ class DecodeActor(EngineRole):
         except DsiError as exc:  # unreachable, lost, timed out, failed
             self.counters.failed_handoffs += 1
             raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}") from None
+
+    async def _continue(self, request_id: str, stream: AsyncIterator[RequestOutput], prompt_tokens: int,
+                        cached_tokens: int = 0) -> AsyncIterator[TokenChunk]:
+        """The chunks of a running request; a request moved off by a drain ends with a
+        ``migrated`` chunk naming its new owner."""
+        meta = self._meta.get(request_id)
+        self.live[request_id] = _Meta(meta.traffic_class if meta else "chatbot", 0, cached_tokens, prompt_tokens)
+        try:
+            async for out in stream:
+                yield _chunk(request_id, out, prompt_tokens, cached_tokens)
+        except RequestMoved:
+            assert self.migration is not None
+            target = await self.migration.destination(request_id)
+            yield TokenChunk(request_id, [], "migrated", prompt_tokens, cached_tokens, moved_to=target)
+        finally:
+            self.live.pop(request_id, None)
+
+    # ---- drain: live migration -----------------------------------------------------------------
+    @handles
+    async def drain_order(self, msg: DrainOrder) -> None:
+        if msg.cancel:
+            if self.migration is not None:
+                await self.migration.cancel()
+                self.migration = None
+            return
+        if self.migration is None:
+            self.migration = Migration(self, msg.grace_s)
+            self.migration.start()
+
+    @handles(concurrent=True)
+    async def precopy(self, msg: Precopy) -> MigrationLeases:
+        self._refuse_arrivals()
+        return await self.arrivals.precopy(msg)
+
+    @handles(concurrent=True)
+    async def migrate_in(self, msg: MigrateIn) -> MigrationLeases:
+        self._refuse_arrivals()
+        return await self.arrivals.migrate_in(msg)
+
+    @handles
+    def migrate_cancel(self, msg: MigrateCancel) -> None:
+        self.arrivals.cancel(msg.request_ids)
+
+    @handles
+    async def resume(self, msg: Resume) -> AsyncIterator[TokenChunk]:
+        migrant, outputs = await self.arrivals.resume(msg.request_id, self.settings.lease_timeout_s)
+        self._meta[msg.request_id] = _Meta(migrant.traffic_class, migrant.num_cached // self.shape.block_size)
+        if migrant.replay_start < migrant.num_cached:  # a bounded-replay hit: not shared (see EngineRole)
+            self._unshared.add(msg.request_id)
+        prompt_tokens = len(migrant.prompt)
+        try:
+            yield TokenChunk(msg.request_id, list(migrant.output), "", prompt_tokens, migrant.cached_tokens,
+                             list(migrant.logprobs))
+            async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+                async for chunk in self._continue(msg.request_id, outputs, prompt_tokens, migrant.cached_tokens):
+                    yield chunk
+        finally:
+            self._forget(msg.request_id)
+
+    def _refuse_arrivals(self) -> None:
+        if self.migration is not None:
+            raise IllegalTransition(f"{self.name} is draining: it takes no migrated requests")
+
+    async def on_stop(self) -> None:
+        self.arrivals.close()
+        await super().on_stop()
 
     @handles
     async def abort(self, msg: Abort) -> None:

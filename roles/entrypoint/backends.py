@@ -21,7 +21,10 @@ any it streams a colocated ``Generate``. Failures are retried on other instances
   this reason), pinned to the prefix hit the first run took, and the re-run's tokens are
   compared with the delivered ones before anything more is streamed
   (:mod:`dsi.roles.entrypoint.recovery`): a re-run that differs ends the request with
-  ``RecoveryDiverged``, a pinned hit that cannot be taken again with ``HitUnavailable``.
+  ``RecoveryDiverged``, a pinned hit that cannot be taken again with ``HitUnavailable``;
+- a decode that drains ends the stream with ``finish="migrated"``: the request goes on at the
+  decode it names (``Resume``; its first chunk repeats the tokens so far and is checked like a
+  re-run's), or is re-run from its prompt when it names none.
 
 Each wait for a stream item is bounded, so a client sees a complete stream or a clean error.
 """
@@ -45,6 +48,7 @@ from dsi.messages.balancer import Route
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances, TransitionCount
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
+from dsi.messages.migrate import Resume
 from dsi.roles.controller.lifecycle import InstanceState
 from dsi.roles.entrypoint.recovery import Delivered
 from dsi.roles.entrypoint.router import Ask, BalancerRouter
@@ -152,6 +156,7 @@ class DecodePool:
     """The gateway's view of the engine instances (both roles)."""
 
     max_attempts = 4
+    max_migrations = 8  # moves of one request by drains (each is a Resume, not a failure)
 
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
                  refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0,
@@ -165,6 +170,7 @@ class DecodePool:
         # Asked first for every route; None (no balancer configured) is today's local pick alone.
         self.router = BalancerRouter(balancers, ctx, keys=keys, peer_id=peer_id,
                                      bound_s=balancer_timeout_s) if balancers else None
+        self.migrations = 0  # streams moved by a drain to another decode (or re-run when it named none)
 
     async def start(self) -> None:
         await self.decode.start()
@@ -211,20 +217,35 @@ class DecodePool:
         bad_decodes: set[tuple[str, float]] = set()
         bad_prefills: set[tuple[str, float]] = set()
         delivered = Delivered()  # what the caller already has
-        for attempt in range(self.max_attempts):
-            inst, pre = await self._route(msg, bad_decodes, bad_prefills, wait=attempt > 0)
-            req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
-            call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
+        moved: _Instance | None = None  # where a drained decode moved the request
+        attempt = migrations = 0
+        while attempt < self.max_attempts:
+            pre: _Instance | None = None
+            if moved is not None:  # live migration: the stream goes on there
+                inst, call, moved = moved, Resume(msg.request_id), None
+            else:
+                inst, pre = await self._route(msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0)
+                req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
+                call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
             inst.sent += 1
             if pre is not None:
                 pre.sent += 1
+            migrated = False
             try:
                 async with contextlib.aclosing(inst.peer.stream(call, timeout=self.item_timeout_s)) as stream:
                     async for chunk in stream:
+                        if chunk.finish == "migrated":
+                            migrated, moved = True, await self._moved(chunk.moved_to)
+                            bad_decodes.add(inst.key)  # draining: a re-run goes elsewhere
+                            break
                         new = delivered.take(chunk)
                         if new is not None:
                             yield new
+                if migrated and migrations < self.max_migrations:
+                    migrations += 1
+                    self.migrations += 1
+                    continue
                 return
             except PrefillLost as exc:
                 assert pre is not None
@@ -237,7 +258,8 @@ class DecodePool:
                 inst.sent -= 1
                 if pre is not None:
                     pre.sent -= 1
-            if attempt + 1 == self.max_attempts:
+            attempt += 1
+            if attempt == self.max_attempts:
                 raise reason
             self.retries += 1
             log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
@@ -271,6 +293,17 @@ class DecodePool:
         else:
             self.router.local(pool.role, route if isinstance(route, str) else "unknown")
         return inst
+
+    async def _moved(self, address: str) -> _Instance | None:
+        """The decode a drained one moved a request to (None: re-run it from its prompt)."""
+        for _ in range(2):
+            for inst in self.decode._instances.values():
+                if address and inst.info.address == address:
+                    return inst
+            if not address:
+                return None
+            await self.decode.refresh()
+        return None
 
     async def _pick_decode(self, exclude: Collection[tuple[str, float]], wait: bool) -> _Instance:
         """A ready decode not in ``exclude``; a re-routed request (``wait``) waits up to

@@ -18,6 +18,9 @@
 
 The exported copy lives only for the send: whether it completes, fails or the decode vanished,
 nothing stays behind here. A request whose first token already ends it is not sent at all.
+
+Drain (``DrainOrder``): the gateway sends a draining prefill no new work; after the grace
+period, once its calls in flight are answered, the role retires.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import unpack
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
-from dsi.roles.engine_role import Arrival, EngineRole, lease_target
+from dsi.messages.migrate import DrainOrder
+from dsi.roles.controller.lifecycle import IllegalTransition
+from dsi.roles.engine_role import Arrival, EngineRole, EngineRoleSettings, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
 
 log = logging.getLogger(__name__)
@@ -55,13 +60,42 @@ class PrefillActor(EngineRole):
     kind = "prefill"
     state_pull_timeout_s = 2.0
 
+    def __init__(self, name: str, settings: EngineRoleSettings) -> None:
+        super().__init__(name, settings)
+        self._in_flight = 0  # PrefillTo calls running
+        self._drain: asyncio.Task | None = None
+        self._drain_ends = 0.0  # loop time the grace period of a drain order ends
+
+    @handles
+    async def drain_order(self, msg: DrainOrder) -> None:
+        """Drain: the gateway sends no new work; after the grace period, once the work in flight
+        is done, the role retires. A cancel after the grace period is refused."""
+        loop = asyncio.get_running_loop()
+        if msg.cancel:
+            if self._drain is not None and loop.time() >= self._drain_ends:
+                raise IllegalTransition(f"{self.name}: the grace period is over")
+            if self._drain is not None:
+                self._drain.cancel()
+            self._drain = None
+        elif self._drain is None:
+            self._drain_ends = loop.time() + msg.grace_s
+            self._drain = loop.create_task(self._finish_then_retire(msg.grace_s))
+
+    async def _finish_then_retire(self, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        while self._in_flight:
+            await asyncio.sleep(0.05)
+        self.retire("drained")
+
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
         req = msg.request
         arrival = self.arrive(max(1, len(req.token_ids) - req.cached_tokens))  # queued until computed
+        self._in_flight += 1
         try:
             return await self._prefill_to(msg, arrival)
         finally:
+            self._in_flight -= 1
             arrival.settle()
 
     async def _prefill_to(self, msg: PrefillTo, arrival: Arrival) -> Prefilled:

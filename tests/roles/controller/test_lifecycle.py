@@ -17,6 +17,7 @@ ALLOWED = [
     (S.READY, S.DRAINING),
     (S.SERVING, S.DRAINING),
     (S.DRAINING, S.READY),
+    (S.DRAINING, S.SERVING),
     *((live, end) for live in (S.STARTING, S.READY, S.SERVING, S.DRAINING) for end in (S.STOPPED, S.DEAD)),
 ]
 
