@@ -23,7 +23,7 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
-from dsi.cli.status import ControllerUnreachable, _info_json, _target, format_table
+from dsi.cli.status import ControllerUnreachable, controller_target, format_table, info_json
 from dsi.config import ConfigError
 from dsi.errors import DsiError
 from dsi.messages import ALL, Message
@@ -50,7 +50,7 @@ def add_controller_args(parser: argparse.ArgumentParser) -> None:
 def order(args: argparse.Namespace, name: str, msg: Message) -> int:
     """Send an operator's order to the controller and print the instance it answers with."""
     try:
-        address, keys = _target(args.config, args.controller)
+        address, keys = controller_target(args.config, args.controller)
     except (ConfigError, ValueError) as exc:
         print(f"dsi {name}: {exc}", file=sys.stderr)
         return 2
@@ -60,7 +60,7 @@ def order(args: argparse.Namespace, name: str, msg: Message) -> int:
         text = f"{exc.code}: {exc.message}" if isinstance(exc, DsiError) else str(exc)
         print(f"dsi {name}: {text}", file=sys.stderr)
         return 1
-    print(json.dumps(_info_json(info), indent=2) if args.json else format_table([info]))
+    print(json.dumps(info_json(info), indent=2) if args.json else format_table([info]))
     return 0
 
 

@@ -129,14 +129,14 @@ def table_json(table: InstanceTable) -> dict[str, Any]:
     "transitions": [{role, from, to, count}, ...]}"""
     return {
         "controller": table.controller_id,
-        "instances": [_info_json(info) for info in table.instances],
+        "instances": [info_json(info) for info in table.instances],
         "transitions": [
             {"role": t.role, "from": t.before, "to": t.after, "count": t.count} for t in table.transitions
         ],
     }
 
 
-def _info_json(info: InstanceInfo) -> dict[str, Any]:
+def info_json(info: InstanceInfo) -> dict[str, Any]:
     fields = msgspec.structs.asdict(info)
     fields["load"] = msgspec.structs.asdict(info.load)
     return fields

@@ -2,8 +2,10 @@
 
     start(id) --> spawn `command(id)` --READY--> keeper task:
                       wait for the exit --> RestartBackoff.after_exit --> sleep --> spawn ... READY
-                                                     |
-                                                     +-- None: given up (state failed)
+                            |                        |
+                            |                        +-- None: given up (state failed)
+                            +-- status 0: it stopped on its own (a drained instance retires,
+                                or someone else sent SIGTERM): stopped, not replaced
     stop(id)  --> keeper told to stop --> SIGTERM the process group, SIGKILL after grace_s
 
 Every transition is logged (a death as a warning, giving up as an error) and passed to
@@ -165,6 +167,9 @@ class LocalProvisioner:
             uptime_s = self._clock() - slot.spawned_at
             delay = slot.backoff.after_exit(self._clock(), uptime_s)
             died = f"pid {slot.proc.pid} exited with {describe_exit(code)} after {uptime_s:.1f}s"
+            if code == 0:  # it stopped on purpose (drained and retired, or a SIGTERM from elsewhere)
+                self._move(slot, "stopped", f"{died}: it stopped on its own, so it is not replaced")
+                return
             if delay is None:
                 policy = self._policy
                 self._move(

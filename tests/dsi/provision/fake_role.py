@@ -2,7 +2,8 @@
 
     python fake_role.py ROLE_ID MODE EVENTS_FILE
 
-MODE: ``serve`` runs until SIGTERM; ``exit`` exits right after READY; ``once`` serves on its first
+MODE: ``serve`` runs until SIGTERM; ``exit`` exits with status 0 right after READY (a retired
+instance); ``crash`` exits with status 1 right after READY; ``once`` serves on its first
 run and exits with status 1 before READY on every later one; ``ignore-term`` ignores SIGTERM;
 ``silent`` never prints READY.
 Each SIGTERM it obeys appends ``stopped ROLE_ID`` to EVENTS_FILE.
@@ -32,5 +33,7 @@ if mode != "silent":
     print(f"READY {role_id}", flush=True)
 if mode == "exit":
     sys.exit(0)
+if mode == "crash":
+    sys.exit(1)
 while True:
     signal.pause()

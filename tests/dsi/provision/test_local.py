@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -98,16 +99,32 @@ async def test_delays_double_between_replacements(tmp_path):
 
 
 async def test_instance_that_dies_at_once_every_time_is_given_up(tmp_path, caplog):
-    async with provisioner(tmp_path, mode="exit") as (prov, rec, _):
+    async with provisioner(tmp_path, mode="crash") as (prov, rec, _):
         await prov.start("prefill-1")
         await rec.until("prefill-1", "failed")
         [inst] = prov.list()
-        assert (inst.state, inst.pid, inst.restarts, inst.last_exit) == ("failed", None, 3, 0)
+        assert (inst.state, inst.pid, inst.restarts, inst.last_exit) == ("failed", None, 3, 1)
         assert rec.states("prefill-1").count("backoff") == 3
         await asyncio.sleep(0.5)  # and nothing more happens
         assert prov.list() == [inst]
     assert "prefill-1: ready -> failed (pid " in caplog.text
     assert "giving up: 3 restarts within 60s (the cap is 3)" in caplog.text
+
+
+async def test_an_instance_that_exits_with_status_0_is_stopped_not_replaced(tmp_path, caplog):
+    """A drained dsi-role retires and exits 0: the provisioner leaves it stopped, and a later
+    start (an autoscaler's) runs it again."""
+    caplog.set_level(logging.INFO, logger="dsi.provision.local")
+    async with provisioner(tmp_path, mode="exit") as (prov, rec, _):
+        first = await prov.start("decode-1")
+        await rec.until("decode-1", "stopped")
+        await asyncio.sleep(0.3)  # longer than the backoff: no replacement comes
+        [inst] = prov.list()
+        assert (inst.state, inst.pid, inst.restarts, inst.last_exit) == ("stopped", None, 0, 0)
+        assert rec.states("decode-1") == ["starting", "ready", "stopped"]
+        again = await prov.start("decode-1")
+        assert again.state == "ready" and again.pid != first.pid
+    assert "it stopped on its own, so it is not replaced" in caplog.text
 
 
 async def test_replacements_that_never_get_ready_count_as_deaths(tmp_path):
