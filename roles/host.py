@@ -12,7 +12,7 @@ heartbeats and last Goodbyes reach it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -23,6 +23,7 @@ from dsi.logs import role_context
 from dsi.roles.curve import server_keys
 from dsi.roles.heartbeat import HeartbeatSender, Identity
 from dsi.roles.kinds import make_actor
+from dsi.roles.role import RoleActor
 from dsi.transport.security import Authenticator, CurveKeys
 from dsi.transport.server import ActorServer
 
@@ -42,12 +43,19 @@ class _Running:
     heartbeat: HeartbeatSender
 
 
-class RoleHost:
-    """Runs `role_ids` of `cfg` in this process (each id must name a role of `cfg`)."""
+ActorFactory = Callable[[RoleConfig, NodeConfig], RoleActor]
 
-    def __init__(self, cfg: NodeConfig, role_ids: Sequence[str]) -> None:
+
+class RoleHost:
+    """Runs `role_ids` of `cfg` in this process (each id must name a role of `cfg`).
+
+    ``make``: builds each role's actor; a benchmark passes one that puts stand-ins in some roles.
+    """
+
+    def __init__(self, cfg: NodeConfig, role_ids: Sequence[str], make: ActorFactory = make_actor) -> None:
         roles = [cfg.role(role_id) for role_id in dict.fromkeys(role_ids)]
         self.cfg = cfg
+        self._make = make
         self.roles = sorted(roles, key=lambda role: role.kind != "controller")  # stable: file order
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: Authenticator | None = None
@@ -97,7 +105,7 @@ class RoleHost:
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
     ) -> _Running:
-        actor = make_actor(role, self.cfg)
+        actor = self._make(role, self.cfg)
         try:
             server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
         except zmq.ZMQError as exc:

@@ -17,6 +17,7 @@ _BENCHES = (
     "dsi.bench.hit_agreement",
     "dsi.bench.prefill_lb",
     "dsi.bench.decode_lb",
+    "dsi.bench.route",
 )
 
 
