@@ -121,10 +121,13 @@ class Peer:
         try:
             self._send(Kind.STREAM, call_id, msg)
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), wait)
-                except TimeoutError:
-                    raise AskTimeout(f"{self.address}: no stream item for {wait}s") from None
+                if queue.empty():
+                    try:
+                        item = await asyncio.wait_for(queue.get(), wait)
+                    except TimeoutError:
+                        raise AskTimeout(f"{self.address}: no stream item for {wait}s") from None
+                else:  # items that arrived together: no timer, no task, no turn of the loop
+                    item = queue.get_nowait()
                 if item is _END:
                     finished = True
                     return
