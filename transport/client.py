@@ -137,6 +137,8 @@ class Peer:
                 yield item
         finally:
             self._streams.pop(call_id, None)
+            while not finished and not queue.empty():  # the end arrived with the last item read
+                finished = queue.get_nowait() is _END
             if not finished and not self._closed:
                 self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
 
