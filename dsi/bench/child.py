@@ -36,7 +36,7 @@ async def serve_until_terminated(conn: Connection, port: int | list[int]) -> Non
 
 class ServerProcess:
     """A serving child process started with spawn; ``port`` is what it reported once listening
-    (a port number, or a list of them)."""
+    (a port number, or a list of them). Several can boot at once: only reading ``port`` waits."""
 
     def __init__(self, target: Callable[..., None], *args: object, wait_s: float = PORT_WAIT_S) -> None:
         mp = multiprocessing.get_context("spawn")
@@ -45,10 +45,18 @@ class ServerProcess:
         self.process.start()
         there.close()
         self.conn = here
-        if not here.poll(wait_s):
-            self.stop()
-            raise RuntimeError(f"{target.__name__} did not report its port in {wait_s}s")
-        self.port = here.recv()
+        self._name = target.__name__
+        self._wait_s = wait_s
+        self._port: int | list[int] | None = None
+
+    @property
+    def port(self) -> int | list[int]:
+        if self._port is None:
+            if not self.conn.poll(self._wait_s):
+                self.stop()
+                raise RuntimeError(f"{self._name} did not report its port in {self._wait_s}s")
+            self._port = self.conn.recv()
+        return self._port
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process so far."""

@@ -283,14 +283,17 @@ def run(requests: int = 512, concurrency: int = 32, tokens: int = 16, repeats: i
     fronts: dict[str, Front] = {}
     try:
         data = cluster_config(workers)
-        children.append(ServerProcess(_serve_echoes_main, data, ids))
+        bin_dir, why = install_peers(peers_dir) if peers else (None, "")
+        children.append(ServerProcess(_serve_echoes_main, data, ids))  # these boot side by side
         entry = ServerProcess(_serve_entrypoint_main, data)
         children.append(entry)
-        fronts["route"] = Front(f"http://{_HOST}:{entry.port}/v1/chat/completions", entry.cpu_s)
-        bin_dir, why = install_peers(peers_dir) if peers else (None, "")
         if bin_dir is not None:
             backends = ServerProcess(_serve_backends_main, echo_pieces(ids), workers)
             children.append(backends)
+        for child in children:
+            _ = child.port  # every one is listening
+        fronts["route"] = Front(f"http://{_HOST}:{entry.port}/v1/chat/completions", entry.cpu_s)
+        if bin_dir is not None:
             for name in peers:
                 proc, port = _start_router(name, bin_dir, backends.port, peers_dir)
                 routers.append(proc)
