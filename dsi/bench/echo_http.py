@@ -41,8 +41,10 @@ class EchoBackend:
         body = json.loads(await request.read())
         n = max(1, min(int(body.get("max_tokens") or len(self.pieces)), len(self.pieces)))
         rid = f"chatcmpl-echo-{next(self._ids)}"
-        head = (f'{{"id":"{rid}","object":"chat.completion.chunk","created":{int(time.time())},'
-                f'"model":"{self.model}","choices":[{{"index":0,"delta":{{"content":')
+        head = (
+            f'{{"id":"{rid}","object":"chat.completion.chunk","created":{int(time.time())},'
+            f'"model":"{self.model}","choices":[{{"index":0,"delta":{{"content":'
+        )
         if not body.get("stream"):
             text = "".join(json.loads(p) for p in self.pieces[:n])
             self.served += 1
@@ -79,7 +81,9 @@ class EchoBackend:
         return app
 
 
-async def serve_echo_http(model: str, pieces: Sequence[str], ports: int) -> tuple[list[web.AppRunner], list[int]]:
+async def serve_echo_http(
+    model: str, pieces: Sequence[str], ports: int
+) -> tuple[list[web.AppRunner], list[int]]:
     """Start ``ports`` echo backends on 127.0.0.1 (free ports); the caller cleans the runners up."""
     runners: list[web.AppRunner] = []
     numbers: list[int] = []

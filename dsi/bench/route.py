@@ -68,9 +68,16 @@ def cluster_config(workers: int) -> dict:
     roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
              {"kind": "entrypoint", "id": "entrypoint-0", "bind": f"tcp://{_HOST}:{_free_port()}",
               "http": f"{_HOST}:{_free_port()}"}]  # fmt: skip
-    roles += [{"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{_free_port()}"} for i in range(workers)]
-    return {"cluster": {"name": "bench-route", "controller": controller, "heartbeat_interval_s": 0.5},
-            "logging": {"level": "warning"}, "model": {"name": MODEL, "config": "tiny"}, "roles": roles}
+    roles += [
+        {"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{_free_port()}"}
+        for i in range(workers)
+    ]
+    return {
+        "cluster": {"name": "bench-route", "controller": controller, "heartbeat_interval_s": 0.5},
+        "logging": {"level": "warning"},
+        "model": {"name": MODEL, "config": "tiny"},
+        "roles": roles,
+    }
 
 
 def _serve_echoes_main(conn: Connection, data: dict, ids: list[int]) -> None:
@@ -124,21 +131,42 @@ def install_peers(peers_dir: Path) -> tuple[Path | None, str]:
     if (bin_dir / "vllm-router").exists() and (bin_dir / "sglang-router").exists():
         return bin_dir, ""
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
+        )
         if not (bin_dir / "pip").exists():
             subprocess.run(["python3", "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([str(bin_dir / "pip"), "install", "-q", *PEERS.values()], check=True, capture_output=True,
-                       timeout=900)
+        subprocess.run(
+            [str(bin_dir / "pip"), "install", "-q", *PEERS.values()],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         tail = getattr(exc, "stderr", b"") or b""
-        return None, f"cannot install {' '.join(PEERS.values())} into {venv}: {exc} {tail.decode()[-300:]}".strip()
+        return (
+            None,
+            f"cannot install {' '.join(PEERS.values())} into {venv}: {exc} {tail.decode()[-300:]}".strip(),
+        )
     return bin_dir, ""
 
 
 def router_argv(name: str, bin_dir: Path, port: int, backends: list[int]) -> list[str]:
     urls = [f"http://{_HOST}:{p}" for p in backends]
-    common = ["--host", _HOST, "--port", str(port), "--worker-urls", *urls, "--policy", "round_robin",
-              "--prometheus-port", str(_free_port()), "--prometheus-host", _HOST]
+    common = [
+        "--host",
+        _HOST,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        "round_robin",
+        "--prometheus-port",
+        str(_free_port()),
+        "--prometheus-host",
+        _HOST,
+    ]
     if name == "vllm_router":
         return [str(bin_dir / "vllm-router"), *common, "--log-level", "error"]
     return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "error"]
@@ -166,8 +194,9 @@ async def _one(session: aiohttp.ClientSession, url: str, body: str) -> tuple[flo
     return time.perf_counter() - t0, tail
 
 
-async def _round(session: aiohttp.ClientSession, url: str, body: str, requests: int, concurrency: int
-                 ) -> tuple[float, list[float]]:
+async def _round(
+    session: aiohttp.ClientSession, url: str, body: str, requests: int, concurrency: int
+) -> tuple[float, list[float]]:
     """(seconds, latencies in seconds) of ``requests`` requests, ``concurrency`` at a time."""
     latencies: list[float] = []
     left = requests
@@ -198,8 +227,7 @@ async def _wait_ready(session: aiohttp.ClientSession, name: str, url: str, body:
             await asyncio.sleep(0.2)
 
 
-async def drive(fronts: dict[str, Front], requests: int, concurrency: int, tokens: int, repeats: int
-                ) -> dict:
+async def drive(fronts: dict[str, Front], requests: int, concurrency: int, tokens: int, repeats: int) -> dict:
     """Figures of every front that serves; a peer that never serves gets ``<name>_error`` instead."""
     messages = [{"role": "user", "content": "Echo this, please."}]
     body = json.dumps({"model": MODEL, "messages": messages, "stream": True, "max_tokens": tokens})
@@ -248,11 +276,17 @@ def echo_pieces(ids: list[int]) -> list[str]:
     return [text[a:b] or " " for a, b in itertools.pairwise(cuts)]
 
 
-def _start_router(name: str, bin_dir: Path, backends: list[int], log_dir: Path) -> tuple[subprocess.Popen, int]:
+def _start_router(
+    name: str, bin_dir: Path, backends: list[int], log_dir: Path
+) -> tuple[subprocess.Popen, int]:
     port = _free_port()
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it until stopped
-    proc = subprocess.Popen(router_argv(name, bin_dir, port, backends), stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        router_argv(name, bin_dir, port, backends),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     return proc, port
 
@@ -266,8 +300,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run(requests: int = 512, concurrency: int = 32, tokens: int = 16, repeats: int = 3, workers: int = 2,
-        peers: tuple[str, ...] = tuple(PEERS), peers_dir: Path = _DEFAULT_PEERS_DIR) -> dict:
+def run(
+    requests: int = 512,
+    concurrency: int = 32,
+    tokens: int = 16,
+    repeats: int = 3,
+    workers: int = 2,
+    peers: tuple[str, ...] = tuple(PEERS),
+    peers_dir: Path = _DEFAULT_PEERS_DIR,
+) -> dict:
     """Every figure in one flat dict (see the module docstring); a peer that could not run has
     null figures and ``<peer>_error``."""
     if min(requests, concurrency, tokens, repeats, workers) < 1:
@@ -276,8 +317,13 @@ def run(requests: int = 512, concurrency: int = 32, tokens: int = 16, repeats: i
     if unknown:
         raise ValueError(f"unknown peers {sorted(unknown)}; known: {sorted(PEERS)}")
     ids = stream_ids(tokens)
-    out: dict = {"requests": requests, "concurrency": concurrency, "stream_tokens": tokens, "repeats": repeats,
-                 "workers": workers}
+    out: dict = {
+        "requests": requests,
+        "concurrency": concurrency,
+        "stream_tokens": tokens,
+        "repeats": repeats,
+        "workers": workers,
+    }
     children: list[ServerProcess] = []
     routers: list[subprocess.Popen] = []
     fronts: dict[str, Front] = {}
@@ -297,8 +343,9 @@ def run(requests: int = 512, concurrency: int = 32, tokens: int = 16, repeats: i
             for name in peers:
                 proc, port = _start_router(name, bin_dir, backends.port, peers_dir)
                 routers.append(proc)
-                fronts[name] = Front(f"http://{_HOST}:{port}/v1/chat/completions",
-                                     lambda pid=proc.pid: process_cpu_s(pid))
+                fronts[name] = Front(
+                    f"http://{_HOST}:{port}/v1/chat/completions", lambda pid=proc.pid: process_cpu_s(pid)
+                )
         else:
             out |= {f"{name}_error": why for name in peers}
         out |= uvloop.run(drive(fronts, requests, concurrency, tokens, repeats))
@@ -327,30 +374,40 @@ def format_table(r: dict) -> str:
             lines.append(f"{name:16}  not measured: {r.get(f'{name}_error', '')}")
             continue
         ratio = r.get(f"route_vs_{name}")
-        lines.append(f"{name:16}{r[f'{name}_req_s']:>10,.1f}{r[f'{name}_p50_ms']:>10,.2f}{r[f'{name}_p99_ms']:>10,.2f}"
-                     f"{r[f'{name}_cpu_us_per_req']:>12,.1f}   {'' if ratio is None else f'{ratio:.2f}'}")
+        lines.append(
+            f"{name:16}{r[f'{name}_req_s']:>10,.1f}{r[f'{name}_p50_ms']:>10,.2f}{r[f'{name}_p99_ms']:>10,.2f}"
+            f"{r[f'{name}_cpu_us_per_req']:>12,.1f}   {'' if ratio is None else f'{ratio:.2f}'}"
+        )
     return "\n".join(lines)
 
 
 def _main(args: argparse.Namespace) -> int:
     peers = tuple(p for p in args.peers.split(",") if p) if args.peers else ()
-    result = run(args.requests, args.concurrency, args.tokens, args.repeats, args.workers, peers,
-                 Path(args.peers_dir))
+    result = run(
+        args.requests, args.concurrency, args.tokens, args.repeats, args.workers, peers, Path(args.peers_dir)
+    )
     print(json.dumps(result) if args.json else format_table(result))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("route", help="gateway + routing requests/s with echo engines beside "
-                                          "vllm-router and sglang-router")
+    parser = sub.add_parser(
+        "route", help="gateway + routing requests/s with echo engines beside vllm-router and sglang-router"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--requests", type=int, default=512, help="requests per round and system")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request, one per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per system")
     parser.add_argument("--workers", type=int, default=2, help="echo engines / echo backends")
-    parser.add_argument("--peers", default=",".join(PEERS),
-                        help=f"comma-separated routers to measure beside (default {','.join(PEERS)}; '' for none)")
-    parser.add_argument("--peers-dir", default=str(_DEFAULT_PEERS_DIR),
-                        help="where the routers' venv and logs go (default run/route-peers)")
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"comma-separated routers to measure beside (default {','.join(PEERS)}; '' for none)",
+    )
+    parser.add_argument(
+        "--peers-dir",
+        default=str(_DEFAULT_PEERS_DIR),
+        help="where the routers' venv and logs go (default run/route-peers)",
+    )
     parser.set_defaults(func=_main)

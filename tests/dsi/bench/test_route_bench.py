@@ -47,24 +47,29 @@ async def test_echo_decode_streams_its_ids_one_per_chunk_cut_to_max_tokens():
 
 
 async def test_echo_backend_streams_one_chat_chunk_per_piece_then_done():
-    pieces = ["Hello", ", ", "wörld", " 🌧️", "\"quoted\""]
+    pieces = ["Hello", ", ", "wörld", " 🌧️", '"quoted"']
     client = TestClient(TestServer(EchoBackend("m", pieces).app(), host="127.0.0.1"))
     await client.start_server()
     try:
         resp = await client.post("/v1/chat/completions", json={"model": "m", "stream": True, "messages": []})
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
         events = (await resp.text()).strip().split("\n\n")
-        short = await client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2, "messages": []})
+        short = await client.post(
+            "/v1/chat/completions", json={"model": "m", "max_tokens": 2, "messages": []}
+        )
         body = await short.json()
         health = await client.get("/health")
     finally:
         await client.close()
     assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == pieces
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["length"]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
-    assert body["choices"][0]["message"]["content"] == "Hello, " and body["choices"][0]["finish_reason"] == "length"
+    assert (
+        body["choices"][0]["message"]["content"] == "Hello, "
+        and body["choices"][0]["finish_reason"] == "length"
+    )
     assert health.status == 200
 
 
