@@ -28,10 +28,8 @@ import asyncio
 import itertools
 import json
 import logging
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -44,6 +42,7 @@ from dsi.bench.child import ServerProcess, process_cpu_s, serve_until_terminated
 from dsi.bench.echo_engine import serve_echo_roles
 from dsi.bench.echo_http import serve_echo_http
 from dsi.bench.recipe import stream_ids
+from dsi.bench.route_peers import PEERS, free_port, install_peers, start_router, stop_router
 from dsi.config import parse_config
 from dsi.roles.host import RoleHost
 from dsi.tokenizer import decode_ids
@@ -51,25 +50,18 @@ from dsi.tokenizer import decode_ids
 MODEL = "dsi-tiny"
 _HOST = "127.0.0.1"
 _START_WAIT_S = 60.0
-PEERS = {"vllm_router": "vllm-router==0.1.17", "sglang_router": "sglang-router==0.3.2"}
 _DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
 
 
 # ---- dsi: controller + echo decodes, and the entrypoint, each in a child process ----------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((_HOST, 0))
-        return s.getsockname()[1]
-
-
 def cluster_config(workers: int) -> dict:
     """A node config (as parsed TOML) of one controller, one entrypoint and ``workers`` decodes."""
-    controller = f"tcp://{_HOST}:{_free_port()}"
+    controller = f"tcp://{_HOST}:{free_port()}"
     roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
-             {"kind": "entrypoint", "id": "entrypoint-0", "bind": f"tcp://{_HOST}:{_free_port()}",
-              "http": f"{_HOST}:{_free_port()}"}]  # fmt: skip
+             {"kind": "entrypoint", "id": "entrypoint-0", "bind": f"tcp://{_HOST}:{free_port()}",
+              "http": f"{_HOST}:{free_port()}"}]  # fmt: skip
     roles += [
-        {"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{_free_port()}"}
+        {"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{free_port()}"}
         for i in range(workers)
     ]
     return {
@@ -121,55 +113,6 @@ async def _serve_backends(conn: Connection, pieces: list[str], workers: int) -> 
     finally:
         for runner in runners:
             await runner.cleanup()
-
-
-# ---- peers: the routers, from their own venv -------------------------------------------------------
-def install_peers(peers_dir: Path) -> tuple[Path | None, str]:
-    """The venv's bin directory with both routers installed, or None and why not."""
-    venv = peers_dir / "venv"
-    bin_dir = venv / "bin"
-    if (bin_dir / "vllm-router").exists() and (bin_dir / "sglang-router").exists():
-        return bin_dir, ""
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
-        )
-        if not (bin_dir / "pip").exists():
-            subprocess.run(["python3", "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run(
-            [str(bin_dir / "pip"), "install", "-q", *PEERS.values()],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        tail = getattr(exc, "stderr", b"") or b""
-        return (
-            None,
-            f"cannot install {' '.join(PEERS.values())} into {venv}: {exc} {tail.decode()[-300:]}".strip(),
-        )
-    return bin_dir, ""
-
-
-def router_argv(name: str, bin_dir: Path, port: int, backends: list[int]) -> list[str]:
-    urls = [f"http://{_HOST}:{p}" for p in backends]
-    common = [
-        "--host",
-        _HOST,
-        "--port",
-        str(port),
-        "--worker-urls",
-        *urls,
-        "--policy",
-        "round_robin",
-        "--prometheus-port",
-        str(_free_port()),
-        "--prometheus-host",
-        _HOST,
-    ]
-    if name == "vllm_router":
-        return [str(bin_dir / "vllm-router"), *common, "--log-level", "error"]
-    return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "error"]
 
 
 @dataclass(slots=True)
@@ -276,30 +219,6 @@ def echo_pieces(ids: list[int]) -> list[str]:
     return [text[a:b] or " " for a, b in itertools.pairwise(cuts)]
 
 
-def _start_router(
-    name: str, bin_dir: Path, backends: list[int], log_dir: Path
-) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
-    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it until stopped
-    proc = subprocess.Popen(
-        router_argv(name, bin_dir, port, backends),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    return proc, port
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(5.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def run(
     requests: int = 512,
     concurrency: int = 32,
@@ -341,7 +260,7 @@ def run(
         fronts["route"] = Front(f"http://{_HOST}:{entry.port}/v1/chat/completions", entry.cpu_s)
         if bin_dir is not None:
             for name in peers:
-                proc, port = _start_router(name, bin_dir, backends.port, peers_dir)
+                proc, port = start_router(name, bin_dir, backends.port, peers_dir)
                 routers.append(proc)
                 fronts[name] = Front(
                     f"http://{_HOST}:{port}/v1/chat/completions", lambda pid=proc.pid: process_cpu_s(pid)
@@ -351,7 +270,7 @@ def run(
         out |= uvloop.run(drive(fronts, requests, concurrency, tokens, repeats))
     finally:
         for proc in routers:
-            _stop(proc)
+            stop_router(proc)
         for child in reversed(children):
             child.stop()
     for name in peers:
