@@ -4,7 +4,7 @@
          --PrefixLookup (CHECK replica, no I/O)--> predicted cached tokens, in Generate and metrics
          --DecodePool.generate--> TokenChunk per engine step (ids, logprobs, the cached tokens
                                   the engine reused: what usage reports)
-         --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
+         --OutputStream.feed--> SSE pieces (the steps of one turn of the event loop in one write) or, at the end, one JSON body
 
 The request leaves the engine as soon as the client is gone (its stream is closed, which sends
 CANCEL to the instance) or the output is complete (EOS, a stop string, a finished tool call).
