@@ -31,6 +31,7 @@ import logging
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -120,7 +121,7 @@ class Front:
     """One measured system: the URL the client posts to and its front process's CPU clock."""
 
     url: str
-    cpu_s: object  # () -> float, CPU seconds of the front process so far
+    cpu_s: Callable[[], float]  # CPU seconds of the front process so far
 
 
 # ---- the client ---------------------------------------------------------------------------------------
@@ -192,9 +193,9 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
             await _round(session, front.url, body, requests, concurrency)  # warm up
         for _ in range(repeats):
             for name, front in fronts.items():
-                before = front.cpu_s()  # type: ignore[operator]
+                before = front.cpu_s()
                 wall, latencies = await _round(session, front.url, body, requests, concurrency)
-                cpu[name] += front.cpu_s() - before  # type: ignore[operator]
+                cpu[name] += front.cpu_s() - before
                 rates[name].append(requests / wall)
                 lat[name] += latencies
     finally:
