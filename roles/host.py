@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -47,12 +47,19 @@ class _Running:
     actor: RoleActor
 
 
-class RoleHost:
-    """Runs `role_ids` of `cfg` in this process (each id must name a role of `cfg`)."""
+ActorFactory = Callable[[RoleConfig, NodeConfig], RoleActor]
 
-    def __init__(self, cfg: NodeConfig, role_ids: Sequence[str]) -> None:
+
+class RoleHost:
+    """Runs `role_ids` of `cfg` in this process (each id must name a role of `cfg`).
+
+    ``make``: builds each role's actor; a benchmark passes one that puts stand-ins in some roles.
+    """
+
+    def __init__(self, cfg: NodeConfig, role_ids: Sequence[str], make: ActorFactory = make_actor) -> None:
         roles = [cfg.role(role_id) for role_id in dict.fromkeys(role_ids)]
         self.cfg = cfg
+        self._make = make
         self.roles = sorted(roles, key=lambda role: role.kind != "controller")  # stable: file order
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: Authenticator | None = None
@@ -117,7 +124,7 @@ class RoleHost:
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
     ) -> _Running:
-        actor = make_actor(role, self.cfg)
+        actor = self._make(role, self.cfg)
         try:
             server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
         except zmq.ZMQError as exc:

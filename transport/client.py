@@ -126,10 +126,13 @@ class Peer:
         try:
             self._send(Kind.STREAM, call_id, msg)
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), wait)
-                except TimeoutError:
-                    raise AskTimeout(f"{self.address}: no stream item for {wait}s") from None
+                if queue.empty():
+                    try:
+                        item = await asyncio.wait_for(queue.get(), wait)
+                    except TimeoutError:
+                        raise AskTimeout(f"{self.address}: no stream item for {wait}s") from None
+                else:  # items that arrived together: no timer, no task, no turn of the loop
+                    item = queue.get_nowait()
                 if item is _END:
                     finished = True
                     return
@@ -139,6 +142,8 @@ class Peer:
                 yield item
         finally:
             self._streams.pop(call_id, None)
+            while not finished and not queue.empty():  # the end arrived with the last item read
+                finished = queue.get_nowait() is _END
             if not finished and not self._closed:
                 self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
 

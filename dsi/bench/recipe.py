@@ -25,17 +25,17 @@ import argparse
 import asyncio
 import itertools
 import json
-import multiprocessing
 import re
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 
 import aiohttp
 import uvloop
 from aiohttp import web
 
+from dsi.bench.child import ServerProcess, serve_until_terminated
 from dsi.engine.params import SamplingParams
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.model.config import TINY
@@ -51,7 +51,6 @@ from dsi.roles.entrypoint.sse import SSE_HEADERS
 
 MODEL = "dsi-tiny"
 _HOST = "127.0.0.1"
-_PORT_WAIT_S = 60.0
 
 
 # ---- encode ------------------------------------------------------------------------------------
@@ -115,7 +114,7 @@ async def _serve_gateway(conn: Connection, ids: list[int], interval_s: float, st
     preparer = Preparer(Recipe({MODEL: ModelVersion.V4}), TINY.max_context)
     gateway = Gateway(TokenSource(ids, interval_s), ApiKeys.load(None, streams), Metrics(), preparer)
     runner = await start_http(make_app(gateway, [MODEL], 1 << 20), _HOST, 0)
-    await _serve_until_terminated(conn, runner.addresses[0][1])
+    await serve_until_terminated(conn, runner.addresses[0][1])
 
 
 def _serve_bare_main(conn: Connection, ids: list[int], interval_s: float, _streams: int) -> None:
@@ -143,54 +142,7 @@ async def _serve_bare(conn: Connection, ids: list[int], interval_s: float) -> No
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     runner = await start_http(app, _HOST, 0)
-    await _serve_until_terminated(conn, runner.addresses[0][1])
-
-
-async def _serve_until_terminated(conn: Connection, port: int) -> None:
-    """Report ``port``, then answer each message from the parent with this process's CPU seconds."""
-
-    def answer() -> None:
-        try:
-            conn.recv()
-            conn.send(time.process_time())
-        except (EOFError, OSError):  # the parent is gone; it terminates this process as well
-            loop.remove_reader(conn.fileno())
-
-    loop = asyncio.get_running_loop()
-    conn.send(port)
-    loop.add_reader(conn.fileno(), answer)
-    await asyncio.Event().wait()
-
-
-class _Server:
-    """A serving child process started with spawn; ``port`` is what it reported once listening."""
-
-    def __init__(self, target: Callable[..., None], *args: object) -> None:
-        mp = multiprocessing.get_context("spawn")
-        here, there = mp.Pipe()
-        self.process = mp.Process(target=target, args=(there, *args), daemon=True)
-        self.process.start()
-        there.close()
-        self.conn = here
-        if not here.poll(_PORT_WAIT_S):
-            self.stop()
-            raise RuntimeError(f"{target.__name__} did not report its port in {_PORT_WAIT_S}s")
-        self.port: int = here.recv()
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the process so far."""
-        self.conn.send(None)
-        if not self.conn.poll(_PORT_WAIT_S):
-            raise RuntimeError(f"the server on port {self.port} did not report its CPU time")
-        return self.conn.recv()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+    await serve_until_terminated(conn, runner.addresses[0][1])
 
 
 # ---- gateway: clients (this process) ------------------------------------------------------------
@@ -212,7 +164,7 @@ async def _round(session: aiohttp.ClientSession, url: str, body: str, streams: i
     return time.perf_counter() - t0
 
 
-async def _drive(servers: dict[str, _Server], streams: int, tokens: int, repeats: int) -> dict[str, float]:
+async def _drive(servers: dict[str, ServerProcess], streams: int, tokens: int, repeats: int) -> dict[str, float]:
     messages = [{"role": "user", "content": "Tell me about the weather."}]
     body = json.dumps({"model": MODEL, "messages": messages, "stream": True, "max_tokens": tokens,
                        "thinking": {"type": "disabled"}})  # fmt: skip
@@ -251,10 +203,10 @@ def bench_gateway(
     if streams < 1 or tokens < 1 or repeats < 1 or interval_s < 0:
         raise ValueError("streams, tokens and repeats must be positive, interval_s >= 0")
     ids = stream_ids(tokens)
-    servers: dict[str, _Server] = {}
+    servers: dict[str, ServerProcess] = {}
     try:
-        servers["gateway"] = _Server(_serve_gateway_main, ids, interval_s, streams)
-        servers["bare"] = _Server(_serve_bare_main, ids, interval_s, streams)
+        servers["gateway"] = ServerProcess(_serve_gateway_main, ids, interval_s, streams)
+        servers["bare"] = ServerProcess(_serve_bare_main, ids, interval_s, streams)
         out = uvloop.run(_drive(servers, streams, tokens, repeats))
     finally:
         for server in servers.values():

@@ -90,7 +90,13 @@ class IncrementalDetokenizer:
             data = b"".join([table[i] for i in token_ids])
         except IndexError:
             data = b"".join([self.token_bytes(i) for i in token_ids])
-        return self._decoder.decode(data)
+        decoder = self._decoder
+        if not decoder.buffer:  # nothing pending (most steps): whole characters decode directly
+            try:
+                return data.decode()
+            except UnicodeDecodeError:  # a character cut at the end, or bad bytes: the decoder's way
+                pass
+        return decoder.decode(data)
 
     def flush(self) -> str:
         """Release pending bytes: an incomplete character becomes U+FFFD, as a full decode

@@ -4,7 +4,7 @@
          --PrefixLookup (CHECK replica, no I/O)--> predicted cached tokens, in Generate and metrics
          --DecodePool.generate--> TokenChunk per engine step (ids, logprobs, the cached tokens
                                   the engine reused: what usage reports)
-         --OutputStream.feed--> SSE pieces (one write per step) or, at the end, one JSON body
+         --OutputStream.feed--> SSE pieces (the steps of one turn of the event loop in one write) or, at the end, one JSON body
 
 The request leaves the engine as soon as the client is gone (its stream is closed, which sends
 CANCEL to the instance) or the output is complete (EOS, a stop string, a finished tool call).
@@ -158,8 +158,7 @@ class Gateway:
         finally:
             self.metrics.sse_buffer_peak_bytes = max(self.metrics.sse_buffer_peak_bytes, sse.peak_buffered)
         self.metrics.request_done(protocol, 200)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await sse.resp.write_eof()
+        await sse.close()
         return sse.resp
 
     async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
@@ -185,8 +184,8 @@ class Gateway:
                     pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
                     if chunk.finish and not out.done:
                         pieces += out.finish(_engine_finish(chunk.finish))
-                    if resp is not None:
-                        await resp.send(pieces)
+                    if resp is not None and resp.queue(pieces):
+                        await resp.drain()
                     if out.done:
                         break  # closing the stream aborts the request in the engine
         except DsiError as exc:
@@ -195,15 +194,15 @@ class Gateway:
             self.metrics.error(exc.code)
             log.warning("request %s failed: %s", msg.request_id, exc)
             pieces = out.finish("error", message=f"generation failed: {exc.code}: {exc.message}")
-            if resp is not None:
-                await resp.send(pieces)
+            if resp is not None and resp.queue(pieces):
+                await resp.drain()
         finally:
             metrics.generated_tokens += generated
             metrics.engine_cached_tokens += max(cached, 0)
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
-            if resp is not None:
-                await resp.send(pieces)
+            if resp is not None and resp.queue(pieces):
+                await resp.drain()
 
     def _error(self, protocol: str, status: int, message: str, **extra: str | None) -> web.Response:
         self.metrics.request_done(protocol, status)

@@ -1,0 +1,333 @@
+"""``dsi bench route``: requests/s and latency through the gateway and its routing, engines
+replaced by instant echoes, beside vllm-router and sglang-router in the same run.
+
+    route          client --HTTP--> entrypoint (real EntrypointActor in its own process: auth,
+                   recipe encode, DecodePool pick, output recipe, SSE) --ZeroMQ stream-->
+                   ``workers`` EchoDecodeActor instances (dsi.bench.echo_engine), registered
+                   with a real controller; the entrypoint picks the decode itself (no balancer
+                   role is in the path)
+    vllm_router    client --HTTP--> vllm-router --HTTP--> ``workers`` EchoBackend servers
+    sglang_router  client --HTTP--> sglang-router --HTTP--> the same EchoBackend servers
+                   (dsi.bench.echo_http; both routers with ``--policy round_robin``)
+
+Every request is a streamed Chat Completion of ``tokens`` one-token chunks; ``concurrency``
+clients each send the next request when the last one ended, ``requests`` per round. Rounds
+alternate between the systems; ``*_req_s`` is the median round's requests per second,
+``*_p50_ms`` / ``*_p99_ms`` are over every measured request, ``*_cpu_us_per_req`` is the
+front process's (entrypoint's / router's) CPU time per request over all rounds.
+``route_vs_*`` = route_req_s / the router's. The routers are installed into a venv of their
+own (``--peers-dir``, default run/route-peers); one that cannot be installed or started gets
+null figures and ``*_error`` says why. The client runs in this process: on a small machine it
+can bound every system's requests/s alike, and the CPU figures do not depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import aiohttp
+import uvloop
+
+from dsi.bench.child import ServerProcess, process_cpu_s, serve_until_terminated
+from dsi.bench.echo_engine import serve_echo_roles
+from dsi.bench.echo_http import serve_echo_http
+from dsi.bench.recipe import stream_ids
+from dsi.bench.route_peers import PEERS, free_port, install_peers, start_router, stop_router
+from dsi.config import parse_config
+from dsi.roles.host import RoleHost
+from dsi.tokenizer import decode_ids
+
+MODEL = "dsi-tiny"
+_HOST = "127.0.0.1"
+_START_WAIT_S = 60.0
+_DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
+
+
+# ---- dsi: controller + echo decodes, and the entrypoint, each in a child process ----------------
+def cluster_config(workers: int) -> dict:
+    """A node config (as parsed TOML) of one controller, one entrypoint and ``workers`` decodes."""
+    controller = f"tcp://{_HOST}:{free_port()}"
+    roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
+             {"kind": "entrypoint", "id": "entrypoint-0", "bind": f"tcp://{_HOST}:{free_port()}",
+              "http": f"{_HOST}:{free_port()}"}]  # fmt: skip
+    roles += [
+        {"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{free_port()}"}
+        for i in range(workers)
+    ]
+    return {
+        "cluster": {"name": "bench-route", "controller": controller, "heartbeat_interval_s": 0.5},
+        "logging": {"level": "warning"},
+        "model": {"name": MODEL, "config": "tiny"},
+        "roles": roles,
+    }
+
+
+def _serve_echoes_main(conn: Connection, data: dict, ids: list[int]) -> None:
+    uvloop.run(_serve_echoes(conn, data, ids))
+
+
+async def _serve_echoes(conn: Connection, data: dict, ids: list[int]) -> None:
+    cfg = parse_config(data, "<bench route>")
+    host = await serve_echo_roles(cfg, [r.id for r in cfg.roles if r.kind != "entrypoint"], ids)
+    try:
+        await serve_until_terminated(conn, 0)
+    finally:
+        await host.stop()
+
+
+def _serve_entrypoint_main(conn: Connection, data: dict) -> None:
+    uvloop.run(_serve_entrypoint(conn, data))
+
+
+async def _serve_entrypoint(conn: Connection, data: dict) -> None:
+    cfg = parse_config(data, "<bench route>")
+    host = RoleHost(cfg, ["entrypoint-0"])
+    await host.start()
+    try:
+        await serve_until_terminated(conn, cfg.role("entrypoint-0").options.http_port)  # type: ignore[union-attr]
+    finally:
+        await host.stop()
+
+
+def _serve_backends_main(conn: Connection, pieces: list[str], workers: int) -> None:
+    uvloop.run(_serve_backends(conn, pieces, workers))
+
+
+async def _serve_backends(conn: Connection, pieces: list[str], workers: int) -> None:
+    # sglang-router first tries HTTP/2 with prior knowledge, which aiohttp answers 400 and logs
+    # as an error before the router falls back to HTTP/1.1.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    runners, ports = await serve_echo_http(MODEL, pieces, workers)
+    try:
+        await serve_until_terminated(conn, ports)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+@dataclass(slots=True)
+class Front:
+    """One measured system: the URL the client posts to and its front process's CPU clock."""
+
+    url: str
+    cpu_s: Callable[[], float]  # CPU seconds of the front process so far
+
+
+# ---- the client ---------------------------------------------------------------------------------------
+async def _one(session: aiohttp.ClientSession, url: str, body: str) -> tuple[float, bytes]:
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
+        tail = b""
+        async for data in resp.content.iter_any():
+            tail = (tail + data)[-256:]
+    if not tail.rstrip().endswith(b"data: [DONE]"):
+        raise RuntimeError(f"{url}: the stream ended before data: [DONE]")
+    return time.perf_counter() - t0, tail
+
+
+async def _round(
+    session: aiohttp.ClientSession, url: str, body: str, requests: int, concurrency: int
+) -> tuple[float, list[float]]:
+    """(seconds, latencies in seconds) of ``requests`` requests, ``concurrency`` at a time."""
+    latencies: list[float] = []
+    left = requests
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            latencies.append((await _one(session, url, body))[0])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - t0, latencies
+
+
+async def _wait_ready(session: aiohttp.ClientSession, name: str, url: str, body: str) -> None:
+    """Until one request streams through (the front learns its workers by then)."""
+    deadline = time.monotonic() + _START_WAIT_S
+    while True:
+        try:
+            _, tail = await _one(session, url, body)
+            if b'"finish_reason":"length"' not in tail.replace(b" ", b""):
+                raise RuntimeError(f"{name}: the stream did not end with finish_reason length: {tail!r}")
+            return
+        except (aiohttp.ClientError, OSError, RuntimeError) as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not serve a request in {_START_WAIT_S}s: {exc}") from None
+            await asyncio.sleep(0.2)
+
+
+async def drive(fronts: dict[str, Front], requests: int, concurrency: int, tokens: int, repeats: int) -> dict:
+    """Figures of every front that serves; a peer that never serves gets ``<name>_error`` instead."""
+    messages = [{"role": "user", "content": "Echo this, please."}]
+    body = json.dumps({"model": MODEL, "messages": messages, "stream": True, "max_tokens": tokens})
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+    rates: dict[str, list[float]] = {name: [] for name in fronts}
+    lat: dict[str, list[float]] = {name: [] for name in fronts}
+    cpu = dict.fromkeys(fronts, 0.0)
+    errors: dict[str, str] = {}
+    try:
+        for name, front in list(fronts.items()):
+            try:
+                await _wait_ready(session, name, front.url, body)
+            except RuntimeError as exc:
+                if name == "route":
+                    raise
+                errors[f"{name}_error"], fronts = str(exc), {k: v for k, v in fronts.items() if k != name}
+                continue
+            await _round(session, front.url, body, requests, concurrency)  # warm up
+        for _ in range(repeats):
+            for name, front in fronts.items():
+                before = front.cpu_s()
+                wall, latencies = await _round(session, front.url, body, requests, concurrency)
+                cpu[name] += front.cpu_s() - before
+                rates[name].append(requests / wall)
+                lat[name] += latencies
+    finally:
+        await session.close()
+    out: dict = dict(errors)
+    for name in fronts:
+        ordered = sorted(lat[name])
+        out[f"{name}_req_s"] = round(statistics.median(rates[name]), 1)
+        out[f"{name}_p50_ms"] = round(ordered[len(ordered) // 2] * 1e3, 3)
+        out[f"{name}_p99_ms"] = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3)
+        out[f"{name}_cpu_us_per_req"] = round(cpu[name] / (repeats * requests) * 1e6, 1)
+    return out
+
+
+# ---- all together ---------------------------------------------------------------------------------------
+def echo_pieces(ids: list[int]) -> list[str]:
+    """The text of ``ids`` in ``len(ids)`` pieces of about equal length: what the HTTP echoes send,
+    so that both sides stream about the same bytes."""
+    text = decode_ids(ids)
+    n = len(ids)
+    cuts = [round(i * len(text) / n) for i in range(n + 1)]
+    return [text[a:b] or " " for a, b in itertools.pairwise(cuts)]
+
+
+def run(
+    requests: int = 512,
+    concurrency: int = 32,
+    tokens: int = 16,
+    repeats: int = 3,
+    workers: int = 2,
+    peers: tuple[str, ...] = tuple(PEERS),
+    peers_dir: Path = _DEFAULT_PEERS_DIR,
+) -> dict:
+    """Every figure in one flat dict (see the module docstring); a peer that could not run has
+    null figures and ``<peer>_error``."""
+    if min(requests, concurrency, tokens, repeats, workers) < 1:
+        raise ValueError("requests, concurrency, tokens, repeats and workers must be positive")
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise ValueError(f"unknown peers {sorted(unknown)}; known: {sorted(PEERS)}")
+    ids = stream_ids(tokens)
+    out: dict = {
+        "requests": requests,
+        "concurrency": concurrency,
+        "stream_tokens": tokens,
+        "repeats": repeats,
+        "workers": workers,
+    }
+    children: list[ServerProcess] = []
+    routers: list[subprocess.Popen] = []
+    fronts: dict[str, Front] = {}
+    try:
+        data = cluster_config(workers)
+        bin_dir, why = install_peers(peers_dir) if peers else (None, "")
+        children.append(ServerProcess(_serve_echoes_main, data, ids))  # these boot side by side
+        entry = ServerProcess(_serve_entrypoint_main, data)
+        children.append(entry)
+        if bin_dir is not None:
+            backends = ServerProcess(_serve_backends_main, echo_pieces(ids), workers)
+            children.append(backends)
+        for child in children:
+            _ = child.port  # every one is listening
+        fronts["route"] = Front(f"http://{_HOST}:{entry.port}/v1/chat/completions", entry.cpu_s)
+        if bin_dir is not None:
+            for name in peers:
+                proc, port = start_router(name, bin_dir, backends.port, peers_dir)
+                routers.append(proc)
+                fronts[name] = Front(
+                    f"http://{_HOST}:{port}/v1/chat/completions", lambda pid=proc.pid: process_cpu_s(pid)
+                )
+        else:
+            out |= {f"{name}_error": why for name in peers}
+        out |= uvloop.run(drive(fronts, requests, concurrency, tokens, repeats))
+    finally:
+        for proc in routers:
+            stop_router(proc)
+        for child in reversed(children):
+            child.stop()
+    for name in peers:
+        for figure in ("req_s", "p50_ms", "p99_ms", "cpu_us_per_req"):
+            out.setdefault(f"{name}_{figure}", None)
+        theirs = out[f"{name}_req_s"]
+        out[f"route_vs_{name}"] = round(out["route_req_s"] / theirs, 3) if theirs else None
+    return out
+
+
+def format_table(r: dict) -> str:
+    """One row per system: requests/s, latencies, front CPU, and route's ratio to it."""
+    lines = [f"dsi bench route: {r['concurrency']} concurrent streams of {r['stream_tokens']} tokens, "
+             f"{r['workers']} echo workers, {r['requests']} requests x {r['repeats']} rounds (medians)",
+             f"{'':16}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}   route/them"]  # fmt: skip
+    for name in ("route", *PEERS):
+        if f"{name}_req_s" not in r:
+            continue
+        if r[f"{name}_req_s"] is None:
+            lines.append(f"{name:16}  not measured: {r.get(f'{name}_error', '')}")
+            continue
+        ratio = r.get(f"route_vs_{name}")
+        lines.append(
+            f"{name:16}{r[f'{name}_req_s']:>10,.1f}{r[f'{name}_p50_ms']:>10,.2f}{r[f'{name}_p99_ms']:>10,.2f}"
+            f"{r[f'{name}_cpu_us_per_req']:>12,.1f}   {'' if ratio is None else f'{ratio:.2f}'}"
+        )
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
+    peers = tuple(p for p in args.peers.split(",") if p) if args.peers else ()
+    result = run(
+        args.requests, args.concurrency, args.tokens, args.repeats, args.workers, peers, Path(args.peers_dir)
+    )
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "route", help="gateway + routing requests/s with echo engines beside vllm-router and sglang-router"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--requests", type=int, default=512, help="requests per round and system")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    parser.add_argument("--tokens", type=int, default=16, help="output tokens per request, one per chunk")
+    parser.add_argument("--repeats", type=int, default=3, help="measured rounds per system")
+    parser.add_argument("--workers", type=int, default=2, help="echo engines / echo backends")
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"comma-separated routers to measure beside (default {','.join(PEERS)}; '' for none)",
+    )
+    parser.add_argument(
+        "--peers-dir",
+        default=str(_DEFAULT_PEERS_DIR),
+        help="where the routers' venv and logs go (default run/route-peers)",
+    )
+    parser.set_defaults(func=_main)

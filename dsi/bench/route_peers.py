@@ -1,0 +1,93 @@
+"""The routers ``dsi bench route`` measures beside the gateway, from a venv of their own.
+
+``install_peers`` puts pinned vllm-router and sglang-router wheels into ``<peers_dir>/venv``
+(once; the project's own dependencies never include them). ``start_router`` runs one in front
+of the echo backends with ``--policy round_robin`` on 127.0.0.1, its output in
+``<peers_dir>/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+PEERS = {"vllm_router": "vllm-router==0.1.17", "sglang_router": "sglang-router==0.3.2"}
+_HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((_HOST, 0))
+        return s.getsockname()[1]
+
+
+def install_peers(peers_dir: Path) -> tuple[Path | None, str]:
+    """The venv's bin directory with both routers installed, or None and why not."""
+    venv = peers_dir / "venv"
+    bin_dir = venv / "bin"
+    if (bin_dir / "vllm-router").exists() and (bin_dir / "sglang-router").exists():
+        return bin_dir, ""
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        subprocess.run(
+            [str(bin_dir / "pip"), "install", "-q", *PEERS.values()],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        tail = getattr(exc, "stderr", b"") or b""
+        return (
+            None,
+            f"cannot install {' '.join(PEERS.values())} into {venv}: {exc} {tail.decode()[-300:]}".strip(),
+        )
+    return bin_dir, ""
+
+
+def router_argv(name: str, bin_dir: Path, port: int, backends: list[int]) -> list[str]:
+    """The command line of router ``name`` on ``port`` in front of the 127.0.0.1 ``backends`` ports."""
+    urls = [f"http://{_HOST}:{p}" for p in backends]
+    common = [
+        "--host",
+        _HOST,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        "round_robin",
+        "--prometheus-port",
+        str(free_port()),
+        "--prometheus-host",
+        _HOST,
+    ]
+    if name == "vllm_router":
+        return [str(bin_dir / "vllm-router"), *common, "--log-level", "error"]
+    return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "error"]
+
+
+def start_router(
+    name: str, bin_dir: Path, backends: list[int], log_dir: Path
+) -> tuple[subprocess.Popen, int]:
+    """The router's process and the port it will listen on (ready once a request streams through)."""
+    port = free_port()
+    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it until stopped
+    proc = subprocess.Popen(
+        router_argv(name, bin_dir, port, backends),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return proc, port
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
