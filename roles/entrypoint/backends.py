@@ -4,7 +4,9 @@
 every ``refresh_s``) and keeps one Peer per instance. It picks, among the instances the
 controller lists as ``serving``, the one with the fewest requests, counting both the load the
 instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
-work, but the streams already running there go on (their Peer stays open).
+work, but the streams already running there go on (their Peer stays open). So do the streams of
+an instance the table no longer lists while calls are pending there: a restarted controller
+lists the instances only as their heartbeats reach it.
 
 ``DecodePool`` routes a request: with balancers configured it asks one first, within a bound
 (``balancer_timeout_s``; see dsi.roles.entrypoint.router), and picks locally (the least loaded,
@@ -69,6 +71,7 @@ class _Instance:
     info: InstanceInfo
     peer: Peer
     sent: int = 0  # requests this gateway has in flight there
+    listed: bool = True  # in the controller's last table (an unlisted one takes no new work)
 
     @property
     def key(self) -> tuple[str, float]:
@@ -105,7 +108,7 @@ class InstancePool:
     @property
     def ready(self) -> list[str]:
         """The ids of the instances that take new work (``serving``)."""
-        return [i for i, inst in self._instances.items() if inst.info.state == SERVING]
+        return [i for i, inst in self._instances.items() if inst.info.state == SERVING and inst.listed]
 
     async def refresh(self) -> None:
         table: InstanceTable = await self._controller.ask(ListInstances(self.role))
@@ -124,8 +127,12 @@ class InstancePool:
                 inst = self._instances[info.instance_id] = _Instance(info, peer)
             if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
                 inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))
-            inst.info = info
+            inst.info, inst.listed = info, True
         for gone in set(self._instances) - seen:
+            inst = self._instances[gone]
+            if inst.peer.pending:  # a restarted controller may not have re-learnt it yet: its streams go on
+                inst.listed = False
+                continue
             await self._instances.pop(gone).peer.close()
         self._refreshed = time.monotonic()
 
@@ -140,7 +147,7 @@ class InstancePool:
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         """The least loaded serving instance whose ``key`` is not in ``exclude``."""
         ready = [inst for inst in self._instances.values()
-                 if inst.info.state == SERVING and inst.key not in exclude]
+                 if inst.info.state == SERVING and inst.listed and inst.key not in exclude]
         if not ready:
             raise NoInstance(f"no serving {self.role} instance")
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
