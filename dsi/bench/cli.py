@@ -18,6 +18,7 @@ _BENCHES = (
     "dsi.bench.prefill_lb",
     "dsi.bench.decode_lb",
     "dsi.bench.drain",
+    "dsi.bench.soak",
 )
 
 
