@@ -71,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         print("dsi bench soak: --minutes must exceed --warmup-s, --concurrency >= 1, --kill-every-s >= 0",
               file=sys.stderr)
         return 2
+    unknown = set(args.kill_kinds.split(",")) - {*DEFAULT_KINDS, "entrypoint"}
+    if unknown:
+        print(f"dsi bench soak: --kill-kinds: unknown role kinds {sorted(unknown)}", file=sys.stderr)
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="dsi-soak-"))
     limits = GrowthLimits(rss_pct=args.rss_growth_pct, fds=args.fd_growth)
     try:
