@@ -13,9 +13,10 @@ Timeline (seconds from the moment the cluster is up)::
 
 The config is copied with free ports and a private run directory (``soak_cluster``), so a soak
 never collides with another cluster on the machine. The load is ``soak_load`` (four kinds of
-chat completions). A kill picks, with the seeded generator, one serving instance of the kinds
-in ``--kill-kinds`` (default: decode, prefill, kvstore, controller; the single entrypoint is
-the client's door, so killing it fails requests by design), only while every role serves.
+chat completions). A kill takes the kinds in ``--kill-kinds`` in turn (default: decode, prefill,
+kvstore, controller, shuffled by the seed for each round; the single entrypoint is the
+client's door, so killing it fails requests by design) and SIGKILLs a random serving instance
+of the kind, only while every role serves.
 The controller's table is sampled every second: a replacement's time to serve, and the spans
 with no serving decode (or, with prefill roles, no serving prefill): no capacity, the only
 time a failed request is excused. Per role, /proc/<pid>/status VmRSS, /proc/<pid>/fd and the
@@ -145,7 +146,8 @@ class _Soak:
             await self._kill_until(t0 + args.minutes * 60 - args.settle_s)
             await self._until_serving(t0 + args.minutes * 60 + 60)
             await asyncio.sleep(max(0.0, t0 + args.minutes * 60 - time.monotonic()))
-            end, shm_end = self._snapshot(), shm_by_pid()
+            end = self._snapshot()
+            orphans = orphan_shm(shm_by_pid(), self.watch.seen)  # now: a live process's files are not orphans
             stop.set()
             await load
             sampler.cancel()
@@ -153,7 +155,7 @@ class _Soak:
         finally:
             code = await asyncio.to_thread(self.cluster.stop)
         left = wait_gone(self.watch.seen, 10.0, alive)
-        return self._report(t0, now, start, warm, end, shm_end, log, code, left)
+        return self._report(t0, now, start, warm, end, orphans, log, code, left)
 
     async def _sample(self) -> None:
         table = await self.cluster.table()
@@ -174,13 +176,19 @@ class _Soak:
         if every <= 0:
             return
         kinds = set(self.args.kill_kinds.split(","))
+        cycle: list[str] = []
         while time.monotonic() + every < last:
             await asyncio.sleep(every)
             await self._until_serving(last)
+            if not cycle:  # every kind in turn, in a shuffled order, so that a short soak kills each
+                cycle = self.rng.sample(sorted(kinds), len(kinds))
+            kind = cycle.pop()
             candidates = sorted(r for r, s in self.watch.states.items()
-                                if s == "serving" and r.rsplit("-", 1)[0] in kinds and r in self.watch.pids)
-            if not candidates or time.monotonic() > last:
+                                if s == "serving" and r.rsplit("-", 1)[0] == kind and r in self.watch.pids)
+            if time.monotonic() > last:
                 return
+            if not candidates:
+                continue
             role = self.rng.choice(candidates)
             pid = self.watch.pids[role]
             try:
@@ -205,15 +213,14 @@ class _Soak:
         snap = {role: figures(pid, shm) for role, pid in pids.items()}
         return {role: f for role, f in snap.items() if f is not None}
 
-    def _report(self, t0: float, now: float, start: Snapshot, warm: Snapshot, end: Snapshot, shm_end, log: LoadLog,
-                code: int | None, left: set[int]) -> dict:
+    def _report(self, t0: float, now: float, start: Snapshot, warm: Snapshot, end: Snapshot,
+                orphans: tuple[int, int], log: LoadLog, code: int | None, left: set[int]) -> dict:
         args = self.args
         spans = self.watch.spans(now)
         slack = 15.0  # heartbeat timeout, table refresh and the gateway's re-route wait
         failed = [r for r in log.results if r.error]
         unexcused = [r for r in failed if not excused(r.started, r.ended, spans, slack)]
         rows = role_rows(start, warm, end, self.limits)
-        orphans = orphan_shm(shm_end, self.watch.seen)
         flags = [f"{role}: {flag}" for role, row in rows.items() for flag in row["flags"]]
         flags += [f"request failed with capacity left ({r.kind}): {r.error}" for r in unexcused[:10]]
         if code != 0:
