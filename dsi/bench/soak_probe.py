@@ -1,19 +1,17 @@
 """What one process holds, read from /proc and /dev/shm: resident memory, open fds, shm bytes.
 
-The shared-memory files dsi creates are named ``dsi-<kind>-<creator pid>-<hex>`` (HostBuffer,
-ShmPool, the shm data plane), so each file is counted against the process that created it; a
+The shared-memory files dsi creates are named ``dsi-<kind>-<creator pid>-<hex>``
+(``dsi.kvcache.shm.HostBuffer.create``: ShmPool, the shm data plane), so each file is counted against the process that created it; a
 file whose creator is gone is an orphan (a killed process never unlinks its files).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
-_SHM_NAME = re.compile(r"dsi-[A-Za-z]+-(\d+)-[0-9a-f]+")
+from dsi.kvcache.shm import SHM_DIR, creator_pid
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +33,13 @@ def shm_by_pid(shm_dir: Path = SHM_DIR) -> dict[int, tuple[int, int]]:
     """Creator pid -> (bytes allocated, files) over the dsi files in `shm_dir`."""
     found: dict[int, tuple[int, int]] = {}
     for entry in os.scandir(shm_dir):
-        match = _SHM_NAME.fullmatch(entry.name)
-        if match is None:
+        pid = creator_pid(entry.name)
+        if pid is None:
             continue
         try:
             allocated = entry.stat().st_blocks * 512  # a sparse file costs what it touched
         except FileNotFoundError:  # unlinked meanwhile
             continue
-        pid = int(match.group(1))
         total, files = found.get(pid, (0, 0))
         found[pid] = (total + allocated, files + 1)
     return found
