@@ -99,18 +99,22 @@ class _Watch:
     """What the table sampler learnt: the pid of each role now, every pid seen, no-capacity spans."""
 
     pids: dict[str, int] = field(default_factory=dict)
-    states: dict[str, str] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)  # an id missing from a table keeps its last state
+    kinds: dict[str, str] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
     no_capacity: list[tuple[float, float]] = field(default_factory=list)
     _since: float | None = None
 
     def update(self, table, kinds: set[str], now: float) -> None:
+        """A restarted controller lists instances as their heartbeats come back: one it has not
+        heard from yet is not gone, so its last known state stands."""
         for info in table:
             self.states[info.instance_id] = info.state
+            self.kinds[info.instance_id] = info.role
             if info.state == "serving":
                 self.pids[info.instance_id] = info.pid
             self.seen.add(info.pid)
-        serving = {info.role for info in table if info.state == "serving"}
+        serving = {self.kinds[i] for i, state in self.states.items() if state == "serving"}
         short = "decode" not in serving or ("prefill" in kinds and "prefill" not in serving)
         if short and self._since is None:
             self._since = now
@@ -230,7 +234,7 @@ class _Soak:
         after_stop = orphan_shm(shm_by_pid(), self.watch.seen | {self.cluster.pid})
         return {
             "minutes": args.minutes, "kill_every_s": args.kill_every_s, "warmup_s": args.warmup_s,
-            "concurrency": args.concurrency, "config": args.config,
+            "concurrency": args.concurrency, "config": args.config, "log": str(self.cluster.log_path),
             "roles": rows,
             "requests": {"total": len(log.results), "ok": len(log.results) - len(failed), "failed": len(failed),
                          "failed_without_capacity": len(failed) - len(unexcused),

@@ -82,5 +82,6 @@ def format_summary(report: dict) -> str:
     lines.append(f"/dev/shm files of dead cluster processes at the end: {shm['files']} ({shm['bytes'] / MB:.1f} MB)")
     lines.append(f"after stopping serve: exit {after['serve_exit']}, {len(after['processes_left'])} processes left, "
                  f"{after['shm_files']} shm files left ({after['shm_bytes'] / MB:.1f} MB)")
+    lines.append(f"every role's log: {report['log']}")
     lines += [f"FLAG: {flag}" for flag in report["flags"]]
     return "\n".join(lines)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 from dsi.bench import cli as bench_cli
-from dsi.bench.soak import run
+from dsi.bench.soak import _Watch, run
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -26,3 +27,19 @@ def test_a_soak_no_longer_than_its_warm_up_is_refused_before_anything_starts(cap
     assert run(parse("--concurrency", "0")) == 2
     assert run(parse("--kill-kinds", "decode,decoder")) == 2
     assert "unknown role kinds ['decoder']" in capsys.readouterr().err
+
+
+def info(instance_id: str, state: str = "serving", pid: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(instance_id=instance_id, role=instance_id.rsplit("-", 1)[0], state=state, pid=pid)
+
+
+def test_no_capacity_spans_are_the_times_without_a_serving_decode_not_a_partial_table():
+    watch, kinds = _Watch(), {"decode", "prefill"}
+    watch.update([info("decode-0"), info("decode-1", pid=2), info("prefill-0", pid=3)], kinds, 0.0)
+    watch.update([info("decode-0"), info("decode-1", "dead", 2), info("prefill-0", pid=3)], kinds, 1.0)
+    watch.update([info("prefill-0", pid=3)], kinds, 2.0)  # a restarted controller that heard one role yet
+    assert watch.spans(3.0) == []
+    watch.update([info("decode-0", "dead"), info("decode-1", "dead", 2), info("prefill-0", pid=3)], kinds, 4.0)
+    watch.update([info("decode-0", pid=9), info("prefill-0", pid=3)], kinds, 6.0)
+    assert watch.spans(7.0) == [(4.0, 6.0)]
+    assert watch.pids == {"decode-0": 9, "decode-1": 2, "prefill-0": 3} and watch.seen == {1, 2, 3, 9}

@@ -43,7 +43,7 @@ def test_the_summary_names_every_role_the_kills_and_the_flags():
               "kills": [{"at_s": 80.0, "role": "decode-0", "pid": 1, "back_after_s": 7.5}],
               "shm_orphans": {"bytes": 0, "files": 0},
               "after_stop": {"serve_exit": 0, "processes_left": [], "shm_bytes": 0, "shm_files": 0},
-              "flags": ["decode-0: rss +100.0 MB (33%)"]}
+              "flags": ["decode-0: rss +100.0 MB (33%)"], "log": "/tmp/x/serve.log"}
     text = format_summary(report)
     assert "verdict fail" in text and "300/300/400" in text and "back after 7.5s" in text
     assert "FLAG: decode-0: rss +100.0 MB (33%)" in text and "1 failed (1 while no capacity" in text
