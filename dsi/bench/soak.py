@@ -188,7 +188,7 @@ class _Soak:
                 cycle = self.rng.sample(sorted(kinds), len(kinds))
             kind = cycle.pop()
             candidates = sorted(r for r, s in self.watch.states.items()
-                                if s == "serving" and r.rsplit("-", 1)[0] == kind and r in self.watch.pids)
+                                if s == "serving" and self.watch.kinds.get(r) == kind and r in self.watch.pids)
             if time.monotonic() > last:
                 return
             if not candidates:

@@ -4,9 +4,9 @@ Every stream of a disturbed run must be the one an undisturbed run of the same c
 (the first run here), the killed role must be replaced and listed as serving again by
 ``dsi status`` within 30 s of the kill, and stopping serve must stop every process it ever
 started, the replacements included. The tests share the cluster and run in file order; a
-replacement is checked while the next test runs, to keep the module short. Both decodes are
-stopped (SIGSTOP: only missed heartbeats tell) in the last scenario, then killed: serve is
-stopped while their replacements come up.
+replacement is checked while the next test runs, to keep the module short. At the end the
+decodes are stopped (SIGSTOP: only missed heartbeats tell) one after the other, then killed:
+serve is stopped while their replacements come up.
 """
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ class Served:
     pids: set[int] = field(default_factory=set)  # every role pid ever listed
     reference: list[tuple[str, str, list[str]]] = field(default_factory=list)
     killed: list[Killed] = field(default_factory=list)  # not yet seen replaced
+    silenced: list[Callable[[], None]] = field(default_factory=list)  # kills of SIGSTOPped roles
+
+    def log(self) -> str:
+        """Everything serve and its roles logged so far."""
+        return self.server.log_path.read_text(errors="replace")
 
     def listed(self) -> dict[str, dict]:
         """The instances by id, as ``dsi status --json`` prints them."""
@@ -181,7 +186,7 @@ def test_a_killed_decode_is_replaced_and_its_greedy_and_seeded_streams_are_the_u
     streams, killed = run_streams(served.port, BODIES, started_tokens, served.killer("decode-1", 2))
     assert killed
     assert_undisturbed(served, streams)
-    reruns = re.findall(r"peer_lost on decode-1 after (\d+) tokens", served.server.log())
+    reruns = re.findall(r"peer_lost on decode-1 after (\d+) tokens", served.log())
     assert any(int(n) > 0 for n in reruns), "no stream was mid-way on decode-1"
 
 
@@ -190,7 +195,7 @@ def test_a_killed_prefill_has_its_requests_rerouted_to_the_other(served):
                                   served.killer("prefill-0", 2))
     assert killed
     assert_undisturbed(served, streams)
-    assert "prefill_lost on prefill-0" in served.server.log()  # some were in it, and went to prefill-1
+    assert "prefill_lost on prefill-0" in served.log()  # some were in it, and went to prefill-1
 
 
 def test_a_killed_kvstore_turns_hits_into_misses_and_fails_nothing(served):
@@ -216,21 +221,33 @@ def test_a_killed_controller_leaves_the_streams_alone_and_its_replacement_rebuil
     assert {x["state"] for x in after.values()} == {"serving"}
 
 
+def test_a_silent_decode_is_marked_dead_and_its_streams_are_the_undisturbed_ones(served):
+    served.silenced = [served.killer("decode-0", 2)]  # run by the next test: serve replaces it then
+    before = len(re.findall(r"peer_lost on decode-0 after [1-9]", served.log()))
+    stop = served.killer("decode-0", 2, signal.SIGSTOP)  # alive, connected, but silent
+    streams, stopped = run_streams(served.port, BODIES, started_tokens, stop)
+    assert stopped
+    assert_undisturbed(served, streams)
+    after = len(re.findall(r"peer_lost on decode-0 after [1-9]", served.log()))
+    assert after > before, "no stream was mid-way on decode-0"
+    table = served.table()
+    assert table is not None and table["decode-0"]["state"] == "dead" and table["decode-1"]["state"] == "serving"
+
+
 def test_with_every_decode_silent_the_streams_end_with_a_clean_error_in_bounded_time(served):
     stop_at: list[float] = []
-    stops = [served.killer(role, 2, signal.SIGSTOP) for role in ("decode-0", "decode-1")]
-    kills = [served.killer(role, 2) for role in ("decode-0", "decode-1")]
+    stop = served.killer("decode-1", 2, signal.SIGSTOP)
+    served.silenced.append(served.killer("decode-1", 2))
 
-    def stop_both() -> None:
-        for stop in stops:
-            stop()  # alive but silent: only missed heartbeats tell
+    def stop_the_last() -> None:
+        stop()
         stop_at.append(time.monotonic())
 
     try:
-        streams, _ = run_streams(served.port, BODIES, started_tokens, stop_both)
+        streams, _ = run_streams(served.port, BODIES, started_tokens, stop_the_last)
         ended = time.monotonic()
         assert stop_at
-        assert any(s.error is not None for s in streams), "every stream finished before the decodes stopped"
+        assert any(s.error is not None for s in streams), "every stream finished before the decode stopped"
         for i, seen in enumerate(streams):
             if seen.error is None:
                 assert seen.done and seen.outcome == served.reference[i]
@@ -242,7 +259,7 @@ def test_with_every_decode_silent_the_streams_end_with_a_clean_error_in_bounded_
         (refused,), _ = run_streams(served.port, BODIES[:1])
         assert refused.status == 503 and "no serving decode instance" in refused.body
     finally:
-        for kill in kills:
+        for kill in served.silenced:
             kill()  # serve starts replacements; the next test stops serve while they come up
     served.killed.clear()
 
