@@ -2,7 +2,7 @@
 
 ``InstancePool`` learns one role's instances from the controller (``ListInstances``, refreshed
 every ``refresh_s``) and keeps one Peer per instance. It picks, among the instances the
-controller lists as ``serving``, the one with the fewest requests, counting both the load the
+controller lists as ``serving`` and whose connection is up, the one with the fewest requests, counting both the load the
 instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
 work, but the streams already running there go on (their Peer stays open). An instance missing
 from the table keeps its last state for ``unlisted_grace_s``: a restarted controller lists the
@@ -142,10 +142,11 @@ class InstancePool:
         self._refreshed = now
 
     def _takes_work(self, inst: _Instance) -> bool:
-        """Serving, and listed by the controller (or not for longer than ``unlisted_grace_s``)."""
+        """Serving, listed by the controller (or not for longer than ``unlisted_grace_s``), and its
+        connection not down: a killed instance is listed as serving until its heartbeats are missed."""
         missing = inst.missing_since
-        return inst.info.state == SERVING and (missing is None or
-                                               time.monotonic() - missing <= self._unlisted_grace_s)
+        listed = missing is None or time.monotonic() - missing <= self._unlisted_grace_s
+        return inst.info.state == SERVING and listed and not inst.peer.away
 
     async def _refresh_loop(self) -> None:
         while True:

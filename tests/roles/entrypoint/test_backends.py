@@ -117,6 +117,19 @@ async def test_an_instance_a_restarted_controller_does_not_list_yet_keeps_servin
     assert pool.decode._instances == {}
 
 
+async def test_an_instance_whose_connection_dropped_gets_no_new_work_before_the_controller_says_dead(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info("serving", address=address)])]
+    await pool.decode.refresh()
+    peer = pool.pick().peer
+    peer.welcome = object()  # type: ignore[assignment]  # it had said Hello; its connection is down now
+    assert peer.away
+    with pytest.raises(NoInstance):
+        pool.pick()
+    assert pool.decode.ready == []
+
+
 async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
     pool, tables = pool
     moves = [TransitionCount("decode", "none", "ready", 2), TransitionCount("prefill", "serving", "dead", 1)]
