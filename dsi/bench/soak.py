@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print("dsi bench soak: --minutes must exceed --warmup-s, --concurrency >= 1, --kill-every-s >= 0",
               file=sys.stderr)
         return 2
-    unknown = set(args.kill_kinds.split(",")) - {*DEFAULT_KINDS, "entrypoint"}
+    unknown = set(args.kill_kinds.split(",")) - {*DEFAULT_KINDS, "entrypoint", "balancer"}
     if unknown:
         print(f"dsi bench soak: --kill-kinds: unknown role kinds {sorted(unknown)}", file=sys.stderr)
         return 2
