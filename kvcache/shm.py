@@ -18,6 +18,29 @@ import numpy as np
 
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
+# What ``HostBuffer.create`` names its files: <prefix>-<creator pid>-<hex>, every prefix "dsi-...".
+CREATED_NAME = re.compile(r"dsi-[A-Za-z]+-(\d+)-[0-9a-f]+")
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid that created the /dev/shm file `name` with ``HostBuffer.create`` (None: not one)."""
+    match = CREATED_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def remove_files_of(pid: int, shm_dir: Path = SHM_DIR) -> tuple[int, int]:
+    """Unlink the files a dead process `pid` created and could not unlink itself (killed).
+    (bytes allocated, files) removed; a process still attached keeps its mapping."""
+    freed = files = 0
+    for entry in os.scandir(shm_dir):
+        if creator_pid(entry.name) == pid:
+            try:
+                freed += entry.stat().st_blocks * 512
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            files += 1
+    return freed, files
 
 
 def check_name(name: str) -> str:

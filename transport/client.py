@@ -109,6 +109,12 @@ class Peer:
     def pending(self) -> int:
         return len(self._calls) + len(self._streams)
 
+    @property
+    def away(self) -> bool:
+        """True while a connection that had completed its handshake is down (from its drop until
+        the Hello on the next one): a call made now waits in the socket queue."""
+        return self.welcome is not None and not self._connected.is_set()
+
     # ---- calls -------------------------------------------------------------------------------
     def tell(self, msg: Any) -> None:
         self._send(Kind.TELL, 0, msg)

@@ -19,6 +19,7 @@ _BENCHES = (
     "dsi.bench.decode_lb",
     "dsi.bench.drain",
     "dsi.bench.route",
+    "dsi.bench.soak",
 )
 
 

@@ -9,7 +9,8 @@
     stop(id)  --> keeper told to stop --> SIGTERM the process group, SIGKILL after grace_s
 
 Every transition is logged (a death as a warning, giving up as an error) and passed to
-`on_change`. Nothing is shared between provisioners: each owns its instances.
+`on_change`. Nothing is shared between provisioners: each owns its instances. The /dev/shm
+files a dead process created (``dsi.kvcache.shm.remove_files_of``) are removed once it exited.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dsi.kvcache.shm import remove_files_of
 from dsi.provision.backoff import RestartBackoff, RestartPolicy
 from dsi.provision.base import InstanceState, ProvisionedInstance, StartFailed
 from dsi.provision.process import RoleProcess, describe_exit
@@ -163,6 +165,7 @@ class LocalProvisioner:
             if slot.stopping:
                 return
             await slot.proc.close()
+            _remove_shm(slot.role_id, slot.proc.pid)
             slot.last_exit = code
             uptime_s = self._clock() - slot.spawned_at
             delay = slot.backoff.after_exit(self._clock(), uptime_s)
@@ -193,6 +196,7 @@ class LocalProvisioner:
 
     async def _terminate(self, slot: _Slot, proc: RoleProcess) -> None:
         code = await proc.terminate(self._grace_s)
+        _remove_shm(slot.role_id, proc.pid)  # after a SIGKILL past the grace period
         if proc is slot.proc:
             slot.last_exit = code
 
@@ -202,6 +206,14 @@ class LocalProvisioner:
         log.log(level, "%s: %s -> %s%s", slot.role_id, before, state, f" ({why})" if why else "")
         if self._on_change is not None:
             self._on_change(slot.snapshot())
+
+
+def _remove_shm(role_id: str, pid: int) -> None:
+    """A killed process leaves the /dev/shm files it created (pooled buffers, receive slabs):
+    nobody else would ever unlink them."""
+    freed, files = remove_files_of(pid)
+    if files:
+        log.info("%s: removed %d /dev/shm files (%d bytes) that pid %d left", role_id, files, freed, pid)
 
 
 def _log_crash(task: asyncio.Task) -> None:

@@ -2,9 +2,13 @@
 
 ``InstancePool`` learns one role's instances from the controller (``ListInstances``, refreshed
 every ``refresh_s``) and keeps one Peer per instance. It picks, among the instances the
-controller lists as ``serving``, the one with the fewest requests, counting both the load the
+controller lists as ``serving`` and whose connection is up, the one with the fewest requests, counting both the load the
 instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
-work, but the streams already running there go on (their Peer stays open).
+work, but the streams already running there go on (their Peer stays open). An instance missing
+from the table keeps its last state for ``unlisted_grace_s``: a restarted controller lists the
+instances only as their heartbeats reach it, and until then they serve as before (one that
+really died drops its connection, and its requests are re-routed as below). After that it is
+forgotten, once no request of this gateway runs there.
 
 ``DecodePool`` routes a request: with balancers configured it asks one first, within a bound
 (``balancer_timeout_s``; see dsi.roles.entrypoint.router), and picks locally (the least loaded,
@@ -69,6 +73,7 @@ class _Instance:
     info: InstanceInfo
     peer: Peer
     sent: int = 0  # requests this gateway has in flight there
+    missing_since: float | None = None  # monotonic seconds since when the table does not list it
 
     @property
     def key(self) -> tuple[str, float]:
@@ -78,8 +83,10 @@ class _Instance:
 
 class InstancePool:
     def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, role: str = "decode",
-                 keys: CurveKeys | None = None, refresh_s: float = 1.0, peer_id: str = "entrypoint") -> None:
+                 keys: CurveKeys | None = None, refresh_s: float = 1.0, peer_id: str = "entrypoint",
+                 unlisted_grace_s: float = 10.0) -> None:
         self._ctx, self._keys, self.role, self._peer_id = ctx, keys, role, peer_id
+        self._unlisted_grace_s = unlisted_grace_s  # seconds an instance missing from the table still serves
         self._controller = Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
         self._instances: dict[str, _Instance] = {}
         self._refresh_s = refresh_s
@@ -105,7 +112,7 @@ class InstancePool:
     @property
     def ready(self) -> list[str]:
         """The ids of the instances that take new work (``serving``)."""
-        return [i for i, inst in self._instances.items() if inst.info.state == SERVING]
+        return [i for i, inst in self._instances.items() if self._takes_work(inst)]
 
     async def refresh(self) -> None:
         table: InstanceTable = await self._controller.ask(ListInstances(self.role))
@@ -124,10 +131,22 @@ class InstancePool:
                 inst = self._instances[info.instance_id] = _Instance(info, peer)
             if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
                 inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))
-            inst.info = info
+            inst.info, inst.missing_since = info, None
+        now = time.monotonic()
         for gone in set(self._instances) - seen:
-            await self._instances.pop(gone).peer.close()
-        self._refreshed = time.monotonic()
+            inst = self._instances[gone]
+            if inst.missing_since is None:
+                inst.missing_since = now
+            if not self._takes_work(inst) and not inst.sent:
+                await self._instances.pop(gone).peer.close()
+        self._refreshed = now
+
+    def _takes_work(self, inst: _Instance) -> bool:
+        """Serving, listed by the controller (or not for longer than ``unlisted_grace_s``), and its
+        connection not down: a killed instance is listed as serving until its heartbeats are missed."""
+        missing = inst.missing_since
+        listed = missing is None or time.monotonic() - missing <= self._unlisted_grace_s
+        return inst.info.state == SERVING and listed and not inst.peer.away
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -140,16 +159,17 @@ class InstancePool:
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         """The least loaded serving instance whose ``key`` is not in ``exclude``."""
         ready = [inst for inst in self._instances.values()
-                 if inst.info.state == SERVING and inst.key not in exclude]
+                 if self._takes_work(inst) and inst.key not in exclude]
         if not ready:
             raise NoInstance(f"no serving {self.role} instance")
         return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
                                             inst.info.load.kv_tokens))
 
     def get(self, instance_id: str, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance | None:
-        """The serving instance ``instance_id`` unless its ``key`` is in ``exclude``."""
+        """The instance ``instance_id`` if it takes new work (as ``pick`` counts it) and its ``key``
+        is not in ``exclude``."""
         inst = self._instances.get(instance_id)
-        return inst if inst is not None and inst.info.state == SERVING and inst.key not in exclude else None
+        return inst if inst is not None and self._takes_work(inst) and inst.key not in exclude else None
 
 
 class DecodePool:

@@ -7,8 +7,8 @@
 
 The kvstore is a cache, so every failure (down, timeout, overloaded, a corrupt or missing block)
 becomes a miss or a dropped put: counted in ``stats``, logged, never raised into the request
-that asked. After a lost connection or a timeout the client answers "miss" at once for
-``retry_s`` instead of waiting out a timeout per call, then tries again; meanwhile it asks the
+that asked. While the connection is down, and for ``retry_s`` after a timeout, the client
+answers "miss" at once instead of waiting out a timeout per call; meanwhile it asks the
 controller where the kvstore is now (a restarted one may have another address).
 """
 
@@ -305,9 +305,9 @@ class KvstoreClient:
             self._idle.set()
 
     def _usable(self) -> Peer | None:
-        """The kvstore peer, or None while it is unknown or marked away (then a re-resolve)."""
+        """The kvstore peer, or None while it is unknown, disconnected or marked away (then a re-resolve)."""
         now = asyncio.get_running_loop().time()
-        if self._peer is not None and now >= self._down_until:
+        if self._peer is not None and now >= self._down_until and not self._peer.away:
             return self._peer
         self.stats.unavailable += 1
         if self._controller is not None and now - self._resolved_at >= self.retry_s:

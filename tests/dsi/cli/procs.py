@@ -1,7 +1,8 @@
 """Real dsi processes for the CLI tests: configs on free ports, start, READY, status, reaping.
 
 Every process is started in its own session and registered with a ``Procs`` context manager,
-whose exit SIGKILLs each one's process group, so no test leaves a process behind.
+whose exit SIGKILLs each one's process group, so no test leaves a process behind, and removes
+the /dev/shm files the killed processes created.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from dsi.kvcache.shm import remove_files_of
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
@@ -148,10 +151,16 @@ class Procs:
     def __exit__(self, *_exc: object) -> None:
         for proc in reversed(self.procs):
             proc.kill_group()
+            remove_files_of(proc.pid)  # a killed role leaves its /dev/shm files behind
         for pid in self.adopted:
             if not gone(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        for pid in self.adopted:
+            while not gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            remove_files_of(pid)
 
 
 def dsi_status(*args: str, prefix: Sequence[str] = (), timeout: float = 30.0) -> subprocess.CompletedProcess:

@@ -73,7 +73,8 @@ def test_serve_replaces_killed_roles_while_the_gateway_keeps_serving(procs, tmp_
     # A decode dies under 16 streams: they and new requests are answered while it is replaced.
     with ThreadPoolExecutor(16) as pool:
         streams = [pool.submit(chat, port, 64, True) for _ in range(16)]
-        time.sleep(0.5)
+        # Killed once streams run there: a decode whose connection dropped gets no new requests.
+        wait_until(lambda: instances("--config", str(config))["decode-0"]["load"]["running"] > 0, every=0.1)
         os.kill(pids["decode-0"], signal.SIGKILL)
         answered = 0
         deadline = time.monotonic() + 30

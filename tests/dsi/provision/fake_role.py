@@ -5,7 +5,8 @@
 MODE: ``serve`` runs until SIGTERM; ``exit`` exits with status 0 right after READY (a retired
 instance); ``crash`` exits with status 1 right after READY; ``once`` serves on its first
 run and exits with status 1 before READY on every later one; ``ignore-term`` ignores SIGTERM;
-``silent`` never prints READY.
+``silent`` never prints READY; ``shm`` serves with a /dev/shm file it created
+(``HostBuffer.create``, prefix ``dsi-fakerole``) that it never unlinks.
 Each SIGTERM it obeys appends ``stopped ROLE_ID`` to EVENTS_FILE.
 """
 
@@ -29,6 +30,11 @@ marker = events.with_name(f"{role_id}.started")
 if mode == "once" and marker.exists():
     sys.exit(1)
 marker.touch()
+if mode == "shm":
+    from dsi.kvcache.shm import HostBuffer
+
+    buffer = HostBuffer.create(8192, prefix="dsi-fakerole")
+    buffer.numpy()[:] = 1
 if mode != "silent":
     print(f"READY {role_id}", flush=True)
 if mode == "exit":

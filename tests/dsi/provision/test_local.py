@@ -82,6 +82,21 @@ async def test_sigkilled_instance_is_replaced_with_a_new_pid(tmp_path):
         assert rec.states("decode-0") == ["starting", "ready", "backoff", "starting", "ready"]
 
 
+async def test_the_shm_files_of_a_dead_or_stopped_instance_are_removed(tmp_path):
+    def files(pid: int) -> list[str]:
+        return [name for name in os.listdir("/dev/shm") if name.startswith(f"dsi-fakerole-{pid}-")]
+
+    async with provisioner(tmp_path, "shm") as (prov, rec, _):
+        first = await prov.start("prefill-0")
+        assert first.pid is not None and len(files(first.pid)) == 1
+        os.kill(first.pid, signal.SIGKILL)
+        await rec.until("prefill-0", "ready", count=2)
+        [now] = prov.list()
+        assert now.pid is not None and files(first.pid) == [] and len(files(now.pid)) == 1
+        await prov.stop("prefill-0")  # exits on SIGTERM without unlinking it
+        assert files(now.pid) == []
+
+
 async def test_delays_double_between_replacements(tmp_path):
     doubling = RestartPolicy(initial_s=0.2, max_s=1.0, max_restarts=5)
     async with provisioner(tmp_path, policy=doubling) as (prov, rec, _):

@@ -90,6 +90,46 @@ async def test_a_draining_instance_gets_no_new_work_and_its_running_streams_go_o
     await stream.aclose()
 
 
+async def test_an_instance_a_restarted_controller_does_not_list_yet_keeps_serving_for_a_grace_period(pool):
+    pool, tables = pool
+    pool.decode._unlisted_grace_s = 0.3
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info("serving", address=address)]), InstanceTable([]), InstanceTable([]),
+               InstanceTable([])]
+    await pool.decode.refresh()
+    running = pool.pick()
+    running.sent += 1  # as DecodePool.generate counts a request while it runs there
+    stream = running.peer.stream(Generate("r", [5, 6], SamplingParams()), timeout=30.0)
+    item = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    await pool.decode.refresh()  # a new controller that has not heard this decode's heartbeat yet
+    assert pool.pick() is running and pool.decode.ready == ["decode-0"]  # new requests still go there
+    await asyncio.sleep(0.35)
+    await pool.decode.refresh()  # still not listed after the grace period: no new work
+    with pytest.raises(NoInstance):
+        pool.pick()
+    assert not item.done() and pool.decode._instances["decode-0"].peer is running.peer  # its stream goes on
+    item.cancel()
+    await asyncio.gather(item, return_exceptions=True)
+    await stream.aclose()
+    running.sent -= 1
+    await pool.decode.refresh()  # no request there any more: forgotten
+    assert pool.decode._instances == {}
+
+
+async def test_an_instance_whose_connection_dropped_gets_no_new_work_before_the_controller_says_dead(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info("serving", address=address)])]
+    await pool.decode.refresh()
+    peer = pool.pick().peer
+    peer.welcome = object()  # type: ignore[assignment]  # it had said Hello; its connection is down now
+    assert peer.away
+    with pytest.raises(NoInstance):
+        pool.pick()
+    assert pool.decode.ready == []
+
+
 async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
     pool, tables = pool
     moves = [TransitionCount("decode", "none", "ready", 2), TransitionCount("prefill", "serving", "dead", 1)]

@@ -66,6 +66,34 @@ async def test_client_survives_a_kvstore_kill_and_restart(procs, tmp_path):
         ctx.destroy(linger=0)
 
 
+async def test_a_dead_kvstore_is_a_miss_at_once_not_after_the_call_timeout(procs, tmp_path):
+    config = local_config(tmp_path, keep=["controller-0", "kvstore-0"], interval_s=0.2)
+    start_role(procs, config, "controller-0")
+    kvstore = start_role(procs, config, "kvstore-0")
+    ctx = zmq.asyncio.Context()
+    controller = config.read_text().split('controller = "')[1].split('"')[0]
+    # A timeout far above the test's bound: a call that waited for it would fail the wait_for.
+    client = KvstoreClient(controller, ctx, timeout_s=60.0, match_timeout_s=60.0, retry_s=0.3)
+    hashes, data = unpack(chain(2)), block_bytes(2, SIZE)
+    try:
+        await client.start()
+        await until(lambda: _put(client, hashes, data))
+        kvstore.kill_group()  # no call in flight: only the dropped connection tells
+        await until(lambda: _away(client))
+        for _ in range(5):  # retry_s passes meanwhile: still a miss, still at once
+            assert len(await asyncio.wait_for(client.fetch(hashes, SIZE), 5.0)) == 0
+            assert await asyncio.wait_for(client.match(hashes), 5.0) == 0
+            await asyncio.sleep(client.retry_s)
+        assert client.stats.fetch_errors == 0 and client.stats.unavailable >= 10
+    finally:
+        await client.close()
+        ctx.destroy(linger=0)
+
+
+async def _away(client: KvstoreClient) -> bool:
+    return client._peer is not None and client._peer.away
+
+
 async def _put(client: KvstoreClient, hashes, data) -> bool:
     stored = await client.put(hashes, data)
     return stored.stored + stored.existed == len(hashes)
