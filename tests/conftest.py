@@ -10,3 +10,11 @@ def procs(tmp_path):
     """Processes a test starts; every one is stopped at teardown (by PID)."""
     with Procs(tmp_path) as group:
         yield group
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported from its GGUF (once per session; skipped where not installed)."""
+    from tests.smollm2 import import_smollm2
+
+    return import_smollm2(tmp_path_factory.mktemp("smollm2"))
