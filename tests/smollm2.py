@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+GREEDY_TOKENS = 8  # tokens generated per prompt in the greedy-equality tests
 
 # Eight chat prompts for the greedy-equality tests.
 PROMPTS = (
@@ -72,3 +76,17 @@ def hf_greedy(directory: Path, prompts: list[list[int]], max_tokens: int) -> lis
                                top_k=None, temperature=None, eos_token_id=None, pad_token_id=0)
             outs.append(g[0, len(ids):].tolist())
     return outs
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run torch on one thread inside the block. A 135M model's small products are many times
+    slower with two threads on a shared two-core machine (the threads wait on each other)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -60,6 +60,16 @@ class LlamaConfig:
         if problems:
             raise ValueError(f"llama config {self.name!r}: " + "; ".join(problems))
 
+    # The cache shape in the names the engine's cache code reads (state slots, RequestState,
+    # EngineShape): every layer is full attention, so a state slot holds no SWA ring (length 0)
+    # and no compressor state, no layer is a ring-snapshot "producer", and there is no
+    # decoder-side bounded replay (keep None).
+    ring = 0
+    window = 0
+    kv_sources = ()
+    n_producer = 0
+    keep = None
+
     @property
     def family(self) -> str:
         return "llama"

@@ -8,7 +8,7 @@ import torch
 
 from dsi.model.gguf_import import unpermute
 from dsi.model.llama import LlamaConfig, llama_logits, load_llama
-from tests.smollm2 import chat_ids
+from tests.smollm2 import chat_ids, one_torch_thread
 
 
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -40,10 +40,10 @@ def test_reference_forward_matches_transformers_on_the_same_weights(smollm2_dir)
 
     ids = chat_ids(smollm2_dir, "What is the capital of France?")
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = model(torch.tensor([ids])).logits[0]
     cfg, w = load_llama(smollm2_dir)
-    ours = llama_logits(cfg, w, ids)
+    with torch.no_grad(), one_torch_thread():
+        theirs = model(torch.tensor([ids])).logits[0]
+        ours = llama_logits(cfg, w, ids)
     assert torch.allclose(ours, theirs, atol=2e-3, rtol=0)
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
