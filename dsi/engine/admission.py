@@ -35,8 +35,8 @@ def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt
     ``float32 [H / block_size, page_elems]``; an exact hit (rings) also needs
     ``H <= exact_hit_limit`` and rings ``float32 [n_producer, 2, block_size, n_kv_heads, D]``."""
     h, bs, pages, elems = cached.num_tokens, cfg.block_size, cached.pages, page_elems(cfg)
-    if cfg.family != "v4" and h:
-        raise InvalidRequest(f"prefix hits for the {cfg.family} family are planned, not built")
+    if cached.rings is not None and not cfg.ring:
+        raise InvalidRequest(f"the {cfg.family} family has no SWA rings: a hit is its pages alone")
     if not isinstance(h, int) or h < 0 or h % bs:
         raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
     if h > max_hit(prompt_len, bs):

@@ -152,8 +152,9 @@ class Engine:
                       prefill_only=prefill_only)
         if cached is not None and cached.num_tokens:
             req.cached, req.num_cached = cached, cached.num_tokens
-            req.replay_start = cached.num_tokens if cached.exact else replay_start(cached.num_tokens, start,
-                                                                                    self.cfg.window)
+            # No SWA rings (a full-attention family): the pages are the whole cache, every hit is exact.
+            exact = cached.exact or not self.cfg.ring
+            req.replay_start = cached.num_tokens if exact else replay_start(cached.num_tokens, start, self.cfg.window)
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
         self.stats.prompt_tokens += len(prompt)

@@ -56,11 +56,39 @@ def test_export_import_continues_a_llama_request(smollm2, smollm2_greedy):
     assert out == expected[0]
 
 
-def test_prefix_hits_are_refused_for_now(smollm2):
+def test_a_prefix_hit_loads_pages_and_computes_only_the_rest(smollm2, smollm2_greedy):
+    """Full-attention layers keep no SWA rings, so a hit is exact: the pages of a cold run, loaded
+    into a fresh engine, give the cold run's tokens while computing only the positions past H."""
+    prompts, _ = smollm2_greedy
+    prompt = [t for p in prompts[:6] for t in p][:150]  # > one 128-token block
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(num_blocks=4, num_slots=1, max_running=1, async_scheduling=False, collect_full_pages=True)
+    cold, warm = Engine(*smollm2, config), Engine(*smollm2, config)
+    try:
+        with one_torch_thread():
+            cold.add_request("a", prompt, params)
+            cold_out = next(o for o in cold.run_until_done() if o.finished).output
+            page = next(p for p in cold.take_full_pages() if p.index == 0)
+            assert page.block_hash == cold.shape.hash_chain.hashes(prompt)[:16]
+            warm.add_request("b", prompt, params, cached=CachedPrefix(128, page.data[None]))
+            warm_out = next(o for o in warm.run_until_done() if o.finished).output
+            stats = warm.request_stats("b")
+    finally:
+        cold.close()
+        warm.close()
+    assert warm_out == cold_out
+    assert stats.cached_tokens == 128 and stats.computed_prompt_tokens == len(prompt) - 128
+    assert stats.replay_tokens == 0
+
+
+def test_rings_with_a_llama_hit_are_refused(smollm2):
+    import torch
+
     engine = Engine(*smollm2, EngineConfig(num_blocks=4, num_slots=1, max_running=1, async_scheduling=False))
     try:
         pages = engine.runner.pool.pages[1:2].clone()
-        with pytest.raises(InvalidRequest, match="llama family are planned"):
-            engine.add_request("r", list(range(200)), SamplingParams(max_tokens=1), cached=CachedPrefix(128, pages))
+        with pytest.raises(InvalidRequest, match="no SWA rings"):
+            engine.add_request("r", list(range(200)), SamplingParams(max_tokens=1),
+                               cached=CachedPrefix(128, pages, torch.zeros(0, 2, 128, 3, 64)))
     finally:
         engine.close()
