@@ -21,9 +21,11 @@ def _run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     return [outs[str(i)] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("batch_invariant", [True, False])
-def test_greedy_tokens_equal_transformers(smollm2, smollm2_greedy, batch_invariant):
+@pytest.mark.parametrize("batch_invariant, count", [(True, 8), (False, 3)])
+def test_greedy_tokens_equal_transformers(smollm2, smollm2_greedy, batch_invariant, count):
+    """All eight prompts on the default (batch-invariant) path; three on the plain-math path."""
     prompts, expected = smollm2_greedy
+    prompts, expected = prompts[:count], expected[:count]
     # 24-token chunks: every prompt is prefilled over several steps, beside other requests' decodes.
     engine = Engine(*smollm2, EngineConfig(num_blocks=12, num_slots=8, max_running=8, max_batch_tokens=24,
                                            batch_invariant=batch_invariant, async_scheduling=False))
