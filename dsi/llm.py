@@ -30,6 +30,11 @@ class LLM:
 
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
         self.model_config, weights = load_model_dir(Path(model_dir))
+        if config is None and self.model_config.family != "v4":
+            # A dense page holds every layer's K and V (5.6 MiB for SmolLM2-135M): the default 1,024
+            # pages would take gigabytes, so hold one sequence of the full context length instead.
+            cfg = self.model_config
+            config = EngineConfig(num_blocks=1 + -(-cfg.max_context // cfg.block_size), num_slots=4, max_running=4)
         self.engine = Engine(self.model_config, weights, config)
         self._ids = itertools.count()
         self._template = None
