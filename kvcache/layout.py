@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from dsi.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from dsi.model.llama import LlamaConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +60,15 @@ class BlockLayout:
         """[num_blocks, elems] -> [num_blocks, block_size, D] view of the ratio-1 global latents."""
         start = self.global_offset
         return pages[:, start:].unflatten(1, (self.cfg.block_size, self.cfg.head_dim))
+
+
+def page_elems(cfg: ModelConfig | LlamaConfig) -> int:
+    """fp32 values of one Block KV page of either family (the engine format)."""
+    if cfg.family == "llama":
+        from dsi.kvcache.layout_dense import DenseBlockLayout
+
+        return DenseBlockLayout(cfg).elems
+    return BlockLayout(cfg).elems
 
 
 @dataclass(slots=True, frozen=True)

@@ -10,3 +10,22 @@ def procs(tmp_path):
     """Processes a test starts; every one is stopped at teardown (by PID)."""
     with Procs(tmp_path) as group:
         yield group
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported from its GGUF (once per session; skipped where not installed)."""
+    from tests.smollm2 import import_smollm2, one_torch_thread
+
+    with one_torch_thread():
+        return import_smollm2(tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_greedy(smollm2_dir):
+    """(prompts, transformers' greedy tokens) for the eight chat prompts of tests/smollm2.py."""
+    from tests.smollm2 import GREEDY_TOKENS, PROMPTS, chat_ids, hf_greedy, one_torch_thread
+
+    prompts = [chat_ids(smollm2_dir, q) for q in PROMPTS]
+    with one_torch_thread():
+        return prompts, hf_greedy(smollm2_dir, prompts, GREEDY_TOKENS)

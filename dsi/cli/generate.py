@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--chat", action="store_true",
+                        help="render PROMPT as one user turn in the model's chat template (non-DeepSeek families)")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=_generate)
 
@@ -31,8 +33,8 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(args.model)
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-        out = llm.generate([args.prompt], params)[0]
-    except DsiError as exc:
+        out = llm.generate([llm.chat_ids(args.prompt) if args.chat else args.prompt], params)[0]
+    except (DsiError, ValueError) as exc:
         print(f"dsi generate: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -1,4 +1,5 @@
-"""``dsi model init|info``: make a seeded model directory; print a config's shape and bytes."""
+"""``dsi model init|info|import-gguf``: make a seeded model directory; print a config's shape and
+bytes; turn a GGUF file into a model directory (:mod:`dsi.model.gguf_import`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=_info)
+    gguf = cmds.add_parser("import-gguf", help="dequantise a GGUF file into a model directory (llama family)")
+    gguf.add_argument("file", type=Path)
+    gguf.add_argument("--out", required=True, type=Path)
+    gguf.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    gguf.set_defaults(func=_import_gguf)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -52,4 +58,15 @@ def _info(args: argparse.Namespace) -> int:
           f"{cfg.n_experts} experts top-{cfg.top_k} + 1 shared")
     for name, value in acc.table():
         print(f"  {name:<28} {value}")
+    return 0
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    import torch
+
+    from dsi.model.gguf_import import import_gguf
+
+    cfg = import_gguf(args.file, args.out, getattr(torch, args.dtype))
+    print(f"wrote {cfg['name']} ({cfg['family']}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}, "
+          f"{args.dtype}) to {args.out}")
     return 0

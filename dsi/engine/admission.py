@@ -11,7 +11,7 @@ from dsi.engine.params import SamplingParams
 from dsi.engine.prefix import CachedPrefix, ring_snapshot_shape
 from dsi.engine.transfer import RequestState, StateLayout
 from dsi.errors import InvalidRequest
-from dsi.kvcache.layout import BlockLayout
+from dsi.kvcache.layout import page_elems
 from dsi.model.config import ModelConfig
 from dsi.model.reference import consumer_start, exact_hit_limit, max_hit
 
@@ -34,7 +34,9 @@ def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt
     """A hit covers whole blocks, leaves the last prompt token to compute, and has pages
     ``float32 [H / block_size, page_elems]``; an exact hit (rings) also needs
     ``H <= exact_hit_limit`` and rings ``float32 [n_producer, 2, block_size, n_kv_heads, D]``."""
-    h, bs, pages, elems = cached.num_tokens, cfg.block_size, cached.pages, BlockLayout(cfg).elems
+    h, bs, pages, elems = cached.num_tokens, cfg.block_size, cached.pages, page_elems(cfg)
+    if cached.rings is not None and not cfg.ring:
+        raise InvalidRequest(f"the {cfg.family} family has no SWA rings: a hit is its pages alone")
     if not isinstance(h, int) or h < 0 or h % bs:
         raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
     if h > max_hit(prompt_len, bs):

@@ -50,12 +50,14 @@ from dsi.engine.prefix import CachedPrefix, EngineStats, FullPage, RequestStats,
 from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
+from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
+from dsi.model.llama import LlamaConfig
 from dsi.model.reference import consumer_start, replay_start
 from dsi.structured import SpecError, default_compiler
 
@@ -107,12 +109,13 @@ class StepTiming:
 
 
 class Engine:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig | None = None) -> None:
+    def __init__(self, cfg: ModelConfig | LlamaConfig, weights: dict[str, torch.Tensor], config: EngineConfig | None = None) -> None:
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
         self.device = "cpu"  # where the forward runs; weights and pages live in host memory
-        self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+        runner = DenseRunner if cfg.family == "llama" else ModelRunner
+        self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
                                    c.max_running)
         self.requests: dict[str, Request] = {}
@@ -120,7 +123,7 @@ class Engine:
                                     replay=c.replay)
         self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
         self.full_pages = FullPages(self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
-        if c.collect_ring_snapshots and not cfg.window - 1 <= cfg.block_size <= cfg.window:
+        if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.block_size <= cfg.window:
             raise ValueError("ring snapshots need block_size in [window - 1, window]")
         self.ring_snapshots = RingSnapshots(self.shape.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
@@ -149,8 +152,9 @@ class Engine:
                       prefill_only=prefill_only)
         if cached is not None and cached.num_tokens:
             req.cached, req.num_cached = cached, cached.num_tokens
-            req.replay_start = cached.num_tokens if cached.exact else replay_start(cached.num_tokens, start,
-                                                                                    self.cfg.window)
+            # No SWA rings (a full-attention family): the pages are the whole cache, every hit is exact.
+            exact = cached.exact or not self.cfg.ring
+            req.replay_start = cached.num_tokens if exact else replay_start(cached.num_tokens, start, self.cfg.window)
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
         self.stats.prompt_tokens += len(prompt)
@@ -376,7 +380,7 @@ class Engine:
             req.logprobs.append(s.logprob)
             req.top_logprobs.append(s.top)
             touched.setdefault(id(req), (req, []))[1].append(s)
-            reason = s.finish or stop_reason(req, s.token, self.cfg.max_context)
+            reason = s.finish or stop_reason(req, s.token, self.cfg.max_context, self.cfg.eos_id)
             if reason:
                 self._finish(req, reason)
         for req in step.to_free:

@@ -89,10 +89,11 @@ class Request:
         return self.status is Status.FINISHED
 
 
-def stop_reason(req: Request, token: int, max_context: int) -> str | None:
-    """Why ``req`` ends after sampling ``token`` (already appended to its output), or None."""
+def stop_reason(req: Request, token: int, max_context: int, eos_id: int = EOS_ID) -> str | None:
+    """Why ``req`` ends after sampling ``token`` (already appended to its output), or None.
+    ``eos_id``: the model's end-of-sequence id (the V4 one unless the family has another)."""
     p = req.params
-    if (token == EOS_ID and not p.ignore_eos) or token in p.stop_token_ids:
+    if (token == eos_id and not p.ignore_eos) or token in p.stop_token_ids:
         return "stop"
     if len(req.output) >= p.max_tokens or req.num_tokens >= max_context:
         return "length"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from dsi.engine.prefix import ring_snapshot_shape
 from dsi.engine.transfer import StateLayout
 from dsi.kvcache.hashchain import HashChain
-from dsi.kvcache.layout import BlockLayout
+from dsi.kvcache.layout import page_elems
 from dsi.model.config import ModelConfig
 
 _FP32 = 4  # bytes: the engine format of pages, rings and partial state
@@ -43,7 +43,7 @@ class EngineShape:
            replay: bool = True) -> EngineShape:
         """The shape of an engine of model ``cfg`` with ``num_blocks`` pages (the null page
         included) and ``num_slots`` state slots."""
-        return cls(block_size=cfg.block_size, page_elems=BlockLayout(cfg).elems, ring_shape=ring_snapshot_shape(cfg),
+        return cls(block_size=cfg.block_size, page_elems=page_elems(cfg), ring_shape=ring_snapshot_shape(cfg),
                    keep=cfg.keep if replay else None, num_pages=num_blocks - 1, num_slots=num_slots,
                    hash_chain=HashChain.of(cfg, root_seed), state=StateLayout.of(cfg, 0))
 

@@ -27,7 +27,7 @@ import msgspec
 import torch
 
 from dsi.engine.params import SamplingParams
-from dsi.kvcache.layout import BlockLayout
+from dsi.kvcache.layout import page_elems
 from dsi.model.config import ModelConfig
 
 
@@ -50,7 +50,7 @@ class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     @classmethod
     def of(cls, cfg: ModelConfig, num_blocks: int) -> StateLayout:
-        shapes = (("pages", (num_blocks, BlockLayout(cfg).elems)),
+        shapes = (("pages", (num_blocks, page_elems(cfg))),
                   ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
                   ("partial", (len(cfg.kv_sources), cfg.head_dim)))
         return cls._packed([(name, shape, "float32", 4) for name, shape in shapes])

@@ -75,6 +75,16 @@ class ModelConfig:
             raise ValueError(f"model config {self.name!r}: " + "; ".join(problems))
 
     @property
+    def family(self) -> str:
+        """The model family (``dsi.model.family``): this shape is the V4 one."""
+        return "v4"
+
+    @property
+    def eos_id(self) -> int:
+        """<｜end▁of▁sentence｜> in the V4 vocabulary."""
+        return 1
+
+    @property
     def ring(self) -> int:
         """SWA ring length in tokens (window + rollback)."""
         return self.window + self.rollback
