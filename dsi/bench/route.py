@@ -22,7 +22,9 @@ front process's (entrypoint's / router's) CPU time per request over all rounds;
 measured rounds: ``route_balancer_fraction`` (decode routes with source balancer / all),
 ``route_fallbacks`` (local picks by reason) and ``route_ask_mean_us`` (``dsi_route_seconds``'
 mean). Before measuring, the balanced entrypoint must have routed a request through the
-balancer. The routers are installed into a venv of their own (``--peers-dir``, default
+balancer. It waits up to ``balancer_timeout_ms`` (default 1000) for each route: with a
+deployment's default of 20 ms, asks on a loaded machine miss the bound, the gateway skips the
+balancer for a second and routes locally, and ``route`` would measure a mix of both paths. The routers are installed into a venv of their own (``--peers-dir``, default
 run/route-peers); one that cannot be installed or started gets null figures and ``*_error``
 says why. The client runs in this process: on a small machine it can bound every system's
 requests/s alike, and the CPU figures do not depend on it.
@@ -59,20 +61,22 @@ from dsi.tokenizer import decode_ids
 MODEL = "dsi-tiny"
 _HOST = "127.0.0.1"
 _START_WAIT_S = 60.0
+_BALANCER_TIMEOUT_S = 1.0
 _DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
 
 
 # ---- dsi: controller + echo decodes, the balancer and two entrypoints, in child processes --------
-def cluster_config(workers: int) -> dict:
+def cluster_config(workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S) -> dict:
     """A node config (as parsed TOML) of one controller, one balancer, two entrypoints and
     ``workers`` decodes. ``entrypoint-0`` asks the balancer; ``entrypoint-1`` is started from
-    :func:`without_balancer` of it and picks locally."""
+    :func:`without_balancer` of it and picks locally. ``balancer_timeout_s``: how long
+    ``entrypoint-0`` waits for the balancer's route before it picks locally."""
     controller = f"tcp://{_HOST}:{free_port()}"
     roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
              {"kind": "balancer", "id": "balancer-0", "bind": f"tcp://{_HOST}:{free_port()}"}]  # fmt: skip
     roles += [
         {"kind": "entrypoint", "id": f"entrypoint-{i}", "bind": f"tcp://{_HOST}:{free_port()}",
-         "http": f"{_HOST}:{free_port()}"}
+         "http": f"{_HOST}:{free_port()}", "balancer_timeout_s": balancer_timeout_s}
         for i in range(2)
     ]  # fmt: skip
     roles += [
@@ -312,6 +316,7 @@ def run(
     workers: int = 2,
     peers: tuple[str, ...] = tuple(PEERS),
     peers_dir: Path = _DEFAULT_PEERS_DIR,
+    balancer_timeout_s: float = _BALANCER_TIMEOUT_S,
 ) -> dict:
     """Every figure in one flat dict (see the module docstring); a peer that could not run has
     null figures and ``<peer>_error``."""
@@ -327,12 +332,13 @@ def run(
         "stream_tokens": tokens,
         "repeats": repeats,
         "workers": workers,
+        "balancer_timeout_ms": round(balancer_timeout_s * 1e3, 3),
     }
     children: list[ServerProcess] = []
     routers: list[subprocess.Popen] = []
     fronts: dict[str, Front] = {}
     try:
-        data = cluster_config(workers)
+        data = cluster_config(workers, balancer_timeout_s)
         bin_dir, why = install_peers(peers_dir) if peers else (None, "")
         children.append(ServerProcess(_serve_echoes_main, data, ids))  # these boot side by side
         balancer = ServerProcess(_serve_role_main, data, "balancer-0")
@@ -404,7 +410,14 @@ def format_table(r: dict) -> str:
 def _main(args: argparse.Namespace) -> int:
     peers = tuple(p for p in args.peers.split(",") if p) if args.peers else ()
     result = run(
-        args.requests, args.concurrency, args.tokens, args.repeats, args.workers, peers, Path(args.peers_dir)
+        args.requests,
+        args.concurrency,
+        args.tokens,
+        args.repeats,
+        args.workers,
+        peers,
+        Path(args.peers_dir),
+        args.balancer_timeout_ms / 1e3,
     )
     print(json.dumps(result) if args.json else format_table(result))
     return 0
@@ -421,6 +434,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request, one per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per system")
     parser.add_argument("--workers", type=int, default=2, help="echo engines / echo backends")
+    parser.add_argument(
+        "--balancer-timeout-ms",
+        type=float,
+        default=_BALANCER_TIMEOUT_S * 1e3,
+        help="how long the balanced entrypoint waits for a route before it picks locally "
+        f"(default {_BALANCER_TIMEOUT_S * 1e3:g}; a deployment's default is 20)",
+    )
     parser.add_argument(
         "--peers",
         default=",".join(PEERS),

@@ -136,11 +136,11 @@ def test_route_without_peers_measures_the_gateway_and_reaps_its_processes(capsys
         assert figures[f"{system}_p99_ms"] >= figures[f"{system}_p50_ms"]
         assert figures[f"{system}_cpu_us_per_req"] >= 0
     assert figures["route_balancer_cpu_us_per_req"] > 0  # the balancer process did the routing
-    # From the balanced gateway's /metrics: its decode routes came from the balancer. A loaded
-    # machine can make an ask miss the 20 ms bound (then the gateway skips the balancer for 1 s:
-    # "down"); a balancer that did not know the echoes would answer no_instance.
-    assert figures["route_balancer_fraction"] >= 0.5, figures
-    assert set(figures["route_fallbacks"]) <= {"timeout", "down"}, figures
+    # From the balanced gateway's /metrics: every decode route of the measured rounds came from
+    # the balancer (the bench waits up to 1 s for one; a balancer that did not know the echoes
+    # would answer no_instance and the gateway would pick locally).
+    assert figures["balancer_timeout_ms"] == 1000.0
+    assert figures["route_balancer_fraction"] == 1.0 and figures["route_fallbacks"] == {}, figures
     assert figures["route_ask_mean_us"] > 0
     assert figures["route_vs_route_local"] > 0
     assert not any(k.startswith(("vllm", "sglang", "route_vs_vllm", "route_vs_sglang")) for k in figures)
