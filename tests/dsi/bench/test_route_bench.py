@@ -1,28 +1,45 @@
 """``dsi bench route``'s pieces: the echo decode speaks the real stream messages, the echo HTTP
-backend streams OpenAI chunks, and the bench runs end to end without peers. Speed is not
-asserted (a benchmark prints figures; the machine may be shared)."""
+backend streams OpenAI chunks, and the bench runs end to end without peers, its ``route``
+requests routed by the balancer process. Speed is not asserted (a benchmark prints figures; the
+machine may be shared)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 
 import zmq.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
+from dsi.actor import handles
 from dsi.bench import cli as bench_cli
 from dsi.bench.echo_engine import EchoDecodeActor
 from dsi.bench.echo_http import EchoBackend
 from dsi.bench.route import echo_pieces, format_table, register
 from dsi.engine.params import SamplingParams
 from dsi.messages import ALL
+from dsi.messages.balancer import LoadReport
 from dsi.messages.gateway import Generate
+from dsi.roles.role import RoleActor
 from dsi.tokenizer import decode_ids
 from dsi.transport.client import Peer
 from dsi.transport.server import ActorServer
 
 IDS = [1000 + i for i in range(16)]
+
+
+class RecordingBalancer(RoleActor):
+    """Keeps every LoadReport it is told."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reports: list[LoadReport] = []
+
+    @handles
+    def load_report(self, msg: LoadReport) -> None:
+        self.reports.append(msg)
 
 
 async def test_echo_decode_streams_its_ids_one_per_chunk_cut_to_max_tokens():
@@ -78,6 +95,33 @@ def test_echo_pieces_are_the_text_of_the_ids_in_as_many_pieces():
     assert len(pieces) == len(IDS) and "".join(pieces).strip() == decode_ids(IDS).strip()
 
 
+async def test_echo_decode_reports_its_load_to_a_balancer_with_capacity_and_accepted():
+    ctx = zmq.asyncio.Context()
+    balancer = RecordingBalancer("balancer-0")
+    server = ActorServer(balancer, "tcp://127.0.0.1:*", ctx, role="balancer")
+    await server.start()
+    actor = EchoDecodeActor("decode-echo", IDS, [server.address])
+    echo = ActorServer(actor, "tcp://127.0.0.1:*", ctx, role="decode")
+    await echo.start()
+    peer = Peer(echo.address, ctx, types=ALL, timeout=10)
+    try:
+        await peer.connect()
+        [c async for c in peer.stream(Generate("r1", [1, 2, 3], SamplingParams(max_tokens=4)))]
+        for _ in range(200):  # the reporter sends within ~5 ms of the stream's end, once connected
+            if balancer.reports and balancer.reports[-1].accepted == 1 and balancer.reports[-1].running == 0:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await peer.close()
+        await echo.stop()
+        await server.stop()
+        ctx.term()
+    last = balancer.reports[-1]
+    assert (last.instance_id, last.role, last.accepted, last.running) == ("decode-echo", "decode", 1, 0)
+    assert last.max_requests > 0 and last.kv_capacity_tokens > 0  # else the balancer cannot score it
+    assert balancer.reports[0].started_at == last.started_at
+
+
 def test_route_without_peers_measures_the_gateway_and_reaps_its_processes(capsys):
     assert "dsi.bench.route" in bench_cli._BENCHES
     parser = argparse.ArgumentParser(prog="dsi bench")
@@ -86,11 +130,21 @@ def test_route_without_peers_measures_the_gateway_and_reaps_its_processes(capsys
                               "--workers", "1", "--peers", ""])  # fmt: skip
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
-    for name in ("route_req_s", "route_p50_ms", "route_p99_ms"):
-        assert figures[name] > 0, name
-    assert figures["route_p99_ms"] >= figures["route_p50_ms"]
-    assert figures["route_cpu_us_per_req"] >= 0
-    assert not any(k.startswith(("vllm", "sglang", "route_vs")) for k in figures)
+    for system in ("route", "route_local"):
+        for name in ("req_s", "p50_ms", "p99_ms"):
+            assert figures[f"{system}_{name}"] > 0, (system, name)
+        assert figures[f"{system}_p99_ms"] >= figures[f"{system}_p50_ms"]
+        assert figures[f"{system}_cpu_us_per_req"] >= 0
+    assert figures["route_balancer_cpu_us_per_req"] > 0  # the balancer process did the routing
+    # From the balanced gateway's /metrics: every decode route of the measured rounds came from
+    # the balancer (the bench waits up to 1 s for one; a balancer that did not know the echoes
+    # would answer no_instance and the gateway would pick locally).
+    assert figures["balancer_timeout_ms"] == 1000.0
+    assert figures["route_balancer_fraction"] == 1.0 and figures["route_fallbacks"] == {}, figures
+    assert figures["route_ask_mean_us"] > 0
+    assert figures["route_vs_route_local"] > 0
+    assert not any(k.startswith(("vllm", "sglang", "route_vs_vllm", "route_vs_sglang")) for k in figures)
     assert (figures["requests"], figures["concurrency"], figures["workers"]) == (24, 4, 1)
     assert multiprocessing.active_children() == []  # the cluster's processes were terminated
-    assert "route" in format_table(figures)
+    table = format_table(figures)
+    assert "route_local" in table and "of its routes from the balancer" in table
