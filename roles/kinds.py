@@ -11,6 +11,7 @@ from dsi.config import (
     RoleConfig,
 )
 from dsi.model.config import get_config
+from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
 from dsi.roles.curve import client_keys, server_keys
@@ -28,7 +29,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security))
+            return _controller(role, node)
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):
@@ -43,3 +44,14 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
             return BalancerActor(role.id, options, get_config(node.model.config), controller=node.cluster.controller,
                                  keys=client_keys(node.security), refresh_s=node.cluster.heartbeat_interval_s)
     raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")
+
+
+def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
+    """With [autoscale] and a kubernetes [provisioner], the controller scales the StatefulSets itself."""
+    provisioner, declared = None, None
+    kube = node.provisioner.kubernetes
+    if node.autoscale is not None and node.provisioner.kind == "kubernetes" and kube is not None:
+        provisioner = KubernetesProvisioner.from_options(kube)
+        declared = {kind: [r.id for r in node.roles_of(kind)] for kind in node.autoscale.scaled()}
+    return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security),
+                           provisioner=provisioner, declared=declared)
