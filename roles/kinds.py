@@ -10,6 +10,7 @@ from dsi.config import (
     NodeConfig,
     RoleConfig,
 )
+from dsi.config.autoscale import check_declared
 from dsi.model.config import get_config
 from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.balancer import BalancerActor
@@ -53,5 +54,6 @@ def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
     if node.autoscale is not None and node.provisioner.kind == "kubernetes" and kube is not None:
         provisioner = KubernetesProvisioner.from_options(kube)
         declared = {kind: [r.id for r in node.roles_of(kind)] for kind in node.autoscale.scaled()}
+        check_declared(node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source))
     return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security),
                            provisioner=provisioner, declared=declared)

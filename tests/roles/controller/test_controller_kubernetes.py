@@ -11,7 +11,7 @@ import pytest
 
 from dsi.actor import LocalRef
 from dsi.cli.main import main
-from dsi.config import ClusterConfig, load_config
+from dsi.config import ClusterConfig, ConfigError, load_config
 from dsi.config.autoscale import AutoscaleRole, AutoscaleSection
 from dsi.messages.control import Assignment, GetScale, Heartbeat, ScaleStatus, SetScale
 from dsi.provision import KubeApi, KubeAuth, KubernetesProvisioner
@@ -140,3 +140,10 @@ def test_dsi_serve_refuses_a_kubernetes_config(tmp_path: Path, capsys):
     assert main(["serve", "--config", str(tmp_path / "node.toml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dsi serve: ") and "provisioner.kind: 'kubernetes': dsi serve runs the roles" in err
+
+
+def test_the_controller_role_refuses_a_scale_past_the_declared_roles(tmp_path: Path):
+    (tmp_path / "node.toml").write_text(NODE + AUTOSCALE.replace("max_instances = 2", "max_instances = 3"))
+    cfg = load_config(tmp_path / "node.toml")
+    with pytest.raises(ConfigError, match="3 decode instances may run, but the config declares 2"):
+        make_actor(cfg.role("controller-0"), cfg)
