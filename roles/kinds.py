@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dsi.config import (
     BalancerOptions,
+    ConfigError,
     EngineOptions,
     EntrypointOptions,
     KvstoreOptions,
     NodeConfig,
     RoleConfig,
+    load_config,
 )
 from dsi.config.autoscale import check_declared
 from dsi.model.config import get_config
+from dsi.provision.kube_api import KubeError
 from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
@@ -48,12 +51,18 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
 
 
 def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
-    """With [autoscale] and a kubernetes [provisioner], the controller scales the StatefulSets itself."""
+    """With [autoscale] and a kubernetes [provisioner], the controller scales the StatefulSets
+    itself. ValueError when it cannot (too few declared roles, no API address)."""
     provisioner, declared = None, None
     kube = node.provisioner.kubernetes
     if node.autoscale is not None and node.provisioner.kind == "kubernetes" and kube is not None:
-        provisioner = KubernetesProvisioner.from_options(kube)
-        declared = {kind: [r.id for r in node.roles_of(kind)] for kind in node.autoscale.scaled()}
-        check_declared(node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source))
+        try:
+            # A pod runs its own role only (dsi-role --role): the scaled ids come from the whole file.
+            whole = load_config(node.source)
+            declared = {kind: [r.id for r in whole.roles_of(kind)] for kind in node.autoscale.scaled()}
+            check_declared(node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source))
+            provisioner = KubernetesProvisioner.from_options(kube)
+        except (ConfigError, KubeError) as exc:
+            raise ValueError(f"{role.id}: {exc}") from exc
     return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security),
                            provisioner=provisioner, declared=declared)

@@ -11,7 +11,7 @@ import pytest
 
 from dsi.actor import LocalRef
 from dsi.cli.main import main
-from dsi.config import ClusterConfig, ConfigError, load_config
+from dsi.config import ClusterConfig, load_config, with_role_subset
 from dsi.config.autoscale import AutoscaleRole, AutoscaleSection
 from dsi.messages.control import Assignment, GetScale, Heartbeat, ScaleStatus, SetScale
 from dsi.provision import KubeApi, KubeAuth, KubernetesProvisioner
@@ -127,7 +127,7 @@ def test_the_controller_role_follows_with_the_kubernetes_provisioner_only_with_a
     (tmp_path / "plain.toml").write_text(NODE)
     (tmp_path / "scaled.toml").write_text(NODE + AUTOSCALE)
     plain = load_config(tmp_path / "plain.toml")
-    scaled = load_config(tmp_path / "scaled.toml")
+    scaled = with_role_subset(load_config(tmp_path / "scaled.toml"), ["controller-0"])  # as in its pod
     unscaled = make_actor(plain.role("controller-0"), plain)
     assert isinstance(unscaled, ControllerActor) and unscaled.follower is None
     actor = make_actor(scaled.role("controller-0"), scaled)
@@ -145,5 +145,5 @@ def test_dsi_serve_refuses_a_kubernetes_config(tmp_path: Path, capsys):
 def test_the_controller_role_refuses_a_scale_past_the_declared_roles(tmp_path: Path):
     (tmp_path / "node.toml").write_text(NODE + AUTOSCALE.replace("max_instances = 2", "max_instances = 3"))
     cfg = load_config(tmp_path / "node.toml")
-    with pytest.raises(ConfigError, match="3 decode instances may run, but the config declares 2"):
+    with pytest.raises(ValueError, match=r"controller-0: .*3 decode instances may run, but the config declares 2"):
         make_actor(cfg.role("controller-0"), cfg)
