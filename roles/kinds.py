@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from dsi.config import (
     BalancerOptions,
+    ConfigError,
     EngineOptions,
     EntrypointOptions,
     KvstoreOptions,
     NodeConfig,
     RoleConfig,
+    load_config,
 )
+from dsi.config.autoscale import check_declared
 from dsi.model.config import get_config
+from dsi.provision.kube_api import KubeError
+from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.balancer import BalancerActor
 from dsi.roles.controller import ControllerActor
 from dsi.roles.curve import client_keys, server_keys
@@ -28,7 +33,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     options = role.options
     match role.kind:
         case "controller":
-            return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security))
+            return _controller(role, node)
         case "entrypoint" if isinstance(options, EntrypointOptions):
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):
@@ -43,3 +48,21 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
             return BalancerActor(role.id, options, get_config(node.model.config), controller=node.cluster.controller,
                                  keys=client_keys(node.security), refresh_s=node.cluster.heartbeat_interval_s)
     raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")
+
+
+def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
+    """With [autoscale] and a kubernetes [provisioner], the controller scales the StatefulSets
+    itself. ValueError when it cannot (too few declared roles, no API address)."""
+    provisioner, declared = None, None
+    kube = node.provisioner.kubernetes
+    if node.autoscale is not None and node.provisioner.kind == "kubernetes" and kube is not None:
+        try:
+            # A pod runs its own role only (dsi-role --role): the scaled ids come from the whole file.
+            whole = load_config(node.source)
+            declared = {kind: [r.id for r in whole.roles_of(kind)] for kind in node.autoscale.scaled()}
+            check_declared(node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source))
+            provisioner = KubernetesProvisioner.from_options(kube)
+        except (ConfigError, KubeError) as exc:
+            raise ValueError(f"{role.id}: {exc}") from exc
+    return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security),
+                           provisioner=provisioner, declared=declared)

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         if args.port is not None:
             cfg = with_http_port(cfg, args.port)
+        _check_local(cfg)
         _check_autoscale(cfg)
     except ConfigError as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
@@ -80,6 +81,16 @@ def role_command(config: str, role_id: str, http_port: int | None) -> list[str]:
     """The dsi-role command line of one role, run by this interpreter."""
     argv = [sys.executable, "-m", "dsi.cli.role", "--config", config, "--role", role_id]
     return [*argv, "--http-port", str(http_port)] if http_port is not None else argv
+
+
+def _check_local(cfg: NodeConfig) -> None:
+    """ConfigError for a kubernetes [provisioner]: serve runs every role as a local process."""
+    if cfg.provisioner.kind != "local":
+        raise ConfigError(
+            str(cfg.source), "provisioner.kind",
+            f"{cfg.provisioner.kind!r}: dsi serve runs the roles as processes on this host; with "
+            "kubernetes each pod runs dsi-role and the controller scales the StatefulSets",
+        )
 
 
 def _check_autoscale(cfg: NodeConfig) -> None:

@@ -4,7 +4,8 @@
                                    wanted, stop) --> provisioner.start(id) / stop(id), in the background
 
 The controller decides (:mod:`dsi.roles.controller.scaling`); whoever holds a provisioner follows
-(``dsi serve`` with the local one). A start or stop under way is not asked again; one that fails
+(``dsi serve`` with the local one, over a Peer; the controller itself with the kubernetes one, in
+process). A start or stop under way is not asked again; one that fails
 is logged and the next round tries again with what the provisioner then lists. While the
 controller does not answer nothing changes.
 """
@@ -14,25 +15,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
+from typing import Protocol
 
 from dsi.errors import DsiError
 from dsi.messages.control import GetScale, ScaleStatus
 from dsi.provision.base import Provisioner, StartFailed
 from dsi.provision.reconcile import RUNNING, reconcile
-from dsi.transport.client import Peer
 
 log = logging.getLogger(__name__)
 
 
+class ScaleSource(Protocol):
+    """Where the targets come from: a connected-on-demand Peer of the controller, or the
+    controller's own scaler in process. Both raise DsiError when they cannot answer."""
+
+    async def connect(self, timeout: float) -> object: ...
+
+    async def ask(self, msg: GetScale, timeout: float) -> object: ...
+
+
 class ScaleFollower:
-    """`declared`: the role ids of each scaled kind, in config order; `controller`: a connected
-    Peer; `every_s`: seconds between two rounds."""
+    """`declared`: the role ids of each scaled kind, in config order; `controller`: a Peer of
+    the controller (or any ScaleSource); `every_s`: seconds between two rounds."""
 
     def __init__(
         self,
         provisioner: Provisioner,
         declared: Mapping[str, Sequence[str]],
-        controller: Peer,
+        controller: ScaleSource,
         every_s: float,
     ) -> None:
         self._provisioner = provisioner
@@ -96,6 +106,8 @@ class ScaleFollower:
                 await work
             except (StartFailed, ValueError) as exc:  # ValueError: already provisioned or unknown
                 log.error("autoscale: %s: %s", role_id, exc)
+            except Exception:  # an API or process error: the next round tries again
+                log.exception("autoscale: %s: the provisioner failed", role_id)
             finally:
                 self._busy.pop(role_id, None)
 

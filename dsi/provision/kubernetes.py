@@ -17,8 +17,12 @@ StatefulSet keeps the replica until `stop`.
 `list()` is a cached view (no I/O): the calls above update it, and a refresher task reads the
 pods every `poll_interval_s` while an instance is up. `pid` is always None (pods, not processes).
 A stop during a start's wait for readiness ends that wait. `close()` keeps the Provisioner
-contract: it scales away every instance this provisioner started, so a process that closes it on
+contract: it scales away every instance this provisioner knows, so a process that closes it on
 its way out takes those pods with it.
+
+A controller that restarts must neither start the cluster again nor take it down: `adopt()` reads
+the dsi pods that exist and lists them as its own (so a later start of one only waits for it), and
+`detach()` ends the refresher and the client and leaves every StatefulSet as it is.
 """
 
 from __future__ import annotations
@@ -171,13 +175,43 @@ class KubernetesProvisioner:
                     log.error("%s: cannot stop it: %s", role_id, exc)
                     errors.append(exc)
         finally:
-            if self._refresher is not None:
-                self._refresher.cancel()
-                await asyncio.gather(self._refresher, return_exceptions=True)
-                self._refresher = None
-            await self.api.close()
+            await self.detach()
         if errors:
             raise errors[0]
+
+    async def detach(self) -> None:
+        """Stop watching and close the client; scale nothing (the pods keep running)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+        await self.api.close()
+
+    async def adopt(self) -> list[str]:
+        """List the dsi pods of the namespace that exist now as instances of this provisioner (one
+        being deleted is left out); returns their role ids. KubeError when the pods cannot be read."""
+        query = urlencode({"labelSelector": f"{NAME_LABEL}={APP_NAME}"})
+        answer = await self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?{query}")
+        adopted: list[str] = []
+        for item in answer.get("items", []):
+            name = item["metadata"]["name"]
+            view = pod_view(item)
+            if not name.startswith(self.prefix) or view.state == "stopping":
+                continue
+            role_id = name[len(self.prefix):]
+            try:
+                replica = replica_of(role_id, self.prefix)
+            except ValueError:
+                continue  # a dsi pod that no StatefulSet of this prefix runs
+            if role_id in self._slots or role_id in self._scaling:
+                continue
+            slot = self._slots[role_id] = _Slot(replica)
+            self._update(slot, view)
+            adopted.append(role_id)
+        if adopted:
+            log.info("adopted the running pods of %s", ", ".join(adopted))
+            self._ensure_refresher()
+        return adopted
 
     async def refresh(self) -> None:
         """Read every dsi pod of the namespace once and update the instances no call is changing."""

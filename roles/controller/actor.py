@@ -13,6 +13,10 @@ to it (``DrainOrder`` at its control address): after the grace period a decode m
 running requests with their KV to other decodes, a prefill finishes its work, and the
 instance stops. ``Undrain`` within the grace period cancels it at the instance first, then
 makes it serving again.
+
+With a KubernetesProvisioner as well (``[provisioner] kind = "kubernetes"``), the controller
+follows its own targets (:mod:`dsi.roles.controller.provisioning`): it adopts the pods that run,
+then scales the StatefulSets every heartbeat interval; stopping it leaves every pod running.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import zmq.asyncio
 
@@ -44,7 +48,9 @@ from dsi.messages.control import (
     Undrain,
 )
 from dsi.messages.migrate import DrainOrder
+from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.controller.lifecycle import InstanceState, Transition
+from dsi.roles.controller.provisioning import ClusterFollower
 from dsi.roles.controller.registry import InstanceRegistry
 from dsi.roles.controller.scaling import Scaler
 from dsi.roles.role import RoleActor
@@ -56,7 +62,9 @@ log = logging.getLogger(__name__)
 
 class ControllerActor(RoleActor):
     """`clock` returns monotonic seconds, `wall` unix seconds; tests inject fake ones.
-    `autoscale` None: every ready instance serves at once and nothing is scaled."""
+    `autoscale` None: every ready instance serves at once and nothing is scaled.
+    `provisioner`: with `autoscale`, the controller starts and stops the ids of `declared` (per
+    scaled kind, in config order) with it; it owns the provisioner from then on."""
 
     def __init__(
         self,
@@ -68,6 +76,8 @@ class ControllerActor(RoleActor):
         wall: Callable[[], float] = time.time,
         forget_after_s: float = 60.0,
         keys: CurveKeys | None = None,
+        provisioner: KubernetesProvisioner | None = None,
+        declared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__(name)
         self.registry = InstanceRegistry(
@@ -82,15 +92,23 @@ class ControllerActor(RoleActor):
         self._wall = wall
         self._keys = keys  # to pass drain orders on to instances
         self._ctx: zmq.asyncio.Context | None = None
+        self.follower: ClusterFollower | None = None
+        if provisioner is not None and self.scaler is not None:
+            every_s = cluster.heartbeat_interval_s
+            self.follower = ClusterFollower(provisioner, declared or {}, self._scale_status, every_s)
 
     async def on_start(self) -> None:
         self.spawn(self._sweep_every(self.registry.interval_s), name=f"{self.name}.sweep")
         if self.scaler is not None:
             self.spawn(self._scale_every(self.scaler.section.interval_s), name=f"{self.name}.scale")
+        if self.follower is not None:
+            self.spawn(self.follower.run(), name=f"{self.name}.provision")
         await super().on_start()
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        if self.follower is not None:
+            await self.follower.close()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
 
@@ -159,6 +177,9 @@ class ControllerActor(RoleActor):
 
     @handles
     async def get_scale(self, msg: GetScale) -> ScaleStatus:
+        return self._scale_status()
+
+    def _scale_status(self) -> ScaleStatus:
         if self.scaler is None:
             return ScaleStatus(enabled=False)
         self.sweep()

@@ -19,7 +19,7 @@ and applies the decision's moves to the registry at once::
     start k           `wanted` grows by k
 
 ``wanted`` is how many instances of the role should exist; whoever holds a provisioner
-(``dsi serve``) starts instances until that many run and stops those named in ``stop``. An
+(``dsi serve``, or the controller itself with the kubernetes one) starts instances until that many run and stops those named in ``stop``. An
 instance started for a shortfall serves as soon as it is ready (:meth:`keeps`), not one interval
 later. An instance counts as idle once a heartbeat sent ``settle_s`` after it left service
 reports no running or queued request: the gateways refresh their instance lists about once a

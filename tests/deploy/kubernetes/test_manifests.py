@@ -143,3 +143,13 @@ def test_a_pod_command_runs_the_role_of_its_name_bound_to_its_ip(tmp_path, pod):
     assert all("10.244.1.7" not in r.bind for r in others)
     if kind == "kvstore":
         assert role.options.publish == "tcp://10.244.1.7:7131"
+
+
+def test_the_autoscaled_statefulsets_start_at_the_initial_count_within_the_declared_roles():
+    cfg = node_config()
+    assert cfg.provisioner.kind == "kubernetes" and cfg.autoscale is not None
+    scaled = cfg.autoscale.scaled()
+    assert set(scaled) == {"decode"}
+    for kind, role in scaled.items():
+        assert named("StatefulSet")[statefulset_name("dsi-", kind)]["spec"]["replicas"] == role.initial
+        assert len(cfg.roles_of(kind)) >= role.max_instances

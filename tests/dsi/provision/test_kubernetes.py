@@ -245,3 +245,20 @@ async def test_a_stop_during_the_wait_for_ready_ends_the_start():
         await prov.stop("decode-0")
         inst = await asyncio.wait_for(starting, 1.0)  # not the 2 s ready timeout
         assert (inst.state, fake.replicas) == ("stopped", {"dsi-decode": 0})
+
+
+async def test_adopt_lists_the_running_pods_and_detach_scales_nothing():
+    fake = await FakeKube(replicas={"dsi-decode": 2, "dsi-prefill": 1}, ready_after=0).start()
+    fake.pods["dsi-decode-1"].waiting = "CrashLoopBackOff"
+    fake.pods["dsi-prefill-0"].polls_to_gone = 3  # being deleted: not adopted
+    try:
+        prov = KubernetesProvisioner(KubeApi(KubeAuth(fake.url, token="t0ken"), FAST), poll_interval_s=0.01)
+        assert await prov.adopt() == ["decode-0", "decode-1"]
+        assert [(i.role_id, i.state) for i in prov.list()] == [("decode-0", "ready"), ("decode-1", "backoff")]
+        with pytest.raises(ValueError, match="already provisioned"):
+            await prov.start("decode-0")
+        await prov.detach()
+        assert [c.method for c in fake.calls] == ["GET"] * len(fake.calls)
+        assert fake.replicas == {"dsi-decode": 2, "dsi-prefill": 1}
+    finally:
+        await fake.stop()
