@@ -23,7 +23,13 @@ import msgspec
 import uvloop
 import zmq.asyncio
 
-from dsi.cli.status import ControllerUnreachable, controller_target, format_table, info_json
+from dsi.cli.status import (
+    ControllerUnreachable,
+    add_controller_args,
+    controller_target,
+    format_table,
+    info_json,
+)
 from dsi.config import ConfigError
 from dsi.errors import DsiError
 from dsi.messages import ALL, Message
@@ -36,15 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("drain", help="take an instance offline, moving its work to the others")
     parser.add_argument("instance", metavar="INSTANCE", help="instance id, as `dsi status` lists it")
     parser.add_argument("--grace", type=float, default=60.0, help="seconds before its work moves (default 60)")
-    add_controller_args(parser)
+    add_controller_args(parser, timeout_s=10.0)
     parser.set_defaults(func=lambda args: order(args, "drain", Drain(args.instance, args.grace)))
-
-
-def add_controller_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="node config (default configs/local.toml)")
-    parser.add_argument("--controller", default=None, help="controller endpoint, e.g. tcp://10.0.0.1:7100")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the controller")
 
 
 def order(args: argparse.Namespace, name: str, msg: Message) -> int:

@@ -19,7 +19,7 @@ import sys
 import uvloop
 
 from dsi.cli.scale_view import ask_scale, format_scale, scale_json
-from dsi.cli.status import DEFAULT_CONFIG, controller_target
+from dsi.cli.status import add_controller_args, controller_target
 from dsi.config import ConfigError
 from dsi.errors import DsiError, InvalidRequest
 from dsi.messages.control import SetScale
@@ -31,14 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("scale", help="hold a scaled role at N serving instances (or 'auto')")
     parser.add_argument("role", help="a scaled role: prefill or decode")
     parser.add_argument("instances", type=_count, help="serving instances, or 'auto' to follow demand again")
-    parser.add_argument(
-        "--config",
-        default=None,
-        help=f"node config (default {DEFAULT_CONFIG}; not read when --controller is given alone)",
-    )
-    parser.add_argument("--controller", default=None, help="controller endpoint, e.g. tcp://10.0.0.1:7100")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the controller")
+    add_controller_args(parser)
     parser.set_defaults(func=run)
 
 

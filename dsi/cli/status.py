@@ -47,6 +47,12 @@ class ControllerUnreachable(Exception):
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("status", help="list the role instances the controller knows")
+    add_controller_args(parser)
+    parser.set_defaults(func=run)
+
+
+def add_controller_args(parser: argparse.ArgumentParser, timeout_s: float = 3.0) -> None:
+    """--config, --controller, --json and --timeout: how every operator command finds the controller."""
     parser.add_argument(
         "--config",
         default=None,
@@ -54,8 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--controller", default=None, help="controller endpoint, e.g. tcp://10.0.0.1:7100")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the controller")
-    parser.set_defaults(func=run)
+    parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds to wait for the controller")
 
 
 def run(args: argparse.Namespace) -> int:
