@@ -13,14 +13,7 @@ from dsi.roles.balancer import BalancerActor
 from dsi.roles.load_report import LoadReporter
 from dsi.transport.server import ActorServer
 from tests.dsi.cli.procs import free_port
-
-
-async def _until(check, tries: int = 200) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met")
+from tests.roles.balancer.helpers import until
 
 
 async def test_a_poke_reports_now_and_a_down_balancer_gets_nothing():
@@ -35,11 +28,11 @@ async def test_a_poke_reports_now_and_a_down_balancer_gets_nothing():
                             interval_s=600.0)  # no periodic report within the test: only pokes send
     await reporter.start()
     try:
-        await _until(lambda: reporter._peers[0].connected)
+        await until(lambda: reporter._peers[0].connected)
         await asyncio.sleep(0.05)  # let the first (unpoked) wait settle
         before = actor.reports
         reporter.poke()
-        await _until(lambda: actor.reports == before + 1)
+        await until(lambda: actor.reports == before + 1)
         assert reporter.sent == actor.reports  # one per report, to the balancer that is up only
         assert not reporter._peers[1].connected
     finally:

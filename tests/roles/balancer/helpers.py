@@ -1,4 +1,6 @@
-"""Load reports and controller tables for balancer tests."""
+"""Load reports and controller tables for balancer tests, and a poll for async tests."""
+
+import asyncio
 
 from dsi.messages.balancer import LoadReport
 from dsi.messages.control import InstanceInfo, InstanceTable, Load
@@ -27,3 +29,12 @@ def table(**states: str) -> InstanceTable:
     """The controller's table: instance id -> lifecycle state (role from the id's prefix)."""
     return InstanceTable([InstanceInfo(i, i.split("-")[0], "127.0.0.1", 1, f"tcp://127.0.0.1:{7000 + n}", state,
                                        Load(), 0.0, 1.0) for n, (i, state) in enumerate(states.items())])
+
+
+async def until(check, tries: int = 200) -> None:
+    """Poll `check` every 50 ms until it is true; AssertionError after `tries` polls."""
+    for _ in range(tries):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met")

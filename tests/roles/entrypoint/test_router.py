@@ -18,6 +18,7 @@ from dsi.messages.gateway import Generate
 from dsi.roles.entrypoint.backends import DecodePool
 from dsi.transport.client import Peer
 from tests.dsi.cli.procs import free_port, local_config, python_module
+from tests.roles.balancer.helpers import until
 from tests.roles.cluster import role_addresses
 
 pytestmark = pytest.mark.slow
@@ -74,7 +75,7 @@ async def balanced(procs, tmp_path):
     pool.prefill._controller.ask = ask  # type: ignore[method-assign]
     await pool.router.start()  # not pool.start(): its controller is the table above
     await pool.refresh()
-    await _until(lambda: pool.router._peers[0].connected)
+    await until(lambda: pool.router._peers[0].connected)
     yield pool, proc
     beating.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -85,12 +86,6 @@ async def balanced(procs, tmp_path):
     ctx.destroy(linger=0)
 
 
-async def _until(check, tries: int = 200) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met")
 
 
 def _msg(n: int) -> Generate:
@@ -121,6 +116,6 @@ async def test_balancer_routes_exclude_on_retry_and_the_local_pick_once_it_is_ki
     assert {"timeout", "lost", "down"} & set(pool.router.fallbacks), pool.router.fallbacks
     assert elapsed < 1.0  # bounded by balancer_timeout_s, not the 2 s ask default
     # once the balancer is known down, requests do not wait for it at all
-    await _until(lambda: not pool.router._peers[0].connected or pool.router._down_until[0] > time.monotonic())
+    await until(lambda: not pool.router._peers[0].connected or pool.router._down_until[0] > time.monotonic())
     inst, _ = await pool._route(_msg(2), set(), set(), wait=False)
     assert inst.info.instance_id == "decode-0" and pool.router.routes[("decode", "local")] == 2

@@ -1,7 +1,6 @@
 """Two balancers side by side, in this process over real sockets: an engine's reports reach
 both, the router asks the first while it is up and the second once the first is gone."""
 
-import asyncio
 
 import zmq.asyncio
 
@@ -12,15 +11,7 @@ from dsi.roles.balancer import BalancerActor
 from dsi.roles.entrypoint.router import Ask, BalancerRouter
 from dsi.roles.load_report import LoadReporter
 from dsi.transport.server import ActorServer
-from tests.roles.balancer.helpers import table
-
-
-async def _until(check, tries: int = 200) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met")
+from tests.roles.balancer.helpers import table, until
 
 
 async def test_the_second_balancer_takes_over_when_the_first_goes_away():
@@ -39,12 +30,12 @@ async def test_the_second_balancer_takes_over_when_the_first_goes_away():
         await r.start()
     await router.start()
     try:
-        await _until(lambda: all(a.reports >= 2 for a in actors) and router._choose() == 0)
+        await until(lambda: all(a.reports >= 2 for a in actors) and router._choose() == 0)
         pre, dec = await router.route(Ask(100, 0), prefill=True)
         assert isinstance(pre, Route) and isinstance(dec, Route)
         assert (dict(actors[0].routed), dict(actors[1].routed)) == ({"prefill": 1, "decode": 1}, {})
         await servers[0].stop()  # the first balancer goes away
-        await _until(lambda: router._choose() == 1)
+        await until(lambda: router._choose() == 1)
         pre, dec = await router.route(Ask(100, 0), prefill=True)
         assert (pre.instance_id, dec.instance_id) == ("prefill-0", "decode-0")
         assert dict(actors[1].routed) == {"prefill": 1, "decode": 1}  # it had every report already
