@@ -47,6 +47,10 @@ class EntrypointOptions:
     # Seconds a request waits for a balancer's route before the gateway picks the least loaded
     # instance itself (see dsi.roles.entrypoint.router).
     balancer_timeout_s: float = field(default=0.02, metadata=spec(checks=(greater(0.0), at_most(10.0))))
+    # HTTP worker processes sharing the http port (SO_REUSEPORT), each a whole gateway with its own
+    # connections to the controller and balancers; the role's process is worker 0 (see
+    # dsi.roles.entrypoint.workers).
+    http_workers: int = field(default=1, metadata=spec(checks=(greater(0), at_most(256))))
 
 
 def _optional_bind(text: str) -> str:

@@ -8,6 +8,8 @@
                                 when a request can be served, else 503 with "status":
                                 "unavailable" and the "reason" (see ``health_status``)
     GET  /metrics               Prometheus text
+    (/health and /metrics describe the one HTTP worker that answered; it names itself in the
+    ``X-Dsi-Worker`` header and /health's "worker")
     GET  /openapi.json          the OpenAPI document of these routes
 
 A client that disconnects cancels its handler (``handler_cancellation``), which closes the
@@ -32,7 +34,8 @@ from dsi.roles.entrypoint.openapi import openapi_document
 _ROUTES = (("/v1/chat/completions", "chat"), ("/v1/responses", "responses"), ("/v1/messages", "messages"))
 
 
-def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Application:
+def make_app(gateway: Gateway, models: list[str], max_body_bytes: int, worker: str = "") -> web.Application:
+    """``worker``: this process's worker id (see dsi.roles.entrypoint.workers)."""
     app = web.Application(client_max_size=max_body_bytes)
     for path, protocol in _ROUTES:
         app.router.add_post(path, functools.partial(gateway.handle, protocol=protocol))
@@ -44,10 +47,11 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int) -> web.Ap
 
     async def health(_request: web.Request) -> web.Response:
         status, body = health_status(len(gateway.pool.ready), len(gateway.pool.prefill_ready))
-        return web.json_response(body, status=status)
+        return web.json_response(body | {"worker": worker}, status=status, headers={"X-Dsi-Worker": worker})
 
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(text=gateway.metrics.render(), content_type="text/plain")
+        text = gateway.metrics.render()
+        return web.Response(text=text, content_type="text/plain", headers={"X-Dsi-Worker": worker})
 
     async def openapi(_request: web.Request) -> web.Response:
         return web.json_response(openapi_document(models))
@@ -80,11 +84,13 @@ def health_status(decode_ready: int, prefill_ready: int) -> tuple[int, dict[str,
     return 503, {**body, "status": "unavailable", "reason": reason}
 
 
-async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def start_http(app: web.Application, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+    """``reuse_port``: SO_REUSEPORT, so that other processes' listeners on the port share its
+    connections (the kernel spreads them)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -45,6 +45,7 @@ def edit(old: str, new: str) -> str:
 PREFILL_ID = 'id = "prefill-0"'
 PREFILL_BIND = 'bind = "tcp://127.0.0.1:7110"'
 INTERVAL = "heartbeat_interval_s = 1.0"
+ENTRY_HTTP = 'http = "127.0.0.1:8000"'
 
 # (test id, file text, the dotted key the error must name, a fragment of the reason)
 CASES = [
@@ -93,6 +94,13 @@ CASES = [
         edit(PREFILL_BIND, PREFILL_BIND + "\nmax_running = -1"),
         "roles[2].max_running",
         "must be > 0",
+    ),
+    ("zero-http-workers", edit(ENTRY_HTTP, ENTRY_HTTP + "\nhttp_workers = 0"), "roles[1].http_workers", "must be > 0"),
+    (
+        "http-workers-on-a-prefill",
+        edit(PREFILL_BIND, PREFILL_BIND + "\nhttp_workers = 2"),
+        "roles[2].http_workers",
+        "unknown key",
     ),
     ("bad-log-format", BASE + '\n[logging]\nformat = "xml"\n', "logging.format", "'text', 'json'"),
     ("bad-backend", BASE + '\n[data_plane]\nbackend = "udp"\n', "data_plane.backend", "'tcp', 'shm', 'rdma'"),

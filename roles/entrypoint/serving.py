@@ -1,0 +1,92 @@
+"""GatewayServing: one gateway's whole stack in one process, from its node config to an HTTP
+listener: decode pool (controller + balancers), prefix lookup (kvstore index), recipe, API keys,
+metrics and the aiohttp site.
+
+    start:  ZeroMQ context -> DecodePool -> PrefixLookup -> Gateway -> HTTP listener
+    close:  HTTP listener -> DecodePool -> PrefixLookup -> context
+
+The entrypoint actor runs one; each extra HTTP worker process runs one more on the same port
+(``reuse_port``; see dsi.roles.entrypoint.workers).
+"""
+
+from __future__ import annotations
+
+import zmq.asyncio
+from aiohttp import web
+
+from dsi.config import EntrypointOptions, NodeConfig
+from dsi.kvcache.hashchain import HashChain
+from dsi.model.config import get_config
+from dsi.recipe import ModelVersion, Recipe
+from dsi.roles.curve import client_keys
+from dsi.roles.entrypoint.app import make_app, start_http
+from dsi.roles.entrypoint.auth import ApiKeys
+from dsi.roles.entrypoint.backends import DecodePool
+from dsi.roles.entrypoint.gateway import Gateway
+from dsi.roles.entrypoint.metrics import Metrics
+from dsi.roles.entrypoint.prefix import PrefixLookup
+from dsi.roles.entrypoint.prepare import Preparer
+
+
+class GatewayServing:
+    """``name``: the peer id this gateway gives the controller, balancers and kvstore, and the
+    worker id its /health and /metrics name (``X-Dsi-Worker``)."""
+
+    def __init__(self, name: str, options: EntrypointOptions, node: NodeConfig) -> None:
+        self.name = name
+        self.options = options
+        self.node = node
+        self.gateway: Gateway | None = None
+        self._pool: DecodePool | None = None
+        self._prefix: PrefixLookup | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Everything up to a listening HTTP port; on a failure, what was started is closed."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        node, opts = self.node, self.options
+        self._ctx = zmq.asyncio.Context()
+        keys = client_keys(node.security)
+        self._pool = pool = DecodePool(node.cluster.controller, self._ctx, keys=keys, peer_id=self.name,
+                          reroute_wait_s=opts.reroute_wait_s, balancers=node.balancer_addresses,
+                          balancer_timeout_s=opts.balancer_timeout_s)
+        await pool.start()
+        shape = get_config(node.model.config)
+        # The engine's page hashes: the chain of its model config under cluster.root_seed.
+        self._prefix = prefix = PrefixLookup(HashChain.of(shape, node.cluster.root_seed), node.cluster.controller, self._ctx,
+                              keys=keys, peer_id=self.name)
+        await prefix.start()
+        self.gateway = Gateway(pool, ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key), Metrics(),
+                               Preparer(Recipe({node.model.name: ModelVersion.V4}), shape.max_context,
+                                        node.kvcache.hit_policy),
+                               prefix, keep=shape.keep, slow_reader_timeout_s=opts.slow_reader_timeout_s)
+        app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
+        # With one worker the port stays exclusive, so a second gateway on it is an error.
+        self._runner = await start_http(app, opts.http_host, opts.http_port, reuse_port=opts.http_workers > 1)
+
+    @property
+    def port(self) -> int:
+        """The HTTP port listened on (the configured one, or the one port 0 got)."""
+        assert self._runner is not None, "not started"
+        return self._runner.addresses[0][1]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        if self._prefix is not None:
+            await self._prefix.close()
+            self._prefix = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
