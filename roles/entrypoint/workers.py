@@ -1,6 +1,6 @@
 """Extra HTTP worker processes of one entrypoint role, on the role's HTTP port (SO_REUSEPORT).
 
-    role process (worker 0)                       worker process i (python -m ...workers)
+    role process (worker 0)                       worker process i (workers.main)
     EntrypointActor: GatewayServing "<id>"        GatewayServing "<id>.w<i>"
       + ActorServer, heartbeats (registered)      (not registered: it answers HTTP only)
             |-- stdin: pickled (name, options, node) -->|
@@ -60,7 +60,7 @@ class HttpWorkers:
 
     async def _spawn(self, name: str) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dsi.roles.entrypoint.workers",
+            sys.executable, "-c", "import sys; from dsi.roles.entrypoint.workers import main; sys.exit(main())",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdin is not None
@@ -117,7 +117,3 @@ def main() -> int:
     name, options, node = pickle.load(sys.stdin.buffer)
     uvloop.run(_serve_worker(name, options, node))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
