@@ -3,7 +3,8 @@
 ``ServerProcess`` starts ``target(conn, *args)`` in a spawned child. The target listens, then
 calls ``serve_until_terminated(conn, port)``: the port goes to the parent, and each later
 message from the parent is answered with the child's CPU seconds, until the parent terminates
-it. ``process_cpu_s`` reads any process's CPU seconds (a router started as a plain subprocess).
+it. ``process_cpu_s`` reads any process's CPU seconds (a router started as a plain subprocess);
+``tree_cpu_s`` adds those of its descendants (an entrypoint's HTTP worker processes).
 """
 
 from __future__ import annotations
@@ -79,3 +80,19 @@ def process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime in ticks
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of every living descendant, from /proc. A descendant
+    that exited takes its CPU time away with it, so read this while they all run."""
+    total, todo = 0.0, [pid]
+    while todo:
+        one = todo.pop()
+        try:
+            total += process_cpu_s(one)
+            for task in os.listdir(f"/proc/{one}/task"):
+                with open(f"/proc/{one}/task/{task}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except FileNotFoundError:  # it exited while we read
+            continue
+    return total

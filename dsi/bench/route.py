@@ -37,10 +37,12 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import re
 import statistics
 import subprocess
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -49,7 +51,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from dsi.bench.child import ServerProcess, process_cpu_s, serve_until_terminated
+from dsi.bench.child import ServerProcess, process_cpu_s, serve_until_terminated, tree_cpu_s
 from dsi.bench.echo_engine import serve_echo_roles
 from dsi.bench.echo_http import serve_echo_http
 from dsi.bench.recipe import stream_ids
@@ -66,17 +68,19 @@ _DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
 
 
 # ---- dsi: controller + echo decodes, the balancer and two entrypoints, in child processes --------
-def cluster_config(workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S) -> dict:
-    """A node config (as parsed TOML) of one controller, one balancer, two entrypoints and
-    ``workers`` decodes. ``entrypoint-0`` asks the balancer; ``entrypoint-1`` is started from
-    :func:`without_balancer` of it and picks locally. ``balancer_timeout_s``: how long
-    ``entrypoint-0`` waits for the balancer's route before it picks locally."""
+def cluster_config(workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S, http_workers: int = 1) -> dict:
+    """A node config (as parsed TOML) of one controller, one balancer, two entrypoints of
+    ``http_workers`` HTTP worker processes each, and ``workers`` decodes. ``entrypoint-0`` asks
+    the balancer; ``entrypoint-1`` is started from :func:`without_balancer` of it and picks
+    locally. ``balancer_timeout_s``: how long ``entrypoint-0`` waits for the balancer's route
+    before it picks locally."""
     controller = f"tcp://{_HOST}:{free_port()}"
     roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
              {"kind": "balancer", "id": "balancer-0", "bind": f"tcp://{_HOST}:{free_port()}"}]  # fmt: skip
     roles += [
         {"kind": "entrypoint", "id": f"entrypoint-{i}", "bind": f"tcp://{_HOST}:{free_port()}",
-         "http": f"{_HOST}:{free_port()}", "balancer_timeout_s": balancer_timeout_s}
+         "http": f"{_HOST}:{free_port()}", "balancer_timeout_s": balancer_timeout_s,
+         "http_workers": http_workers}
         for i in range(2)
     ]  # fmt: skip
     roles += [
@@ -148,6 +152,7 @@ class Front:
     cpu_s: Callable[[], float]  # CPU seconds of the front process so far
     balancer_cpu_s: Callable[[], float] | None = None  # the balancer's, when one routes for it
     metrics_url: str = ""  # with a balancer: the gateway's /metrics, to check where routes came from
+    http_workers: int = 1  # the gateway's HTTP worker processes, whose /metrics are summed
     routes: dict[str, float] = field(default_factory=dict)  # route counters over the measured rounds
 
 
@@ -201,18 +206,34 @@ async def _wait_ready(session: aiohttp.ClientSession, name: str, url: str, body:
 _ROUTE_LINE = re.compile(r'^dsi_route_total\{role="decode",source="(\w+)"\} (\S+)$', re.M)
 _FALLBACK_LINE = re.compile(r'^dsi_route_fallbacks_total\{reason="(\w+)"\} (\S+)$', re.M)
 _ASK_LINE = re.compile(r"^dsi_route_seconds_(sum|count) (\S+)$", re.M)
+_METRICS_ASKS = 400
 
 
-async def route_counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """The gateway's route counters from its /metrics: ``source:<balancer|local>`` (decode
-    routes), ``fallback:<reason>``, ``ask:sum`` / ``ask:count`` (dsi_route_seconds)."""
-    async with session.get(url) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}")
-        text = await resp.text()
-    out = {f"source:{k}": float(v) for k, v in _ROUTE_LINE.findall(text)}
-    out |= {f"fallback:{k}": float(v) for k, v in _FALLBACK_LINE.findall(text)}
-    return out | {f"ask:{k}": float(v) for k, v in _ASK_LINE.findall(text)}
+async def route_counters(url: str, http_workers: int = 1) -> dict[str, float]:
+    """The gateway's route counters from its /metrics, summed over its ``http_workers`` workers:
+    ``source:<balancer|local>`` (decode routes), ``fallback:<reason>``, ``ask:sum`` /
+    ``ask:count`` (dsi_route_seconds). Each GET is a new connection, which the kernel may hand
+    to any worker, so it asks until every worker (``X-Dsi-Worker``) has answered."""
+    texts: dict[str, str] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        for _ in range(_METRICS_ASKS):
+            async with session.get(url) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {resp.status}")
+                texts[resp.headers.get("X-Dsi-Worker", "")] = await resp.text()
+            if len(texts) >= http_workers:
+                break
+        else:
+            raise RuntimeError(f"{url}: {len(texts)} of {http_workers} workers answered in {_METRICS_ASKS} GETs")
+    out: dict[str, float] = defaultdict(float)
+    for text in texts.values():
+        for k, v in _ROUTE_LINE.findall(text):
+            out[f"source:{k}"] += float(v)
+        for k, v in _FALLBACK_LINE.findall(text):
+            out[f"fallback:{k}"] += float(v)
+        for k, v in _ASK_LINE.findall(text):
+            out[f"ask:{k}"] += float(v)
+    return dict(out)
 
 
 async def _wait_balanced(session: aiohttp.ClientSession, name: str, front: Front, body: str) -> None:
@@ -220,9 +241,9 @@ async def _wait_balanced(session: aiohttp.ClientSession, name: str, front: Front
     them as serving and their first load reports arrived)."""
     deadline = time.monotonic() + _START_WAIT_S
     while True:
-        before = await route_counters(session, front.metrics_url)
+        before = await route_counters(front.metrics_url, front.http_workers)
         await _one(session, front.url, body)
-        after = await route_counters(session, front.metrics_url)
+        after = await route_counters(front.metrics_url, front.http_workers)
         if after.get("source:balancer", 0) > before.get("source:balancer", 0):
             return
         if time.monotonic() > deadline:
@@ -268,7 +289,7 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
                 await _wait_balanced(session, name, front, body)
             await _round(session, front.url, body, requests, concurrency)  # warm up
         counted = {
-            name: await route_counters(session, f.metrics_url) for name, f in fronts.items() if f.metrics_url
+            name: await route_counters(f.metrics_url, f.http_workers) for name, f in fronts.items() if f.metrics_url
         }
         for _ in range(repeats):
             for name, front in fronts.items():
@@ -282,7 +303,7 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
                 lat[name] += latencies
         for name, before_counts in counted.items():
             out |= _route_figures(
-                name, before_counts, await route_counters(session, fronts[name].metrics_url)
+                name, before_counts, await route_counters(fronts[name].metrics_url, fronts[name].http_workers)
             )
     finally:
         await session.close()
@@ -317,11 +338,12 @@ def run(
     peers: tuple[str, ...] = tuple(PEERS),
     peers_dir: Path = _DEFAULT_PEERS_DIR,
     balancer_timeout_s: float = _BALANCER_TIMEOUT_S,
+    http_workers: int = 1,
 ) -> dict:
     """Every figure in one flat dict (see the module docstring); a peer that could not run has
     null figures and ``<peer>_error``."""
-    if min(requests, concurrency, tokens, repeats, workers) < 1:
-        raise ValueError("requests, concurrency, tokens, repeats and workers must be positive")
+    if min(requests, concurrency, tokens, repeats, workers, http_workers) < 1:
+        raise ValueError("requests, concurrency, tokens, repeats, workers and http_workers must be positive")
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise ValueError(f"unknown peers {sorted(unknown)}; known: {sorted(PEERS)}")
@@ -332,13 +354,14 @@ def run(
         "stream_tokens": tokens,
         "repeats": repeats,
         "workers": workers,
+        "http_workers": http_workers,
         "balancer_timeout_ms": round(balancer_timeout_s * 1e3, 3),
     }
     children: list[ServerProcess] = []
     routers: list[subprocess.Popen] = []
     fronts: dict[str, Front] = {}
     try:
-        data = cluster_config(workers, balancer_timeout_s)
+        data = cluster_config(workers, balancer_timeout_s, http_workers)
         bin_dir, why = install_peers(peers_dir) if peers else (None, "")
         children.append(ServerProcess(_serve_echoes_main, data, ids))  # these boot side by side
         balancer = ServerProcess(_serve_role_main, data, "balancer-0")
@@ -350,13 +373,17 @@ def run(
             children.append(backends)
         for child in children:
             _ = child.port  # every one is listening
+        # An entrypoint's CPU: its role process and its HTTP worker processes together.
         fronts["route"] = Front(
             f"http://{_HOST}:{entry.port}/v1/chat/completions",
-            entry.cpu_s,
+            lambda: tree_cpu_s(entry.process.pid),
             balancer.cpu_s,
             f"http://{_HOST}:{entry.port}/metrics",
+            http_workers,
         )
-        fronts["route_local"] = Front(f"http://{_HOST}:{local.port}/v1/chat/completions", local.cpu_s)
+        fronts["route_local"] = Front(
+            f"http://{_HOST}:{local.port}/v1/chat/completions", lambda: tree_cpu_s(local.process.pid)
+        )
         if bin_dir is not None:
             for name in peers:
                 proc, port = start_router(name, bin_dir, backends.port, peers_dir)
@@ -384,7 +411,8 @@ def format_table(r: dict) -> str:
     """One row per system: requests/s, latencies, front CPU, and route's ratio to it; then where
     the balanced entrypoint's routes came from."""
     lines = [f"dsi bench route: {r['concurrency']} concurrent streams of {r['stream_tokens']} tokens, "
-             f"{r['workers']} echo workers, {r['requests']} requests x {r['repeats']} rounds (medians)",
+             f"{r['workers']} echo workers, {r.get('http_workers', 1)} HTTP workers per entrypoint, "
+             f"{r['requests']} requests x {r['repeats']} rounds (medians)",
              f"{'':16}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}   route/them"]  # fmt: skip
     for name in ("route", "route_local", *PEERS):
         if f"{name}_req_s" not in r:
@@ -418,9 +446,15 @@ def _main(args: argparse.Namespace) -> int:
         peers,
         Path(args.peers_dir),
         args.balancer_timeout_ms / 1e3,
+        args.http_workers,
     )
     print(json.dumps(result) if args.json else format_table(result))
     return 0
+
+
+def _default_http_workers() -> int:
+    # Half the CPUs: the client, the balancer and the echo engines run on the same machine.
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -434,6 +468,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request, one per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per system")
     parser.add_argument("--workers", type=int, default=2, help="echo engines / echo backends")
+    parser.add_argument(
+        "--http-workers",
+        type=int,
+        default=_default_http_workers(),
+        help="HTTP worker processes of each entrypoint (its http_workers; default: "
+        "half the CPUs, at least 1, at most 4)",
+    )
     parser.add_argument(
         "--balancer-timeout-ms",
         type=float,
