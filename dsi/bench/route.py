@@ -16,7 +16,9 @@ Every request is a streamed Chat Completion of ``tokens`` one-token chunks; ``co
 clients each send the next request when the last one ended, ``requests`` per round. Rounds
 alternate between the systems; ``*_req_s`` is the median round's requests per second,
 ``*_p50_ms`` / ``*_p99_ms`` are over every measured request, ``*_cpu_us_per_req`` is the
-front process's (entrypoint's / router's) CPU time per request over all rounds;
+front process's (entrypoint's / router's) CPU time per request over all rounds; both
+entrypoints run ``http_workers`` HTTP worker processes (``--http-workers``, default half the
+CPUs, 2 to 4), whose CPU time counts in the entrypoint's and whose /metrics are summed;
 ``route_balancer_cpu_us_per_req`` is the balancer process's over the route rounds.
 ``route_vs_*`` = route_req_s / the other's. From the balanced entrypoint's /metrics, over the
 measured rounds: ``route_balancer_fraction`` (decode routes with source balancer / all),
@@ -453,8 +455,9 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _default_http_workers() -> int:
-    # Half the CPUs: the client, the balancer and the echo engines run on the same machine.
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
+    # Half the CPUs (the client, the balancer and the echo engines share the machine), 2 to 4:
+    # on 2 CPUs 2 workers still served more than 1.
+    return max(2, min(4, (os.cpu_count() or 2) // 2))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -473,7 +476,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=_default_http_workers(),
         help="HTTP worker processes of each entrypoint (its http_workers; default: "
-        "half the CPUs, at least 1, at most 4)",
+        "half the CPUs, at least 2, at most 4)",
     )
     parser.add_argument(
         "--balancer-timeout-ms",
