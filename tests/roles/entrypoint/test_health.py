@@ -71,7 +71,7 @@ def test_health_is_503_until_a_decode_instance_registers(tmp_path):
         assert status == 503 and "decode" in answer["error"]["message"]
         cluster.start("decode-0")
         _, body = wait_health(f"{base}/health", lambda status, _: status == 200)
-        assert body == {"status": "ok", "instances": 1, "prefill_instances": 1}
+        assert body == {"status": "ok", "instances": 1, "prefill_instances": 1, "worker": "entrypoint-0"}
         status, answer = post(f"{base}/v1/chat/completions", chat)
         assert status == 200 and answer["usage"]["completion_tokens"] == 2
         cluster.kill("decode-0")  # its heartbeats stop: the controller drops it, /health follows
