@@ -116,7 +116,9 @@ async def _run(requests: int, lo: int, hi: int, grace_s: float, max_tokens: int,
     states = await a.export_batch({rid: r.held for rid, r in runs.items()})
     moved = []
     for rid, state in states.items():
-        assert isinstance(state, RequestState), state
+        if not isinstance(state, RequestState):  # e.g. it finished during the grace period
+            raise RuntimeError(f"{rid} could not be moved ({state}); with --max-tokens {max_tokens} it may "
+                               f"have finished within the {grace_s:g}s grace period: raise --max-tokens")
         run, res = runs[rid], reservations[rid]
         await b.grow_reservation(res, run.held + state.pages.shape[0])
         moved.append((rid, state, res))
