@@ -67,12 +67,17 @@ class ServerProcess:
         return self.conn.recv()
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        stop_process(self.process)
         self.conn.close()
+
+
+def stop_process(process: multiprocessing.process.BaseProcess, grace_s: float = 5.0) -> None:
+    """SIGTERM a child process, SIGKILL it if it is still alive after `grace_s` seconds, and reap it."""
+    process.terminate()
+    process.join(grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 def process_cpu_s(pid: int) -> float:

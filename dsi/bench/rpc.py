@@ -34,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from dsi.actor import Actor, handles
+from dsi.bench.child import stop_process
 from dsi.messages.base import Message
 from dsi.messages.blob import Blob
 from dsi.transport.client import Peer
@@ -172,11 +173,7 @@ class _Child:
         self.address: Any = here.recv()
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        stop_process(self.process)
 
 
 # ---- calling side -----------------------------------------------------------------------------
