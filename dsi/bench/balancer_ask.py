@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,14 +34,9 @@ from dsi.messages.control import Heartbeat, InstanceInfo, InstanceTable, Load
 from dsi.roles.entrypoint.backends import InstancePool
 from dsi.roles.entrypoint.router import Ask, BalancerRouter
 from dsi.transport.client import Peer
+from transport.ports import free_port
 
 ENGINES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _config(path: Path, controller: str, balancer: str) -> None:
@@ -72,21 +66,32 @@ async def _feed(controller: Peer, balancer: Peer, engines: dict[str, str]) -> No
             await controller.ask(Heartbeat(i, role, "127.0.0.1", 1, address, assigned="serving"))
             # Roomy capacity and an ever-growing accepted count: every report retires the routes
             # made since the last one, so the fake decodes never fill up with pending requests.
-            balancer.tell(LoadReport(i, role, 1.0, running=int(i[-1]), kv_tokens=1_000 * int(i[-1]),
-                                     max_requests=1 << 20, kv_capacity_tokens=1 << 40 if role == "decode" else 0,
-                                     accepted=time.monotonic_ns()))
+            balancer.tell(
+                LoadReport(
+                    i,
+                    role,
+                    1.0,
+                    running=int(i[-1]),
+                    kv_tokens=1_000 * int(i[-1]),
+                    max_requests=1 << 20,
+                    kv_capacity_tokens=1 << 40 if role == "decode" else 0,
+                    accepted=time.monotonic_ns(),
+                )
+            )
         await asyncio.sleep(0.2)
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"median_us": round(statistics.median(ordered) * 1e6, 1),
-            "p99_us": round(ordered[int(len(ordered) * 0.99) - 1] * 1e6, 1)}
+    return {
+        "median_us": round(statistics.median(ordered) * 1e6, 1),
+        "p99_us": round(ordered[int(len(ordered) * 0.99) - 1] * 1e6, 1),
+    }
 
 
 async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str, float]]:
     ctx = zmq.asyncio.Context()
-    engines = {i: f"tcp://127.0.0.1:{_port()}" for i in ENGINES}
+    engines = {i: f"tcp://127.0.0.1:{free_port()}" for i in ENGINES}
     cpeer = Peer(controller, ctx, types=ALL, peer_id="bench")
     bpeer = Peer(balancer, ctx, types=ALL, peer_id="bench")
     await cpeer.connect(30)
@@ -95,8 +100,13 @@ async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str
     router = BalancerRouter([balancer], ctx, bound_s=1.0)
     await router.start()
     pool = InstancePool(controller, ctx, role="decode")
-    table = InstanceTable([InstanceInfo(i, i.split("-")[0], "127.0.0.1", 1, a, "serving", Load(), 0.0, 1.0)
-                           for i, a in engines.items() if i.startswith("decode")])
+    table = InstanceTable(
+        [
+            InstanceInfo(i, i.split("-")[0], "127.0.0.1", 1, a, "serving", Load(), 0.0, 1.0)
+            for i, a in engines.items()
+            if i.startswith("decode")
+        ]
+    )
 
     async def listed(msg, timeout=None):
         return table
@@ -106,7 +116,10 @@ async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str
     try:
         for _ in range(600):  # until the balancer routes both roles
             views = (await bpeer.ask(BalancerStatus())).instances
-            if router._choose() is not None and sum(v.state == "serving" and v.report_age_s >= 0 for v in views) == 4:
+            if (
+                router._choose() is not None
+                and sum(v.state == "serving" and v.report_age_s >= 0 for v in views) == 4
+            ):
                 break
             await asyncio.sleep(0.05)
         ask = Ask(prompt_tokens=2_000, cached_tokens=512)
@@ -124,7 +137,9 @@ async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str
             pool.pick()
             local.append(time.perf_counter() - t)
         out = {"ask_both": _stats(both), "ask_decode": _stats(decode), "local_pick": _stats(local)}
-        out["ratio"] = {"ask_both_over_local_pick": round(statistics.median(both) / statistics.median(local), 1)}
+        out["ratio"] = {
+            "ask_both_over_local_pick": round(statistics.median(both) / statistics.median(local), 1)
+        }
         return out
     finally:
         feeding.cancel()
@@ -141,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    controller, balancer = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    controller, balancer = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "balancer.toml"
         _config(config, controller, balancer)
-        proc = subprocess.Popen([sys.executable, "-m", "dsi.cli.role", "--config", str(config)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsi.cli.role", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             if not (proc.stdout.readline() if proc.stdout else b"").startswith(b"READY"):
                 raise RuntimeError("the controller + balancer process did not start")

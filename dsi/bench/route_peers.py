@@ -8,19 +8,14 @@ of the echo backends with ``--policy round_robin`` on 127.0.0.1, its output in
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from transport.ports import free_port
+
 PEERS = {"vllm_router": "vllm-router==0.1.17", "sglang_router": "sglang-router==0.3.2"}
 _HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((_HOST, 0))
-        return s.getsockname()[1]
 
 
 def install_peers(peers_dir: Path) -> tuple[Path | None, str]:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,16 @@ from dsi.cli.status import ControllerUnreachable, fetch_instances
 from dsi.config import EntrypointOptions, NodeConfig, load_config
 from dsi.messages.control import InstanceInfo
 from dsi.roles.curve import client_keys
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from transport.ports import free_port
 
 
 def private_config(source: Path, workdir: Path) -> Path:
     """A copy of `source` in `workdir` on free 127.0.0.1 ports, with its run directory there."""
     text = source.read_text()
     ports: dict[str, int] = {}
-    text = re.sub(r"127\.0\.0\.1:(\d+)",
-                  lambda m: f"127.0.0.1:{ports.setdefault(m.group(1), _free_port())}", text)
+    text = re.sub(
+        r"127\.0\.0\.1:(\d+)", lambda m: f"127.0.0.1:{ports.setdefault(m.group(1), free_port())}", text
+    )
 
     def path(match: re.Match[str]) -> str:
         value = match.group(2)
@@ -68,15 +63,31 @@ class ServedCluster:
 
     def start(self, ready_timeout_s: float = 120.0) -> str:
         """Start serve; its banner line once every role is up (RuntimeError if it exits first)."""
-        cmd = [sys.executable, "-m", "dsi.cli.main", "serve", "--config", str(self.config),
-               "--ready-timeout", str(ready_timeout_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dsi.cli.main",
+            "serve",
+            "--config",
+            str(self.config),
+            "--ready-timeout",
+            str(ready_timeout_s),
+        ]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                         start_new_session=True, text=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                text=True,
+            )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("dsi serve: gateway"):
-            raise RuntimeError(f"dsi serve exited with {self.proc.wait()} before it was up; see {self.log_path}")
+            raise RuntimeError(
+                f"dsi serve exited with {self.proc.wait()} before it was up; see {self.log_path}"
+            )
         return line.strip()
 
     @property

@@ -12,14 +12,9 @@ from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances, Load
 from dsi.roles.host import RoleHost, RoleStartError, advertised
 from dsi.transport.client import Peer
+from transport.ports import free_port
 
 INTERVAL = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def node_config(tmp_path) -> NodeConfig:
@@ -83,12 +78,18 @@ async def test_roles_register_serve_and_say_goodbye(controller_peer):
         await workers.start()
         try:
             await peer.connect()
-            await wait_for(peer, {"controller-0": "serving", "entrypoint-0": "serving", "prefill-0": "serving"})
+            await wait_for(
+                peer, {"controller-0": "serving", "entrypoint-0": "serving", "prefill-0": "serving"}
+            )
             table = await peer.ask(ListInstances("entrypoint"))
             [gateway] = table.instances
             async with aiohttp.ClientSession() as http, http.get(f"http://{gateway.http}/health") as resp:
-                health = await resp.json()  # the gateway serves HTTP; with no decode role it cannot serve a request
-                assert resp.status == 503 and health["status"] == "unavailable" and "decode" in health["reason"]
+                health = (
+                    await resp.json()
+                )  # the gateway serves HTTP; with no decode role it cannot serve a request
+                assert (
+                    resp.status == 503 and health["status"] == "unavailable" and "decode" in health["reason"]
+                )
             assert workers.heartbeats["prefill-0"].sent >= 1
         finally:
             await workers.stop()

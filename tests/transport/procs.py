@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from transport.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python + numpy import is slow there
@@ -28,9 +29,7 @@ READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python + numpy imp
 
 def free_address() -> str:
     """A tcp endpoint on 127.0.0.1 whose port was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class EchoServerProcess:

@@ -13,7 +13,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from dsi.kvcache.shm import remove_files_of
+from transport.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
 # The tiny model the test clusters load; the first role that needs it generates it (under a lock).
 SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def local_config(

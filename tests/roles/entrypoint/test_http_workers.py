@@ -8,12 +8,7 @@ import aiohttp
 
 from dsi.config import parse_config
 from dsi.roles.host import RoleHost
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from transport.ports import free_port
 
 
 async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):
