@@ -2,7 +2,12 @@
 
 from setuptools import find_packages, setup
 
-FOLDERS = {"dsi.transport": "transport", "dsi.roles": "roles", "dsi.kvcache": "kvcache", "dsi.kernels": "kernels"}
+FOLDERS = {
+    "dsi.transport": "transport",
+    "dsi.roles": "roles",
+    "dsi.kvcache": "kvcache",
+    "dsi.kernels": "kernels",
+}
 
 
 def _packages() -> list[str]:

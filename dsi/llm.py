@@ -34,7 +34,9 @@ class LLM:
             # A dense page holds every layer's K and V (5.6 MiB for SmolLM2-135M): the default 1,024
             # pages would take gigabytes, so hold one sequence of the full context length instead.
             cfg = self.model_config
-            config = EngineConfig(num_blocks=1 + -(-cfg.max_context // cfg.block_size), num_slots=4, max_running=4)
+            config = EngineConfig(
+                num_blocks=1 + -(-cfg.max_context // cfg.block_size), num_slots=4, max_running=4
+            )
         self.engine = Engine(self.model_config, weights, config)
         self._ids = itertools.count()
         self._template = None
@@ -57,13 +59,18 @@ class LLM:
         """A one-turn chat prompt in the model's own chat template (non-DeepSeek families; the
         V4 prompt format is the gateway's recipe)."""
         if self._template is None:
-            raise ValueError("chat rendering here is for non-DeepSeek families; V4 chats go through the gateway")
+            raise ValueError(
+                "chat rendering here is for non-DeepSeek families; V4 chats go through the gateway"
+            )
         from dsi.recipe.conversation import Conversation, UserMessage
 
         return self._template.render(Conversation((UserMessage((user_text,)),)))
 
-    def generate(self, prompts: list[str | list[int]] | str, params: SamplingParams | list[SamplingParams] | None = None
-                 ) -> list[Completion]:
+    def generate(
+        self,
+        prompts: list[str | list[int]] | str,
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[Completion]:
         """Completions in prompt order. A string prompt is encoded with the model's tokenizer (V4: with
         BOS); a list is token ids."""
         if isinstance(prompts, str):
@@ -80,8 +87,16 @@ class LLM:
             for out in self.engine.step():
                 if out.finished:
                     done[out.request_id] = out
-        return [Completion(prompt, done[n].output, self._decode(done[n].output), done[n].finish_reason,
-                           done[n].logprobs or []) for n, prompt in zip(names, ids, strict=True)]
+        return [
+            Completion(
+                prompt,
+                done[n].output,
+                self._decode(done[n].output),
+                done[n].finish_reason,
+                done[n].logprobs or [],
+            )
+            for n, prompt in zip(names, ids, strict=True)
+        ]
 
     def close(self) -> None:
         self.engine.close()

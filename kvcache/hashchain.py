@@ -63,8 +63,14 @@ class HashChain:
         text = b"\x00".join(p.encode() for p in parts)
         return xxhash.xxh3_128_digest(b"dsi-kv-root\x00" + text, seed=self.root_seed)
 
-    def hashes(self, tokens: Sequence[int] | np.ndarray, *, cache_salt: str = "",
-               extras: Mapping[int, bytes] | None = None, parent: BlockHash | None = None) -> bytes:
+    def hashes(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        *,
+        cache_salt: str = "",
+        extras: Mapping[int, bytes] | None = None,
+        parent: BlockHash | None = None,
+    ) -> bytes:
         """Packed hashes (``full_blocks x 16`` bytes) of the full blocks of ``tokens``.
 
         ``parent`` continues a chain (the hash of the block before ``tokens[0]``); by default the
@@ -87,17 +93,19 @@ def _chain(data: memoryview, block_bytes: int, parent: bytes) -> bytes:
     append = out.append
     h = parent
     for off in range(0, len(data), block_bytes):
-        h = digest(h + data[off:off + block_bytes])
+        h = digest(h + data[off : off + block_bytes])
         append(h)
     return b"".join(out)
 
 
-def _chain_with_extras(data: memoryview, block_bytes: int, parent: bytes, extras: Mapping[int, bytes]) -> bytes:
+def _chain_with_extras(
+    data: memoryview, block_bytes: int, parent: bytes, extras: Mapping[int, bytes]
+) -> bytes:
     digest = xxhash.xxh3_128_digest
     out: list[bytes] = []
     h = parent
     for i, off in enumerate(range(0, len(data), block_bytes)):
-        h = digest(h + data[off:off + block_bytes] + extras.get(i, b""))
+        h = digest(h + data[off : off + block_bytes] + extras.get(i, b""))
         out.append(h)
     return b"".join(out)
 
@@ -120,4 +128,4 @@ def pack(hashes: Sequence[BlockHash]) -> bytes:
 def unpack(packed: bytes) -> list[BlockHash]:
     """Packed hashes -> list of 16-byte ``BlockHash``."""
     keys_of(packed)  # length check
-    return [bytes(packed[i:i + HASH_BYTES]) for i in range(0, len(packed), HASH_BYTES)]
+    return [bytes(packed[i : i + HASH_BYTES]) for i in range(0, len(packed), HASH_BYTES)]

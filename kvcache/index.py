@@ -37,7 +37,9 @@ def class_code(name: str) -> int:
     try:
         return TRAFFIC_CLASSES.index(name)
     except ValueError:
-        raise ValueError(f"unknown traffic class {name!r}; choose from {', '.join(TRAFFIC_CLASSES)}") from None
+        raise ValueError(
+            f"unknown traffic class {name!r}; choose from {', '.join(TRAFFIC_CLASSES)}"
+        ) from None
 
 
 class Locations(NamedTuple):
@@ -70,8 +72,13 @@ class BlockRecord:
 class BlockIndex:
     """Block metadata only (no data); single-threaded. ``capacity`` 0 = unbounded (blocks)."""
 
-    def __init__(self, capacity: int = 0, ttls_s: Mapping[str, float] | None = None,
-                 clock: Callable[[], float] = time.time, expected: int = 0) -> None:
+    def __init__(
+        self,
+        capacity: int = 0,
+        ttls_s: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.time,
+        expected: int = 0,
+    ) -> None:
         ttls = {**DEFAULT_TTLS_S, **(ttls_s or {})}
         self.ttl = np.array([ttls[name] for name in TRAFFIC_CLASSES], dtype=np.float64)
         self.capacity = capacity
@@ -92,8 +99,17 @@ class BlockIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the index: columns, free list and hash table."""
-        cols = (self.keys, self.segment, self.offset, self.size, self.checksum, self.tclass,
-                self.created, self.last_access, self.tick)
+        cols = (
+            self.keys,
+            self.segment,
+            self.offset,
+            self.size,
+            self.checksum,
+            self.tclass,
+            self.created,
+            self.last_access,
+            self.tick,
+        )
         return sum(c.nbytes for c in cols) + self._free.nbytes + self._table.nbytes
 
     # ---- queries -----------------------------------------------------------------------------
@@ -113,7 +129,7 @@ class BlockIndex:
         """How many leading blocks of a chain are present; ``touch`` stamps them as used."""
         hit, chunk = 0, _FIRST_CHUNK
         while hit < len(keys):
-            part = self.lookup(keys[hit:hit + chunk])
+            part = self.lookup(keys[hit : hit + chunk])
             misses = np.flatnonzero(part < 0)
             run = int(misses[0]) if misses.size else len(part)
             if touch and run:
@@ -131,9 +147,16 @@ class BlockIndex:
         slot = int(self.lookup(np.frombuffer(key, dtype="<u8").reshape(1, 2))[0])
         if slot < 0:
             return None
-        return BlockRecord(key, int(self.segment[slot]), int(self.offset[slot]), int(self.size[slot]),
-                           int(self.checksum[slot]), TRAFFIC_CLASSES[self.tclass[slot]],
-                           float(self.created[slot]), float(self.last_access[slot]))
+        return BlockRecord(
+            key,
+            int(self.segment[slot]),
+            int(self.offset[slot]),
+            int(self.size[slot]),
+            int(self.checksum[slot]),
+            TRAFFIC_CLASSES[self.tclass[slot]],
+            float(self.created[slot]),
+            float(self.last_access[slot]),
+        )
 
     def all_keys(self) -> np.ndarray:
         """Every key held (expired ones included until ``expire`` runs), ``[n, 2]`` uint64."""
@@ -151,8 +174,13 @@ class BlockIndex:
         self._tick += n
         self.last_access[slots] = self.clock()
 
-    def insert(self, keys: np.ndarray, where: Locations, tclass: int | np.ndarray,
-               created: float | np.ndarray | None = None) -> Removed:
+    def insert(
+        self,
+        keys: np.ndarray,
+        where: Locations,
+        tclass: int | np.ndarray,
+        created: float | np.ndarray | None = None,
+    ) -> Removed:
         """Add absent, distinct ``keys`` (chain order); returns what capacity eviction removed."""
         n = len(keys)
         stale = self._table.lookup(keys, self.keys)  # expired copies of the same keys
@@ -203,7 +231,7 @@ class BlockIndex:
         return self._drop(oldest)
 
     def _live_slots(self) -> np.ndarray:
-        return np.flatnonzero(self.tick[:self._top])  # free slots have tick 0
+        return np.flatnonzero(self.tick[: self._top])  # free slots have tick 0
 
     def _drop(self, slots: np.ndarray) -> Removed:
         removed = Removed(self.keys[slots], self.segment[slots], self.size[slots])
@@ -215,8 +243,8 @@ class BlockIndex:
 
     def _take(self, n: int) -> np.ndarray:
         reuse = min(n, self._free.size)
-        slots = self._free[self._free.size - reuse:]
-        self._free = self._free[:self._free.size - reuse]
+        slots = self._free[self._free.size - reuse :]
+        self._free = self._free[: self._free.size - reuse]
         fresh = n - reuse
         if self._top + fresh > len(self.keys):
             self._grow(self._top + fresh)
@@ -230,12 +258,34 @@ class BlockIndex:
             size *= 2
         if self.capacity:
             size = max(need, min(size, self.capacity))
-        old = (self.keys, self.segment, self.offset, self.size, self.checksum, self.tclass,
-               self.created, self.last_access, self.tick)
+        old = (
+            self.keys,
+            self.segment,
+            self.offset,
+            self.size,
+            self.checksum,
+            self.tclass,
+            self.created,
+            self.last_access,
+            self.tick,
+        )
         self._alloc(size)
-        for new, prev in zip((self.keys, self.segment, self.offset, self.size, self.checksum, self.tclass,
-                              self.created, self.last_access, self.tick), old, strict=True):
-            new[:len(prev)] = prev
+        for new, prev in zip(
+            (
+                self.keys,
+                self.segment,
+                self.offset,
+                self.size,
+                self.checksum,
+                self.tclass,
+                self.created,
+                self.last_access,
+                self.tick,
+            ),
+            old,
+            strict=True,
+        ):
+            new[: len(prev)] = prev
 
     def _alloc(self, size: int) -> None:
         self.keys = np.zeros((size, 2), dtype=np.uint64)

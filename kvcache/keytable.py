@@ -169,13 +169,14 @@ class KeySet:
         if not new.size:
             return
         reuse = min(new.size, self._free.size)
-        slots = np.concatenate([self._free[self._free.size - reuse:],
-                                np.arange(self._top, self._top + new.size - reuse)])
-        self._free = self._free[:self._free.size - reuse]
+        slots = np.concatenate(
+            [self._free[self._free.size - reuse :], np.arange(self._top, self._top + new.size - reuse)]
+        )
+        self._free = self._free[: self._free.size - reuse]
         self._top += new.size - reuse
         if self._top > len(self.keys):
             grown = np.zeros((max(self._top, 2 * len(self.keys)), 2), dtype=np.uint64)
-            grown[:len(self.keys)] = self.keys
+            grown[: len(self.keys)] = self.keys
             self.keys = grown
         self.keys[slots] = keys[new]
         self._table.insert(keys[new], slots, self.keys)

@@ -54,7 +54,7 @@ class BlockLayout:
     def source_view(self, pages: torch.Tensor, index: int) -> torch.Tensor:
         """[num_blocks, elems] -> [num_blocks, block_size / ratio, D] view of one source."""
         n, start = self.per_block_compressed * self.cfg.head_dim, self.source_offset(index)
-        return pages[:, start:start + n].unflatten(1, (self.per_block_compressed, self.cfg.head_dim))
+        return pages[:, start : start + n].unflatten(1, (self.per_block_compressed, self.cfg.head_dim))
 
     def global_view(self, pages: torch.Tensor) -> torch.Tensor:
         """[num_blocks, elems] -> [num_blocks, block_size, D] view of the ratio-1 global latents."""

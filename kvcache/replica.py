@@ -81,8 +81,15 @@ class ReplicaState:
 class CheckReplica:
     """Follows the kvstore at ``kvstore`` (its RPC endpoint). ``match`` never does I/O."""
 
-    def __init__(self, kvstore: str, ctx: zmq.asyncio.Context, *, timeout: float = 10.0,
-                 silence_s: float = 5.0, peer_id: str = "check-replica") -> None:
+    def __init__(
+        self,
+        kvstore: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        timeout: float = 10.0,
+        silence_s: float = 5.0,
+        peer_id: str = "check-replica",
+    ) -> None:
         self.state = ReplicaState()
         self.silence_s = silence_s
         self._ctx = ctx

@@ -182,7 +182,7 @@ def read_run(fd: int, offset: int, dests: Sequence[memoryview]) -> int:
     views: list[memoryview] = []
     for k, dest in enumerate(dests):
         if k:
-            views.append(scratch[(k - 1) * HEADER_BYTES:k * HEADER_BYTES])
+            views.append(scratch[(k - 1) * HEADER_BYTES : k * HEADER_BYTES])
         views.append(dest)
     done = 0
     while views:

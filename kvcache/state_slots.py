@@ -19,7 +19,9 @@ class StateSlots:
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype = torch.float32) -> None:
         self.cfg = cfg
-        self.rings = torch.zeros(num_slots, cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype)
+        self.rings = torch.zeros(
+            num_slots, cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype
+        )
         self.partial = torch.zeros(num_slots, len(cfg.kv_sources), cfg.head_dim, dtype=dtype)
         self._free = list(range(num_slots - 1, -1, -1))
         self.num_slots = num_slots

@@ -102,9 +102,17 @@ class CompactPlan:
 
 
 class BlockStore:
-    def __init__(self, root: Path, *, capacity: int = 0, ttls_s: Mapping[str, float] | None = None,
-                 clock: Callable[[], float] = time.time, segment_bytes: int = 1 << 30,
-                 fsync: FsyncPolicy = "segment", compact_below: float = 0.5) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        capacity: int = 0,
+        ttls_s: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.time,
+        segment_bytes: int = 1 << 30,
+        fsync: FsyncPolicy = "segment",
+        compact_below: float = 0.5,
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.index = BlockIndex(capacity, ttls_s, clock)
@@ -125,12 +133,14 @@ class BlockStore:
         self.metrics.puts += len(keys)
         self.metrics.existed += len(keys) - fresh.size
         if self.index.capacity:
-            fresh = fresh[:self.index.capacity]  # a chain longer than the whole store keeps its head
+            fresh = fresh[: self.index.capacity]  # a chain longer than the whole store keeps its head
         if fresh.size < len(keys):  # a re-put is a use
             slots = self.index.lookup(keys)
             self.index.touch(slots[slots >= 0])
         now = self.index.clock()
-        records = [(keys[i].tobytes(), tclass, memoryview(payloads[i]).cast("B"), now) for i in fresh.tolist()]
+        records = [
+            (keys[i].tobytes(), tclass, memoryview(payloads[i]).cast("B"), now) for i in fresh.tolist()
+        ]
         return PutPlan(keys[fresh], records, tclass)
 
     def put_write(self, plan: PutPlan) -> list[Written]:
@@ -199,8 +209,12 @@ class BlockStore:
         out: list[list[int]] = []
         for i in idx:
             last = out[-1][-1] if out else -1
-            follows = (last >= 0 and len(out[-1]) < longest and seg[i] == seg[last]
-                       and off[i] == off[last] + size[last] + HEADER_BYTES)
+            follows = (
+                last >= 0
+                and len(out[-1]) < longest
+                and seg[i] == seg[last]
+                and off[i] == off[last] + size[last] + HEADER_BYTES
+            )
             if follows:
                 out[-1].append(i)
             else:
@@ -260,8 +274,15 @@ class BlockStore:
             self.metrics.missing += slots.size
             self._account_removed(self.index.remove(self.index.keys[slots]))
             slots = slots[:0]
-        return CompactPlan(worst, fd, slots, self.index.locate(slots), self.index.keys[slots].copy(),
-                           self.index.tclass[slots].tolist(), self.index.created[slots].tolist())
+        return CompactPlan(
+            worst,
+            fd,
+            slots,
+            self.index.locate(slots),
+            self.index.keys[slots].copy(),
+            self.index.tclass[slots].tolist(),
+            self.index.created[slots].tolist(),
+        )
 
     def compact_copy(self, plan: CompactPlan) -> list[Written]:
         """Writer thread only: copy the plan's intact blocks to the active segment."""
@@ -358,7 +379,9 @@ class BlockStore:
 
 
 def _locations(written: Sequence[Written]) -> Locations:
-    return Locations(np.array([w.segment for w in written], dtype=np.uint32),
-                     np.array([w.offset for w in written], dtype=np.uint64),
-                     np.array([w.size for w in written], dtype=np.uint32),
-                     np.array([w.checksum for w in written], dtype=np.uint64))
+    return Locations(
+        np.array([w.segment for w in written], dtype=np.uint32),
+        np.array([w.offset for w in written], dtype=np.uint64),
+        np.array([w.size for w in written], dtype=np.uint32),
+        np.array([w.checksum for w in written], dtype=np.uint64),
+    )

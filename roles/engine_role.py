@@ -86,10 +86,21 @@ class EngineRoleSettings:
         host = urlsplit(role.bind).hostname or "127.0.0.1"
         if host in ("*", "0.0.0.0"):
             host = "127.0.0.1"
-        return cls(role.options, node.model, node.cluster.root_seed, node.cluster.controller,
-                   server_keys(node.security), node.data_plane.backend, host, node.data_plane.lease_timeout_s,
-                   role.bind, hit_policy=node.kvcache.hit_policy, compute=node.engine,
-                   balancers=node.balancer_addresses, report_interval_s=node.cluster.heartbeat_interval_s)
+        return cls(
+            role.options,
+            node.model,
+            node.cluster.root_seed,
+            node.cluster.controller,
+            server_keys(node.security),
+            node.data_plane.backend,
+            host,
+            node.data_plane.lease_timeout_s,
+            role.bind,
+            hit_policy=node.kvcache.hit_policy,
+            compute=node.engine,
+            balancers=node.balancer_addresses,
+            report_interval_s=node.cluster.heartbeat_interval_s,
+        )
 
 
 def lease_target(lease: KvLease) -> KvTarget:
@@ -156,14 +167,21 @@ class EngineRole(RoleActor):
         self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
         await self.data.start()
         if self.settings.controller:
-            self.kvstore = KvstoreClient(self.settings.controller, self.ctx, keys=self.settings.keys,
-                                         peer_id=self.name)
+            self.kvstore = KvstoreClient(
+                self.settings.controller, self.ctx, keys=self.settings.keys, peer_id=self.name
+            )
             await self.kvstore.start()
         self._collect_task = asyncio.get_running_loop().create_task(self._collect_forever())
         await super().on_start()
         if self.settings.balancers:
-            self.reporter = LoadReporter(self.name, self.settings.balancers, self.load_report, self.ctx,
-                                         keys=self.settings.keys, interval_s=self.settings.report_interval_s)
+            self.reporter = LoadReporter(
+                self.name,
+                self.settings.balancers,
+                self.load_report,
+                self.ctx,
+                keys=self.settings.keys,
+                interval_s=self.settings.report_interval_s,
+            )
             await self.reporter.start()
 
     async def on_stop(self) -> None:
@@ -191,11 +209,17 @@ class EngineRole(RoleActor):
 
         s = self.settings
         model, weights = load_model(ensure_model(s.model.dir, s.model.config))
-        cfg = EngineConfig(num_blocks=s.options.num_blocks, max_batch_tokens=s.options.max_batch_tokens,
-                           max_running=s.options.max_running, num_slots=s.options.max_running,
-                           root_seed=s.root_seed, collect_full_pages=self.collect_full_pages,
-                           collect_ring_snapshots=True, batch_invariant=s.compute.batch_invariant,
-                           async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async")
+        cfg = EngineConfig(
+            num_blocks=s.options.num_blocks,
+            max_batch_tokens=s.options.max_batch_tokens,
+            max_running=s.options.max_running,
+            num_slots=s.options.max_running,
+            root_seed=s.root_seed,
+            collect_full_pages=self.collect_full_pages,
+            collect_ring_snapshots=True,
+            batch_invariant=s.compute.batch_invariant,
+            async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async",
+        )
         service = EngineService.create(model, weights, cfg)
         log.info("%s: engine ready (%s, %d pages)", self.name, model.name, cfg.num_blocks)
         return service
@@ -204,8 +228,13 @@ class EngineRole(RoleActor):
         if self.service is None:
             return super().load()
         now = self.service.load
-        return Load(running=now.running, queued=now.waiting, kv_tokens=now.kv_tokens, inbox=self.inbox_depth,
-                    uncached_tokens=now.prompt_tokens - now.cached_tokens)
+        return Load(
+            running=now.running,
+            queued=now.waiting,
+            kv_tokens=now.kv_tokens,
+            inbox=self.inbox_depth,
+            uncached_tokens=now.prompt_tokens - now.cached_tokens,
+        )
 
     # ---- load reports to the balancers -----------------------------------------------------------
     def arrive(self, tokens: int) -> Arrival:
@@ -218,31 +247,60 @@ class EngineRole(RoleActor):
     def load_report(self) -> LoadReport:
         """What this instance holds now, incoming requests included (see Arrival)."""
         now = self.service.load if self.service is not None else EngineLoad()
-        report = LoadReport(self.name, self.kind, self.started_at, self.state, running=now.running,
-                            waiting=now.waiting, kv_tokens=now.kv_tokens, accepted=self.accepted)
+        report = LoadReport(
+            self.name,
+            self.kind,
+            self.started_at,
+            self.state,
+            running=now.running,
+            waiting=now.waiting,
+            kv_tokens=now.kv_tokens,
+            accepted=self.accepted,
+        )
         if self.kind == "prefill":
             return msgspec.structs.replace(report, queued_tokens=self.incoming_tokens)
-        capacity = self.service.shape.num_pages * self.service.shape.block_size if self.service is not None else 0
-        return msgspec.structs.replace(report, running=now.running + self.incoming_requests,
-                                       kv_tokens=now.kv_tokens + self.incoming_tokens,
-                                       max_requests=self.settings.options.max_running, kv_capacity_tokens=capacity)
+        capacity = (
+            self.service.shape.num_pages * self.service.shape.block_size if self.service is not None else 0
+        )
+        return msgspec.structs.replace(
+            report,
+            running=now.running + self.incoming_requests,
+            kv_tokens=now.kv_tokens + self.incoming_tokens,
+            max_requests=self.settings.options.max_running,
+            kv_capacity_tokens=capacity,
+        )
 
     @handles
     def engine_stats(self, msg: GetEngineStats) -> EngineStats:
         c = self.counters
-        counts = dict(prefills=c.prefills, handoffs=c.handoffs, failed_handoffs=c.failed_handoffs, leases=c.leases,
-                      persisted_blocks=c.persisted_blocks, states_pulled=c.states_pulled,
-                      states_served=c.states_served, migrated_in=c.migrated_in, migrated_out=c.migrated_out,
-                      precopied_pages=c.precopied_pages)
+        counts = dict(
+            prefills=c.prefills,
+            handoffs=c.handoffs,
+            failed_handoffs=c.failed_handoffs,
+            leases=c.leases,
+            persisted_blocks=c.persisted_blocks,
+            states_pulled=c.states_pulled,
+            states_served=c.states_served,
+            migrated_in=c.migrated_in,
+            migrated_out=c.migrated_out,
+            precopied_pages=c.precopied_pages,
+        )
         if self.service is None:
             return EngineStats(**counts)
         shape, now = self.service.shape, self.service.load
         return EngineStats(
-            total_blocks=shape.num_pages, free_blocks=now.free_pages, total_slots=shape.num_slots,
-            free_slots=now.free_slots, running=now.running + now.waiting,
-            regions=self.data.stats.regions_live if self.data is not None else 0, cached_tokens=now.cached_tokens,
-            replay_tokens=now.replay_tokens, computed_prompt_tokens=now.computed_prompt_tokens,
-            states_kept=len(self.states), **counts)
+            total_blocks=shape.num_pages,
+            free_blocks=now.free_pages,
+            total_slots=shape.num_slots,
+            free_slots=now.free_slots,
+            running=now.running + now.waiting,
+            regions=self.data.stats.regions_live if self.data is not None else 0,
+            cached_tokens=now.cached_tokens,
+            replay_tokens=now.replay_tokens,
+            computed_prompt_tokens=now.computed_prompt_tokens,
+            states_kept=len(self.states),
+            **counts,
+        )
 
     # ---- other engine instances and the data plane --------------------------------------------
     async def peer(self, address: str, connect_timeout: float) -> Peer:
@@ -250,8 +308,15 @@ class EngineRole(RoleActor):
         peer = self._peers.get(address)
         if peer is None:
             assert self.ctx is not None
-            peer = self._peers[address] = Peer(address, self.ctx, types=ALL, peer_id=self.name, role=self.kind,
-                                               keys=self.settings.keys, timeout=connect_timeout)
+            peer = self._peers[address] = Peer(
+                address,
+                self.ctx,
+                types=ALL,
+                peer_id=self.name,
+                role=self.kind,
+                keys=self.settings.keys,
+                timeout=connect_timeout,
+            )
             try:
                 await peer.connect(timeout=connect_timeout)
             except DsiError:
@@ -273,8 +338,9 @@ class EngineRole(RoleActor):
             raise StateMissing(f"{self.name} holds no SWA state for that block")
         assert self.data is not None
         boundary, rings = found
-        await self.data.send(lease_target(msg.lease), [memoryview(rings.numpy()).cast("B")],
-                             timeout_s=msg.lease.expires_in_s)
+        await self.data.send(
+            lease_target(msg.lease), [memoryview(rings.numpy()).cast("B")], timeout_s=msg.lease.expires_in_s
+        )
         self.counters.states_served += 1
         return StatePulled(boundary)
 

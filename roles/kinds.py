@@ -45,8 +45,14 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
         case "kvstore" if isinstance(options, KvstoreOptions):
             return KvstoreActor(role.id, options)
         case "balancer" if isinstance(options, BalancerOptions):
-            return BalancerActor(role.id, options, get_config(node.model.config), controller=node.cluster.controller,
-                                 keys=client_keys(node.security), refresh_s=node.cluster.heartbeat_interval_s)
+            return BalancerActor(
+                role.id,
+                options,
+                get_config(node.model.config),
+                controller=node.cluster.controller,
+                keys=client_keys(node.security),
+                refresh_s=node.cluster.heartbeat_interval_s,
+            )
     raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")
 
 
@@ -60,9 +66,17 @@ def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
             # A pod runs its own role only (dsi-role --role): the scaled ids come from the whole file.
             whole = load_config(node.source)
             declared = {kind: [r.id for r in whole.roles_of(kind)] for kind in node.autoscale.scaled()}
-            check_declared(node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source))
+            check_declared(
+                node.autoscale, {kind: len(ids) for kind, ids in declared.items()}, str(node.source)
+            )
             provisioner = KubernetesProvisioner.from_options(kube)
         except (ConfigError, KubeError) as exc:
             raise ValueError(f"{role.id}: {exc}") from exc
-    return ControllerActor(role.id, node.cluster, autoscale=node.autoscale, keys=server_keys(node.security),
-                           provisioner=provisioner, declared=declared)
+    return ControllerActor(
+        role.id,
+        node.cluster,
+        autoscale=node.autoscale,
+        keys=server_keys(node.security),
+        provisioner=provisioner,
+        declared=declared,
+    )

@@ -26,16 +26,26 @@ log = logging.getLogger(__name__)
 class LoadReporter:
     """``report`` builds the current LoadReport; ``interval_s`` / ``min_gap_s`` in seconds."""
 
-    def __init__(self, name: str, addresses: Sequence[str], report: Callable[[], LoadReport],
-                 ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None, interval_s: float = 1.0,
-                 min_gap_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        name: str,
+        addresses: Sequence[str],
+        report: Callable[[], LoadReport],
+        ctx: zmq.asyncio.Context,
+        *,
+        keys: CurveKeys | None = None,
+        interval_s: float = 1.0,
+        min_gap_s: float = 0.005,
+    ) -> None:
         self.name = name
         self.report = report
         self.interval_s = interval_s
         self.min_gap_s = min_gap_s
         self.sent = 0
-        self._peers = [Peer(a, ctx, peer_id=name, role="engine", keys=keys, timeout=max(interval_s, 1.0))
-                       for a in addresses]
+        self._peers = [
+            Peer(a, ctx, peer_id=name, role="engine", keys=keys, timeout=max(interval_s, 1.0))
+            for a in addresses
+        ]
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 

@@ -58,8 +58,9 @@ def chat_ids(directory: Path, question: str) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(directory))
-    ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                  tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -72,9 +73,17 @@ def hf_greedy(directory: Path, prompts: list[list[int]], max_tokens: int) -> lis
     outs = []
     with torch.no_grad():
         for ids in prompts:
-            g = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False, top_p=None,
-                               top_k=None, temperature=None, eos_token_id=None, pad_token_id=0)
-            outs.append(g[0, len(ids):].tolist())
+            g = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                top_p=None,
+                top_k=None,
+                temperature=None,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            outs.append(g[0, len(ids) :].tolist())
     return outs
 
 

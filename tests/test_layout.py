@@ -20,7 +20,11 @@ def test_imports_always_go_through_dsi():
 
 
 def test_subpackages_import_from_outside_the_repo(tmp_path):
-    code = ("import dsi.transport.wire, dsi.roles, dsi.kvcache.block_pool, dsi.kernels, dsi.engine.engine;"
-            "import dsi, pathlib; print(pathlib.Path(dsi.transport.wire.__file__).parent.name)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    code = (
+        "import dsi.transport.wire, dsi.roles, dsi.kvcache.block_pool, dsi.kernels, dsi.engine.engine;"
+        "import dsi, pathlib; print(pathlib.Path(dsi.transport.wire.__file__).parent.name)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "transport"

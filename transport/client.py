@@ -39,9 +39,17 @@ class Peer:
     ``types`` are the reply / item message classes this caller accepts.
     """
 
-    def __init__(self, address: str, ctx: zmq.asyncio.Context, *, types: Sequence[type] = (),
-                 peer_id: str = "client", role: str = "", keys: CurveKeys | None = None,
-                 timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        types: Sequence[type] = (),
+        peer_id: str = "client",
+        role: str = "",
+        keys: CurveKeys | None = None,
+        timeout: float = 10.0,
+    ) -> None:
         self.address = address
         self.peer_id = peer_id
         self.role = role
@@ -59,8 +67,7 @@ class Peer:
         self._sock = ctx.socket(zmq.DEALER, socket_class=zmq.Socket)
         tune(self._sock)
         secure_client(self._sock, keys)
-        self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._sock.connect(address)
         # Copied as bytes: header, body; blob frames after them stay zero-copy.
         self._pump = FramePump(self._sock, self._route, copied=2, name=f"peer {address}")

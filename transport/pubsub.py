@@ -53,8 +53,15 @@ class Publisher:
 class Subscriber:
     """Async iterator of ``Published`` for the given topic prefixes ("" = everything)."""
 
-    def __init__(self, address: str, ctx: zmq.asyncio.Context, *, types: Sequence[type],
-                 topics: Sequence[str] = ("",), keys: CurveKeys | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        types: Sequence[type],
+        topics: Sequence[str] = ("",),
+        keys: CurveKeys | None = None,
+    ) -> None:
         self._codec = Codec(list(types))
         self._sock = ctx.socket(zmq.SUB)
         tune(self._sock)

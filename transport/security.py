@@ -26,8 +26,13 @@ class CurveKeys:
     authorized_dir: Path | None  # None on processes that only call
 
     @classmethod
-    def load(cls, server_public_key: Path, client_secret_key: Path, server_secret_key: Path | None = None,
-             authorized_keys_dir: Path | None = None) -> CurveKeys:
+    def load(
+        cls,
+        server_public_key: Path,
+        client_secret_key: Path,
+        server_secret_key: Path | None = None,
+        authorized_keys_dir: Path | None = None,
+    ) -> CurveKeys:
         server_public, _ = zmq.auth.load_certificate(server_public_key)
         client_public, client_secret = zmq.auth.load_certificate(client_secret_key)
         if client_secret is None:
@@ -48,9 +53,13 @@ def generate_keys(directory: Path) -> dict[str, Path]:
     server_public, server_secret = zmq.auth.create_certificates(directory, "server")
     client_public, client_secret = zmq.auth.create_certificates(directory, "client")
     (authorized / "client.key").write_bytes(Path(client_public).read_bytes())
-    return {"server_public": Path(server_public), "server_secret": Path(server_secret),
-            "client_public": Path(client_public), "client_secret": Path(client_secret),
-            "authorized_dir": authorized}
+    return {
+        "server_public": Path(server_public),
+        "server_secret": Path(server_secret),
+        "client_public": Path(client_public),
+        "client_secret": Path(client_secret),
+        "authorized_dir": authorized,
+    }
 
 
 class Authenticator:

@@ -62,8 +62,15 @@ class _RemoteChannel:
 class ActorServer:
     """Binds ``address`` and feeds every valid call to ``actor``. ``peer_id`` answers Hello."""
 
-    def __init__(self, actor: Actor, address: str, ctx: zmq.asyncio.Context, *, role: str = "",
-                 keys: CurveKeys | None = None) -> None:
+    def __init__(
+        self,
+        actor: Actor,
+        address: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        role: str = "",
+        keys: CurveKeys | None = None,
+    ) -> None:
         self.actor = actor
         self.role = role
         self.errors_sent = 0
@@ -127,7 +134,9 @@ class ActorServer:
         identity = frames[0]
         if len(frames) < 3:
             header = frames[1] if len(frames) > 1 else b""
-            self.send_error(identity, peek_call_id(header), BadMessage("expected header and body frames").info())
+            self.send_error(
+                identity, peek_call_id(header), BadMessage("expected header and body frames").info()
+            )
             return
         header = frames[1]
         try:
@@ -149,7 +158,9 @@ class ActorServer:
                 return
             self.actor.deliver(Envelope(msg, channel, stream=kind is Kind.STREAM))
         else:
-            self.send_error(identity, call_id, BadMessage(f"{kind.name} frames are replies, not calls").info())
+            self.send_error(
+                identity, call_id, BadMessage(f"{kind.name} frames are replies, not calls").info()
+            )
 
     def _answer_runtime(self, identity: bytes, kind: Kind, call_id: int, msg: Any) -> None:
         if isinstance(msg, Hello) and kind in (Kind.HELLO, Kind.ASK):
@@ -157,4 +168,6 @@ class ActorServer:
         elif isinstance(msg, Ping) and kind is Kind.ASK:
             self.send(identity, Kind.REPLY, call_id, Pong(msg.sent_ns))
         else:
-            self.send_error(identity, call_id, BadMessage(f"{type(msg).__name__} must be sent as an ask").info())
+            self.send_error(
+                identity, call_id, BadMessage(f"{type(msg).__name__} must be sent as an ask").info()
+            )

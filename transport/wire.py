@@ -62,7 +62,9 @@ def unpack_header(frame: bytes | memoryview) -> tuple[Kind, int]:
     if magic != MAGIC:
         raise BadMessage("header does not start with the DSI magic")
     if version != PROTOCOL_VERSION:
-        raise VersionMismatch(f"peer speaks protocol version {version}, this process speaks {PROTOCOL_VERSION}")
+        raise VersionMismatch(
+            f"peer speaks protocol version {version}, this process speaks {PROTOCOL_VERSION}"
+        )
     member = _KINDS.get(kind)  # a dict lookup: Kind(kind) costs a microsecond per frame
     if member is None:
         raise BadMessage(f"unknown frame kind {kind}")
@@ -125,8 +127,9 @@ class Codec:
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, Blob):
             self._out.append(obj.buffer)
-            return msgspec.msgpack.Ext(_BLOB_EXT, msgspec.msgpack.encode(
-                (len(self._out) - 1, obj.dtype, obj.shape)))
+            return msgspec.msgpack.Ext(
+                _BLOB_EXT, msgspec.msgpack.encode((len(self._out) - 1, obj.dtype, obj.shape))
+            )
         raise NotImplementedError(f"{type(obj).__name__} cannot go on the wire (wrap buffers in Blob)")
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:

@@ -163,10 +163,14 @@ class Actor:
             entry = self._handlers.get(type(env.msg))
             if entry is None:
                 if env.channel is not None:
-                    env.channel.fail(UnknownMessage(f"{self.name} has no handler for {type(env.msg).__name__}"))
+                    env.channel.fail(
+                        UnknownMessage(f"{self.name} has no handler for {type(env.msg).__name__}")
+                    )
                 continue
             if env.channel is not None and env.stream != entry.streams:
-                how = "streams: call it with stream()" if entry.streams else "answers once: call it with ask()"
+                how = (
+                    "streams: call it with stream()" if entry.streams else "answers once: call it with ask()"
+                )
                 env.channel.fail(UnknownMessage(f"{self.name}: {type(env.msg).__name__} {how}"))
                 continue
             if entry.sync:

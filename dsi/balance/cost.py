@@ -27,5 +27,7 @@ class PrefillCost:
     def __call__(self, uncached: int, cached: int = 0) -> float:
         """FLOPs of computing ``uncached`` tokens (>= 1) after a prefix hit of ``cached`` tokens."""
         if uncached < 1 or cached < 0:
-            raise ValueError(f"a prefill computes >= 1 token after >= 0 cached ones, not {uncached} / {cached}")
+            raise ValueError(
+                f"a prefill computes >= 1 token after >= 0 cached ones, not {uncached} / {cached}"
+            )
         return prefill_flops(self.model, uncached + cached, self.model.keep, hit=cached).total

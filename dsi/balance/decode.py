@@ -117,14 +117,18 @@ def long_threshold(kv_lengths: Sequence[int], cfg: DecodeBalancerConfig) -> int 
         return None
     threshold = max(xs[cut], cfg.long_min_tokens)
     long = [v for x, v in zip(xs, logs, strict=True) if x >= threshold]
-    short = logs[:len(logs) - len(long)]
+    short = logs[: len(logs) - len(long)]
     if not long or not short or sum(long) / len(long) - sum(short) / len(short) < math.log2(cfg.band_ratio):
         return None
     return threshold
 
 
-def plan_bands(kv_lengths: Sequence[int], instances: Sequence[InstanceLoad], previous: DecodeBands | None,
-               cfg: DecodeBalancerConfig) -> DecodeBands:
+def plan_bands(
+    kv_lengths: Sequence[int],
+    instances: Sequence[InstanceLoad],
+    previous: DecodeBands | None,
+    cfg: DecodeBalancerConfig,
+) -> DecodeBands:
     """Steps 1-4 over the serving decode ``instances``."""
     threshold = long_threshold(kv_lengths, cfg)
     if threshold is None or len(instances) < 2:
@@ -132,31 +136,42 @@ def plan_bands(kv_lengths: Sequence[int], instances: Sequence[InstanceLoad], pre
     weight = sum(k + cfg.request_kv_tokens for k in kv_lengths)
     share = sum(k + cfg.request_kv_tokens for k in kv_lengths if k >= threshold) / weight
     ids = {i.id for i in instances}
-    if (previous is not None and previous.threshold is not None and set(previous.long) <= ids
-            and abs(share - previous.share) <= cfg.hysteresis):
+    if (
+        previous is not None
+        and previous.threshold is not None
+        and set(previous.long) <= ids
+        and abs(share - previous.share) <= cfg.hysteresis
+    ):
         return DecodeBands(threshold, previous.long, previous.share)
     count = min(len(instances) - 1, math.floor(len(instances) * share + 0.5))
     kept = set(previous.long) & ids if previous is not None else set()
-    ranked = sorted(instances, key=lambda i: (i.id not in kept, -i.kv_tokens / max(i.running_requests, 1), i.id))
+    ranked = sorted(
+        instances, key=lambda i: (i.id not in kept, -i.kv_tokens / max(i.running_requests, 1), i.id)
+    )
     return DecodeBands(threshold, tuple(sorted(i.id for i in ranked[:count])), share)
 
 
 def score_after(instance: InstanceLoad, kv_tokens: int) -> float:
-    return max((instance.running_requests + 1) / instance.max_requests,
-               (instance.kv_tokens + kv_tokens) / instance.kv_capacity_tokens)
+    return max(
+        (instance.running_requests + 1) / instance.max_requests,
+        (instance.kv_tokens + kv_tokens) / instance.kv_capacity_tokens,
+    )
 
 
 def fits(instance: InstanceLoad, kv_tokens: int) -> bool:
-    return (instance.running_requests < instance.max_requests
-            and instance.kv_tokens + kv_tokens <= instance.kv_capacity_tokens)
+    return (
+        instance.running_requests < instance.max_requests
+        and instance.kv_tokens + kv_tokens <= instance.kv_capacity_tokens
+    )
 
 
 def overloaded_after(instance: InstanceLoad, kv_tokens: int, cfg: DecodeBalancerConfig) -> bool:
     return instance.running_requests >= 1 and score_after(instance, kv_tokens) > cfg.overload
 
 
-def choose(kv_tokens: int, instances: Sequence[InstanceLoad], bands: DecodeBands,
-           cfg: DecodeBalancerConfig) -> DecodeDecision:
+def choose(
+    kv_tokens: int, instances: Sequence[InstanceLoad], bands: DecodeBands, cfg: DecodeBalancerConfig
+) -> DecodeDecision:
     """The instance for a request of ``kv_tokens`` (routing rule of the module docstring)."""
     eligible = [i for i in serving(instances, "decode") if fits(i, kv_tokens)]
     if not eligible:

@@ -49,8 +49,14 @@ class InstanceLoad:
             problems.append(f"role must be one of {', '.join(ROLES)}, not {self.role!r}")
         if self.state not in STATES:
             problems.append(f"state must be one of {', '.join(STATES)}, not {self.state!r}")
-        for name in ("queued_tokens", "queued_pixels", "running_requests", "kv_tokens", "max_requests",
-                     "kv_capacity_tokens"):
+        for name in (
+            "queued_tokens",
+            "queued_pixels",
+            "running_requests",
+            "kv_tokens",
+            "max_requests",
+            "kv_capacity_tokens",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.role == "decode" and (self.max_requests <= 0 or self.kv_capacity_tokens <= 0):

@@ -104,8 +104,12 @@ class PrefillDecision:
     flops: float  # the request's estimated cost, FLOPs
 
 
-def plan_buckets(shares: Sequence[float], engines: Sequence[InstanceLoad], previous: BucketPlan | None,
-                 cfg: PrefillBalancerConfig) -> BucketPlan:
+def plan_buckets(
+    shares: Sequence[float],
+    engines: Sequence[InstanceLoad],
+    previous: BucketPlan | None,
+    cfg: PrefillBalancerConfig,
+) -> BucketPlan:
     """The plan for compute ``shares`` per bucket over the serving ``engines`` (steps 2-5 of the
     module docstring); ``previous`` keeps engines where they were."""
     ids = [e.id for e in sorted(engines, key=lambda e: e.id)]
@@ -120,8 +124,12 @@ def plan_buckets(shares: Sequence[float], engines: Sequence[InstanceLoad], previ
     return BucketPlan(tuple(shares), tuple(groups), members, _group_of(groups, len(shares)))
 
 
-def _place(groups: list[tuple[int, ...]], counts: list[int], engines: Sequence[InstanceLoad],
-           previous: BucketPlan | None) -> tuple[tuple[str, ...], ...]:
+def _place(
+    groups: list[tuple[int, ...]],
+    counts: list[int],
+    engines: Sequence[InstanceLoad],
+    previous: BucketPlan | None,
+) -> tuple[tuple[str, ...], ...]:
     # Step 4: stayers first (busiest keep their place), then the least queued free engines.
     was: dict[str, set[int]] = {}
     if previous is not None:
@@ -166,7 +174,9 @@ class PrefillBalancer:
         self._decay(now)
         return normalise(self._loads)
 
-    def route(self, uncached: int, cached: int, instances: Sequence[InstanceLoad], now: float) -> PrefillDecision:
+    def route(
+        self, uncached: int, cached: int, instances: Sequence[InstanceLoad], now: float
+    ) -> PrefillDecision:
         """The engine for a request with ``uncached`` tokens to compute after ``cached`` cached ones."""
         engines = serving(instances, "prefill")
         if not engines:
@@ -177,7 +187,9 @@ class PrefillBalancer:
         self._loads[bucket] += flops
         plan = self._check(engines, now)
         chosen = set(plan.engines_for(bucket))
-        best = min((e for e in engines if e.id in chosen), key=lambda e: (e.queued_tokens, e.running_requests, e.id))
+        best = min(
+            (e for e in engines if e.id in chosen), key=lambda e: (e.queued_tokens, e.running_requests, e.id)
+        )
         return PrefillDecision(best.id, bucket, flops)
 
     def _check(self, engines: list[InstanceLoad], now: float) -> BucketPlan:
@@ -187,8 +199,12 @@ class PrefillBalancer:
         engine_set_changed = plan is None or plan.engine_ids != frozenset(e.id for e in engines)
         if engine_set_changed or now >= self._next_check:
             shares = normalise(self._loads)
-            if (plan is None or engine_set_changed or self._loaded(plan.shares) != self._loaded(shares)
-                    or moved(plan.shares, shares, self.cfg.hysteresis)):
+            if (
+                plan is None
+                or engine_set_changed
+                or self._loaded(plan.shares) != self._loaded(shares)
+                or moved(plan.shares, shares, self.cfg.hysteresis)
+            ):
                 plan = self.plan = plan_buckets(shares, engines, plan, self.cfg)
             if now >= self._next_check:
                 self._next_check = now + self.cfg.rebalance_s

@@ -34,7 +34,7 @@ from dsi.messages.control import Heartbeat, InstanceInfo, InstanceTable, Load
 from dsi.roles.entrypoint.backends import InstancePool
 from dsi.roles.entrypoint.router import Ask, BalancerRouter
 from dsi.transport.client import Peer
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 ENGINES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
 

@@ -62,18 +62,26 @@ class StepTimeModel:
     per_kv_token_s: float
 
     @classmethod
-    def of_shape(cls, cfg: ModelConfig, flops_per_s: float, bytes_per_s: float, fixed_s: float) -> StepTimeModel:
+    def of_shape(
+        cls, cfg: ModelConfig, flops_per_s: float, bytes_per_s: float, fixed_s: float
+    ) -> StepTimeModel:
         acct = account(cfg)
-        sees_global = [layer for layer in range(cfg.n_layers)
-                       if layer >= cfg.n_producer or cfg.source_of(layer) is not None]
+        sees_global = [
+            layer
+            for layer in range(cfg.n_layers)
+            if layer >= cfg.n_producer or cfg.source_of(layer) is not None
+        ]
         topk = cfg.index_topk or cfg.max_context
         request_bytes = acct.state_slot + len(sees_global) * topk * acct.latent_entry
         # global entries per KV token that a step scores: 1 per consumer layer, 1/ratio per producer
         entries = sum(1.0 if layer >= cfg.n_producer else 1.0 / cfg.compress_ratio for layer in sees_global)
         far = 4 * topk * cfg.compress_ratio  # past the top-k cap: only the indexer grows
         kv_flops = (decode_flops(cfg, 2 * far) - decode_flops(cfg, far)) / far
-        return cls(fixed_s, decode_flops(cfg, far) / flops_per_s + request_bytes / bytes_per_s,
-                   kv_flops / flops_per_s + entries * acct.index_entry / bytes_per_s)
+        return cls(
+            fixed_s,
+            decode_flops(cfg, far) / flops_per_s + request_bytes / bytes_per_s,
+            kv_flops / flops_per_s + entries * acct.index_entry / bytes_per_s,
+        )
 
     def step_s(self, batch: int, kv_tokens: int) -> float:
         return self.fixed_s + batch * self.per_request_s + kv_tokens * self.per_kv_token_s
@@ -102,29 +110,48 @@ class _Instance:
 
     def load(self, max_requests: int, kv_capacity: int) -> InstanceLoad:
         held = self.running + self.pending
-        return InstanceLoad(id=self.id, role="decode", running_requests=len(held), kv_tokens=sum(r.kv for r in held),
-                            max_requests=max_requests, kv_capacity_tokens=kv_capacity)
+        return InstanceLoad(
+            id=self.id,
+            role="decode",
+            running_requests=len(held),
+            kv_tokens=sum(r.kv for r in held),
+            max_requests=max_requests,
+            kv_capacity_tokens=kv_capacity,
+        )
 
 
 Router = Callable[[Request, list[InstanceLoad]], str]
 
 
-def workload(long: int, short: int, long_range: tuple[int, int], arrival_s: float, seed: int) -> list[Request]:
+def workload(
+    long: int, short: int, long_range: tuple[int, int], arrival_s: float, seed: int
+) -> list[Request]:
     rng = random.Random(seed)
     contexts = [round(long_range[0] * (long_range[1] / long_range[0]) ** rng.random()) for _ in range(long)]
     contexts += [rng.randrange(256, 4_096) for _ in range(short)]
     rng.shuffle(contexts)
     times = sorted(rng.uniform(0, arrival_s) for _ in contexts)
-    return [Request(i, t, c, rng.randrange(128, 1_024)) for i, (t, c) in enumerate(zip(times, contexts, strict=True))]
+    return [
+        Request(i, t, c, rng.randrange(128, 1_024))
+        for i, (t, c) in enumerate(zip(times, contexts, strict=True))
+    ]
 
 
-def simulate(requests: list[Request], instances: int, model: StepTimeModel, router: Router,
-             max_requests: int, kv_capacity: int) -> dict:
+def simulate(
+    requests: list[Request],
+    instances: int,
+    model: StepTimeModel,
+    router: Router,
+    max_requests: int,
+    kv_capacity: int,
+) -> dict:
     """Every request to its end; the figures of the module docstring."""
     reqs = [Request(r.id, r.arrival_s, r.context, r.output, r.context, r.output) for r in requests]
     pool = [_Instance(f"d{i}") for i in range(instances)]
     by_id = {p.id: p for p in pool}
-    events: list[tuple[float, int, int, str]] = [(r.arrival_s, 0, r.id, "") for r in reqs]  # 0 arrival, 1 step end
+    events: list[tuple[float, int, int, str]] = [
+        (r.arrival_s, 0, r.id, "") for r in reqs
+    ]  # 0 arrival, 1 step end
     heapq.heapify(events)
     while events:
         now, kind, rid, name = heapq.heappop(events)
@@ -172,8 +199,10 @@ def _figures(reqs: list[Request], pool: list[_Instance], original: list[Request]
         "output_tokens_per_s": round(sum(r.output for r in reqs) / (end - start), 1),
         "step_spread": round(max(mean_step) / min(mean_step), 3),
         "mean_step_ms": [round(s * 1e3, 3) for s in mean_step],
-        "tpot_ms_short_p50": pct(short, 50), "tpot_ms_short_p99": pct(short, 99),
-        "tpot_ms_long_p50": pct(long, 50), "tpot_ms_long_p99": pct(long, 99),
+        "tpot_ms_short_p50": pct(short, 50),
+        "tpot_ms_short_p99": pct(short, 99),
+        "tpot_ms_long_p50": pct(long, 50),
+        "tpot_ms_long_p99": pct(long, 99),
         "makespan_s": round(end - start, 3),
     }
 
@@ -192,10 +221,26 @@ def _least_requests(req: Request, loads: list[InstanceLoad]) -> str:
     return min(loads, key=lambda i: (i.running_requests, i.id)).id
 
 
-def run(instances: int = 4, long: int = 10, short: int = 200, long_range: tuple[int, int] = (8_192, 131_072),
-        arrival_s: float = 5.0, tflops: float = 400.0, tb_s: float = 3.0, fixed_ms: float = 10.0,
-        max_requests: int = 256, kv_capacity: int = 40_000_000, seed: int = 0) -> dict:
-    if instances < 1 or long < 0 or short < 0 or long + short < 1 or not 8_192 <= long_range[0] < long_range[1]:
+def run(
+    instances: int = 4,
+    long: int = 10,
+    short: int = 200,
+    long_range: tuple[int, int] = (8_192, 131_072),
+    arrival_s: float = 5.0,
+    tflops: float = 400.0,
+    tb_s: float = 3.0,
+    fixed_ms: float = 10.0,
+    max_requests: int = 256,
+    kv_capacity: int = 40_000_000,
+    seed: int = 0,
+) -> dict:
+    if (
+        instances < 1
+        or long < 0
+        or short < 0
+        or long + short < 1
+        or not 8_192 <= long_range[0] < long_range[1]
+    ):
         raise ValueError("instances >= 1, some requests, and long contexts in [8192, long_max) are needed")
     model = StepTimeModel.of_shape(FLASH, tflops * 1e12, tb_s * 1e12, fixed_ms / 1e3)
     weight = round(model.per_request_s / model.per_kv_token_s)
@@ -207,50 +252,92 @@ def run(instances: int = 4, long: int = 10, short: int = 200, long_range: tuple[
         "least-requests": _least_requests,
     }
     return {
-        "instances": instances, "long": long, "short": short, "seed": seed,
+        "instances": instances,
+        "long": long,
+        "short": short,
+        "seed": seed,
         "simulated": True,
-        "step_model": {"fixed_ms": fixed_ms, "per_request_us": round(model.per_request_s * 1e6, 3),
-                       "per_kv_token_ns": round(model.per_kv_token_s * 1e9, 4), "request_kv_tokens": weight},
-        "policies": {name: simulate(requests, instances, model, router, max_requests, kv_capacity)
-                     for name, router in routers.items()},
+        "step_model": {
+            "fixed_ms": fixed_ms,
+            "per_request_us": round(model.per_request_s * 1e6, 3),
+            "per_kv_token_ns": round(model.per_kv_token_s * 1e9, 4),
+            "request_kv_tokens": weight,
+        },
+        "policies": {
+            name: simulate(requests, instances, model, router, max_requests, kv_capacity)
+            for name, router in routers.items()
+        },
     }
 
 
 def format_table(f: dict) -> str:
-    head = ("policy", "tokens/s", "step spread", "mean step ms", "TPOT short p50/p99 ms", "TPOT long p50/p99 ms")
+    head = (
+        "policy",
+        "tokens/s",
+        "step spread",
+        "mean step ms",
+        "TPOT short p50/p99 ms",
+        "TPOT long p50/p99 ms",
+    )
     rows = [head]
     for name, p in f["policies"].items():
-        rows.append((name, f"{p['output_tokens_per_s']:,.0f}", f"{p['step_spread']:.3f}",
-                     " ".join(f"{s:.1f}" for s in p["mean_step_ms"]),
-                     f"{p['tpot_ms_short_p50']} / {p['tpot_ms_short_p99']}",
-                     f"{p['tpot_ms_long_p50']} / {p['tpot_ms_long_p99']}"))
+        rows.append(
+            (
+                name,
+                f"{p['output_tokens_per_s']:,.0f}",
+                f"{p['step_spread']:.3f}",
+                " ".join(f"{s:.1f}" for s in p["mean_step_ms"]),
+                f"{p['tpot_ms_short_p50']} / {p['tpot_ms_short_p99']}",
+                f"{p['tpot_ms_long_p50']} / {p['tpot_ms_long_p99']}",
+            )
+        )
     width = [max(len(r[i]) for r in rows) for i in range(len(head))]
     m = f["step_model"]
-    return "\n".join([
-        f"simulated: {f['long']} long + {f['short']} short requests over {f['instances']} decode instances; "
-        f"step = {m['fixed_ms']:g} ms + {m['per_request_us']:g} us x batch + {m['per_kv_token_ns']:g} ns x KV tokens "
-        f"(one request ~ {m['request_kv_tokens']:,} KV tokens)",
-        *("  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip() for r in rows),
-    ])
+    return "\n".join(
+        [
+            f"simulated: {f['long']} long + {f['short']} short requests over {f['instances']} decode instances; "
+            f"step = {m['fixed_ms']:g} ms + {m['per_request_us']:g} us x batch + {m['per_kv_token_ns']:g} ns x KV tokens "
+            f"(one request ~ {m['request_kv_tokens']:,} KV tokens)",
+            *("  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip() for r in rows),
+        ]
+    )
 
 
 def _main(args: argparse.Namespace) -> int:
-    figures = run(args.instances, args.long, args.short, (args.long_min, args.long_max), args.arrival_s,
-                  args.tflops, args.tb_s, args.fixed_ms, seed=args.seed)
+    figures = run(
+        args.instances,
+        args.long,
+        args.short,
+        (args.long_min, args.long_max),
+        args.arrival_s,
+        args.tflops,
+        args.tb_s,
+        args.fixed_ms,
+        seed=args.seed,
+    )
     print(json.dumps(figures) if args.json else format_table(figures))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("decode-lb", help="decode balancer (long/short bands) vs round-robin vs least-requests, "
-                                              "simulated with a step-time model of the flash shape")
+    parser = sub.add_parser(
+        "decode-lb",
+        help="decode balancer (long/short bands) vs round-robin vs least-requests, "
+        "simulated with a step-time model of the flash shape",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--instances", type=int, default=4, help="decode instances")
     parser.add_argument("--long", type=int, default=10, help="requests with a long context")
-    parser.add_argument("--short", type=int, default=200, help="requests with a short context (256-4,095 tokens)")
+    parser.add_argument(
+        "--short", type=int, default=200, help="requests with a short context (256-4,095 tokens)"
+    )
     parser.add_argument("--long-min", type=int, default=8_192, help="shortest long context, tokens")
-    parser.add_argument("--long-max", type=int, default=131_072, help="longest long context (exclusive), tokens")
-    parser.add_argument("--arrival-s", type=float, default=5.0, help="requests arrive uniformly over this time")
+    parser.add_argument(
+        "--long-max", type=int, default=131_072, help="longest long context (exclusive), tokens"
+    )
+    parser.add_argument(
+        "--arrival-s", type=float, default=5.0, help="requests arrive uniformly over this time"
+    )
     parser.add_argument("--tflops", type=float, default=400.0, help="effective TFLOP/s of one instance")
     parser.add_argument("--tb-s", type=float, default=3.0, help="effective memory bandwidth, TB/s")
     parser.add_argument("--fixed-ms", type=float, default=10.0, help="fixed cost of every step, ms")

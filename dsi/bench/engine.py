@@ -27,11 +27,20 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 120_000) for _ in range(length)] for _ in range(n)]
 
 
-def _decode_run(weights, batch: int, steps: int, async_on: bool, invariant: bool = True
-                ) -> tuple[float, float, float]:
+def _decode_run(
+    weights, batch: int, steps: int, async_on: bool, invariant: bool = True
+) -> tuple[float, float, float]:
     """(decode tokens/s, idle fraction, mean idle gap in µs) over ``steps`` decode steps."""
-    engine = Engine(TINY, weights, EngineConfig(async_scheduling=async_on, batch_invariant=invariant,
-                                                max_running=max(batch, 1), num_slots=max(batch, 1)))
+    engine = Engine(
+        TINY,
+        weights,
+        EngineConfig(
+            async_scheduling=async_on,
+            batch_invariant=invariant,
+            max_running=max(batch, 1),
+            num_slots=max(batch, 1),
+        ),
+    )
     params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
     for i, p in enumerate(_prompts(batch, 32, seed=batch)):
         engine.add_request(str(i), p, params)
@@ -65,8 +74,12 @@ def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64
     slows both sides of a ratio alike; figures are medians over ``repeats``."""
     weights = init_weights(TINY)
     default_async = auto_async("cpu")
-    out: dict = {"model": "tiny", "repeats": repeats, "decode_steps": steps,
-                 "default_scheduling": "async" if default_async else "sync"}
+    out: dict = {
+        "model": "tiny",
+        "repeats": repeats,
+        "decode_steps": steps,
+        "default_scheduling": "async" if default_async else "sync",
+    }
     big = max(batches)
     for b in batches:
         runs: dict[str, list] = {"async": [], "sync": []}
@@ -80,8 +93,9 @@ def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64
                 out[f"idle_frac_{mode}"] = round(statistics.median(r[1] for r in rs), 5)
                 out[f"idle_gap_us_{mode}"] = round(statistics.median(r[2] for r in rs), 1)
     default, other = ("async", "sync") if default_async else ("sync", "async")
-    out["default_at_least_as_fast"] = all(out[f"decode_tok_s_b{b}_{default}"] >= out[f"decode_tok_s_b{b}_{other}"]
-                                          for b in batches)
+    out["default_at_least_as_fast"] = all(
+        out[f"decode_tok_s_b{b}_{default}"] >= out[f"decode_tok_s_b{b}_{other}"] for b in batches
+    )
     on, off = [], []
     for _ in range(repeats):  # interleaved, like the scheduling runs
         on.append(_decode_run(weights, big, steps, default_async, True)[0])
@@ -103,8 +117,10 @@ def _main(args: argparse.Namespace) -> int:
     for key, value in result.items():
         print(f"  {key:<20} {value}")
     verdict = "decodes at least as fast as" if result["default_at_least_as_fast"] else "is slower than"
-    print(f"  the default ({result['default_scheduling']}) {verdict} the other mode at every batch; "
-          f"batch invariance costs x{result['batch_invariant_cost']} (tok/s off / on)")
+    print(
+        f"  the default ({result['default_scheduling']}) {verdict} the other mode at every batch; "
+        f"batch invariance costs x{result['batch_invariant_cost']} (tok/s off / on)"
+    )
     return 0
 
 

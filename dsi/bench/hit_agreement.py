@@ -32,7 +32,9 @@ from dsi.model.weights import init_weights
 def run(prompts: int = 16, tokens: int = 16, min_len: int = 100, max_len: int = 1000, seed: int = 0) -> dict:
     cfg, w = TINY, init_weights(TINY)
     rng = random.Random(seed)
-    ids = [[rng.randrange(100, 120_000) for _ in range(rng.randint(min_len, max_len))] for _ in range(prompts)]
+    ids = [
+        [rng.randrange(100, 120_000) for _ in range(rng.randint(min_len, max_len))] for _ in range(prompts)
+    ]
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
 
     cold = Engine(cfg, w, EngineConfig(collect_full_pages=True))
@@ -47,7 +49,11 @@ def run(prompts: int = 16, tokens: int = 16, min_len: int = 100, max_len: int = 
     for i, p in enumerate(ids):
         h = max_hit(len(p), cfg.block_size)
         hits.append(h)
-        cached = CachedPrefix(h, torch.stack([pages[str(i), b] for b in range(h // cfg.block_size)])) if h else None
+        cached = (
+            CachedPrefix(h, torch.stack([pages[str(i), b] for b in range(h // cfg.block_size)]))
+            if h
+            else None
+        )
         warm.add_request(str(i), p, params, cached=cached)
     warm_out = {o.request_id: o.output for o in warm.run_until_done() if o.finished}
     warm.close()
@@ -56,12 +62,19 @@ def run(prompts: int = 16, tokens: int = 16, min_len: int = 100, max_len: int = 
     for i, p in enumerate(ids):
         a, b = cold_out[str(i)], warm_out[str(i)]
         agree = next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-        rows.append({"prompt_tokens": len(p), "hit": hits[i],
-                     "replay_start": replay_start(hits[i], consumer_start(len(p), cfg.keep), cfg.window),
-                     "agreeing_tokens": agree})
+        rows.append(
+            {
+                "prompt_tokens": len(p),
+                "hit": hits[i],
+                "replay_start": replay_start(hits[i], consumer_start(len(p), cfg.keep), cfg.window),
+                "agreeing_tokens": agree,
+            }
+        )
     n = len(rows)
     return {
-        "model": "tiny (seeded random weights)", "prompts": n, "tokens": tokens,
+        "model": "tiny (seeded random weights)",
+        "prompts": n,
+        "tokens": tokens,
         "prompt_len": [min_len, max_len],
         "bounded_identical": round(sum(r["agreeing_tokens"] == tokens for r in rows) / n, 4),
         "bounded_same_first_token": round(sum(r["agreeing_tokens"] > 0 for r in rows) / n, 4),
@@ -80,15 +93,19 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{'len':>5} {'hit':>5} {'R':>5}  agreeing tokens (of {result['tokens']})")
     for r in result["rows"]:
         print(f"{r['prompt_tokens']:>5} {r['hit']:>5} {r['replay_start']:>5}  {r['agreeing_tokens']}")
-    print(f"bounded: identical {result['bounded_identical']:.2f}, same first token "
-          f"{result['bounded_same_first_token']:.2f}, mean agreeing prefix {result['bounded_mean_agreeing_prefix']} "
-          f"of {result['tokens']} ({result['bounded_hits_with_replay']} of {result['prompts']} hits replay)")
+    print(
+        f"bounded: identical {result['bounded_identical']:.2f}, same first token "
+        f"{result['bounded_same_first_token']:.2f}, mean agreeing prefix {result['bounded_mean_agreeing_prefix']} "
+        f"of {result['tokens']} ({result['bounded_hits_with_replay']} of {result['prompts']} hits replay)"
+    )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("hit-agreement", help="greedy agreement of a repeated prompt's bounded-replay hit "
-                                                  "with the hit-free run")
+    parser = sub.add_parser(
+        "hit-agreement",
+        help="greedy agreement of a repeated prompt's bounded-replay hit with the hit-free run",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=16)

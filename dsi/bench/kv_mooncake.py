@@ -70,11 +70,16 @@ class MooncakeTcp:
         """Write ``parts`` back to back at the start of the receiver's buffer (sources registered)."""
         offsets = np.cumsum([0] + [p.nbytes for p in parts[:-1]])
         if len(parts) == 1:
-            rc = self._engine.transfer_sync_write(self._session, parts[0].ctypes.data, self._remote, parts[0].nbytes)
+            rc = self._engine.transfer_sync_write(
+                self._session, parts[0].ctypes.data, self._remote, parts[0].nbytes
+            )
         else:
-            rc = self._engine.batch_transfer_sync_write(self._session, [p.ctypes.data for p in parts],
-                                                        [self._remote + int(o) for o in offsets],
-                                                        [p.nbytes for p in parts])
+            rc = self._engine.batch_transfer_sync_write(
+                self._session,
+                [p.ctypes.data for p in parts],
+                [self._remote + int(o) for o in offsets],
+                [p.nbytes for p in parts],
+            )
         if rc != 0:
             raise RuntimeError(f"mooncake write failed: {rc}")
 

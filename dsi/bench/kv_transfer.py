@@ -135,7 +135,9 @@ def _time_call(call: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-async def _measure(cases: dict[str, list[np.ndarray]], repeats: int, mooncake: MooncakeTcp | None) -> dict[str, Any]:
+async def _measure(
+    cases: dict[str, list[np.ndarray]], repeats: int, mooncake: MooncakeTcp | None
+) -> dict[str, Any]:
     receiver = _Receiver()
     planes = {name: make_data_plane(name) for name in _DSI}
     for plane in planes.values():
@@ -159,10 +161,14 @@ async def _measure(cases: dict[str, list[np.ndarray]], repeats: int, mooncake: M
     return seconds
 
 
-def _figures(cases: dict[str, list[np.ndarray]], seconds: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+def _figures(
+    cases: dict[str, list[np.ndarray]], seconds: dict[str, dict[str, list[float]]]
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     total_bytes = sum(sum(p.nbytes for p in parts) for parts in cases.values())
-    medians = {case: {name: statistics.median(s) for name, s in times.items()} for case, times in seconds.items()}
+    medians = {
+        case: {name: statistics.median(s) for name, s in times.items()} for case, times in seconds.items()
+    }
     for case, parts in cases.items():
         nbytes = sum(p.nbytes for p in parts)
         for name, median in medians[case].items():
@@ -174,8 +180,9 @@ def _figures(cases: dict[str, list[np.ndarray]], seconds: dict[str, dict[str, li
     return figures
 
 
-def run(blocks: int = 1000, block_kib: int = 112, buffer_mib: int = 64, repeats: int = 5,
-        mooncake: bool = True) -> dict[str, Any]:
+def run(
+    blocks: int = 1000, block_kib: int = 112, buffer_mib: int = 64, repeats: int = 5, mooncake: bool = True
+) -> dict[str, Any]:
     """Measure every backend on both cases; every child process is stopped before this returns."""
     if blocks < 1 or block_kib < 1 or buffer_mib < 1 or repeats < 1:
         raise ValueError("blocks, block_kib, buffer_mib and repeats must be positive")
@@ -226,11 +233,15 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("kv-transfer", help="KV data plane shm/tcp vs memcpy and Mooncake TCP, two processes")
+    parser = sub.add_parser(
+        "kv-transfer", help="KV data plane shm/tcp vs memcpy and Mooncake TCP, two processes"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--blocks", type=int, default=1000, help="KV blocks in the blocks case")
     parser.add_argument("--block-kib", type=int, default=112, help="size of one block (KiB)")
     parser.add_argument("--buffer-mib", type=int, default=64, help="size of the one-buffer case (MiB)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats; figures are medians")
-    parser.add_argument("--no-mooncake", dest="mooncake", action="store_false", help="skip the Mooncake baseline")
+    parser.add_argument(
+        "--no-mooncake", dest="mooncake", action="store_false", help="skip the Mooncake baseline"
+    )
     parser.set_defaults(func=_main)

@@ -70,7 +70,7 @@ def sha256_chain(tokens: np.ndarray, block_size: int = FLASH.block_size) -> byte
     data = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
     h, size = bytes(32), 4 * block_size
     for off in range(0, len(data) - len(data) % size, size):
-        h = hashlib.sha256(h + data[off:off + size]).digest()
+        h = hashlib.sha256(h + data[off : off + size]).digest()
     return h
 
 
@@ -145,7 +145,7 @@ def _raw_read_1thread(path: Path, buf: HostBuffer, n: int) -> float:
     fd = os.open(path, os.O_RDONLY)
     try:
         for i in range(n):
-            os.preadv(fd, [buf.view[i * BLOCK_BYTES:(i + 1) * BLOCK_BYTES]], i * BLOCK_BYTES)
+            os.preadv(fd, [buf.view[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]], i * BLOCK_BYTES)
     finally:
         os.close(fd)
     return time.perf_counter() - start
@@ -159,7 +159,7 @@ def _raw_read(path: Path, buf: HostBuffer, n: int, workers: int) -> float:
         fd = os.open(path, os.O_RDONLY)
         try:
             for i in range(first, min(first + share, n)):
-                os.preadv(fd, [buf.view[i * BLOCK_BYTES:(i + 1) * BLOCK_BYTES]], i * BLOCK_BYTES)
+                os.preadv(fd, [buf.view[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]], i * BLOCK_BYTES)
         finally:
             os.close(fd)
 
@@ -173,7 +173,7 @@ def _store_write(root: Path, hashes: bytes, payloads: list[bytes], batch: int) -
     start = time.perf_counter()
     store = BlockStore(root, segment_bytes=1 << 30, fsync="segment")
     for i in range(0, len(payloads), batch):
-        store.put(hashes[i * 16:(i + batch) * 16], payloads[i:i + batch])
+        store.put(hashes[i * 16 : (i + batch) * 16], payloads[i : i + batch])
     store.close()  # fsyncs the active segment
     return time.perf_counter() - start
 
@@ -198,8 +198,9 @@ def _store_read(store: BlockStore, hashes: bytes, buf: HostBuffer, workers: int)
     return elapsed
 
 
-def _reads(store: BlockStore, raw: Path, hashes: bytes, buf: HostBuffer, workers: int, cold: bool,
-           raw_first: bool) -> dict[str, float]:
+def _reads(
+    store: BlockStore, raw: Path, hashes: bytes, buf: HostBuffer, workers: int, cold: bool, raw_first: bool
+) -> dict[str, float]:
     """MiB/s of the store's read (``workers`` threads), the raw read with as many threads and the
     raw read with one thread, of the same bytes; cold = every file dropped from the page cache
     before each read."""
@@ -267,8 +268,14 @@ def bench_io(io_mib: int, batch: int, workers: int, repeats: int, where: Path) -
     return out
 
 
-def run(index_blocks: int = 1_000_000, io_mib: int = 256, batch: int = 32, read_workers: int = 8,
-        repeats: int = 3, where: Path | None = None) -> dict:
+def run(
+    index_blocks: int = 1_000_000,
+    io_mib: int = 256,
+    batch: int = 32,
+    read_workers: int = 8,
+    repeats: int = 3,
+    where: Path | None = None,
+) -> dict:
     figures = bench_match(index_blocks, repeats)
     figures.update(bench_io(io_mib, batch, read_workers, repeats, where or Path(tempfile.gettempdir())))
     figures["repeats"] = repeats
@@ -279,19 +286,43 @@ def format_table(f: dict) -> str:
     threads = f"{f['read_threads']} thread" + ("s" if f["read_threads"] != 1 else "")
     rows = [
         ("", "dsi", "baseline", "ratio / target"),
-        (f"match 1M tokens vs {f['index_blocks']:,} blocks (ms)", f"{f['match_ms_1m']:.2f}",
-         f"lookup only {f['lookup_ms_1m']:.2f}", "target < 5"),
-        ("hash chain (ns/token)", f"{f['hash_ns_per_token']:.2f}", f"sha256 {f['sha256_ns_per_token']:.2f}",
-         f"{f['sha256_ns_per_token'] / f['hash_ns_per_token']:.1f}x faster"),
-        ("write 112 KiB blocks, 1 thread each (MiB/s)", f"{f['write_mib_s']:.0f}",
-         f"raw {f['raw_write_mib_s']:.0f}", f"{f['write_ratio']:.2f} (target >= 0.70)"),
-        (f"read 112 KiB blocks, cold, {threads} each (MiB/s)", f"{f['read_mib_s']:.0f}",
-         f"raw {f['raw_read_mib_s']:.0f}", f"{f['read_ratio']:.2f} (target >= 0.70)"),
+        (
+            f"match 1M tokens vs {f['index_blocks']:,} blocks (ms)",
+            f"{f['match_ms_1m']:.2f}",
+            f"lookup only {f['lookup_ms_1m']:.2f}",
+            "target < 5",
+        ),
+        (
+            "hash chain (ns/token)",
+            f"{f['hash_ns_per_token']:.2f}",
+            f"sha256 {f['sha256_ns_per_token']:.2f}",
+            f"{f['sha256_ns_per_token'] / f['hash_ns_per_token']:.1f}x faster",
+        ),
+        (
+            "write 112 KiB blocks, 1 thread each (MiB/s)",
+            f"{f['write_mib_s']:.0f}",
+            f"raw {f['raw_write_mib_s']:.0f}",
+            f"{f['write_ratio']:.2f} (target >= 0.70)",
+        ),
+        (
+            f"read 112 KiB blocks, cold, {threads} each (MiB/s)",
+            f"{f['read_mib_s']:.0f}",
+            f"raw {f['raw_read_mib_s']:.0f}",
+            f"{f['read_ratio']:.2f} (target >= 0.70)",
+        ),
         ("  raw with 1 thread, for scale", "", f"raw {f['raw_read_1thread_mib_s']:.0f}", ""),
-        (f"read 112 KiB blocks, page cache, {threads} each (MiB/s)", f"{f['read_warm_mib_s']:.0f}",
-         f"raw {f['raw_read_warm_mib_s']:.0f}", f"{f['read_ratio_warm']:.2f} (checksums cost here)"),
-        ("index bytes per block", f"{f['index_bytes_per_block']:.0f}", f"rss {f['index_rss_bytes_per_block']:.0f}",
-         "target <= 200"),
+        (
+            f"read 112 KiB blocks, page cache, {threads} each (MiB/s)",
+            f"{f['read_warm_mib_s']:.0f}",
+            f"raw {f['raw_read_warm_mib_s']:.0f}",
+            f"{f['read_ratio_warm']:.2f} (checksums cost here)",
+        ),
+        (
+            "index bytes per block",
+            f"{f['index_bytes_per_block']:.0f}",
+            f"rss {f['index_rss_bytes_per_block']:.0f}",
+            "target <= 200",
+        ),
         ("index build (s)", f"{f['index_build_s']:.1f}", "", ""),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -307,12 +338,20 @@ def _main(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("kvstore", help="KV store: prefix match, block I/O vs raw files, index memory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--index-blocks", type=int, default=1_000_000,
-                        help="blocks in the matched index (design point: 10000000)")
+    parser.add_argument(
+        "--index-blocks",
+        type=int,
+        default=1_000_000,
+        help="blocks in the matched index (design point: 10000000)",
+    )
     parser.add_argument("--io-mib", type=int, default=256, help="MiB of 112 KiB blocks written and read")
     parser.add_argument("--batch", type=int, default=32, help="blocks per store put")
-    parser.add_argument("--read-workers", type=int, default=8,
-                        help="threads of the store's read pool, and of the raw read it is compared with")
+    parser.add_argument(
+        "--read-workers",
+        type=int,
+        default=8,
+        help="threads of the store's read pool, and of the raw read it is compared with",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="repeats; figures are medians")
     parser.add_argument("--dir", type=Path, default=None, help="directory for the I/O files (default: temp)")
     parser.set_defaults(func=_main)

@@ -72,14 +72,18 @@ def uncached_tokens(requests: Sequence[TraceRequest], persist_delay_s: float = 1
             run += 1
         cached = min(run * TRACE_BLOCK, req.usable_pages * BLOCK_TOKENS)
         out.append((req.input_length - cached, cached))
-        heapq.heappush(pending, (req.timestamp_s + persist_delay_s, order,
-                                 req.hash_ids[:req.input_length // TRACE_BLOCK]))
+        heapq.heappush(
+            pending,
+            (req.timestamp_s + persist_delay_s, order, req.hash_ids[: req.input_length // TRACE_BLOCK]),
+        )
     return out
 
 
 def jobs_of(requests: Sequence[TraceRequest], persist_delay_s: float, cost: PrefillCost) -> list[Job]:
-    return [Job(r.timestamp_s, u, c, cost(u, c))
-            for r, (u, c) in zip(requests, uncached_tokens(requests, persist_delay_s), strict=True)]
+    return [
+        Job(r.timestamp_s, u, c, cost(u, c))
+        for r, (u, c) in zip(requests, uncached_tokens(requests, persist_delay_s), strict=True)
+    ]
 
 
 @dataclass(slots=True)
@@ -97,7 +101,9 @@ class _Engine:
         queued = 0.0
         for finish, tokens, service in self.jobs:
             queued += tokens * min(1.0, (finish - now) / service) if service > 0 else 0.0
-        return InstanceLoad(id=self.id, role="prefill", queued_tokens=round(queued), running_requests=len(self.jobs))
+        return InstanceLoad(
+            id=self.id, role="prefill", queued_tokens=round(queued), running_requests=len(self.jobs)
+        )
 
     def take(self, now: float, job: Job, service_s: float) -> float:
         finish = max(now, self.free_at) + service_s
@@ -133,8 +139,14 @@ def _round_robin() -> Router:
     return lambda job, loads, now: loads[next(turn) % len(loads)].id
 
 
-def simulate(jobs: Sequence[Job], engines: int, flops_per_s: float, time_scale: float, router: Router,
-             edges: Sequence[int]) -> dict:
+def simulate(
+    jobs: Sequence[Job],
+    engines: int,
+    flops_per_s: float,
+    time_scale: float,
+    router: Router,
+    edges: Sequence[int],
+) -> dict:
     """Replay ``jobs`` (arrivals divided by ``time_scale``) through ``engines`` FIFO engines."""
     pool = [_Engine(f"p{i:02d}") for i in range(engines)]
     by_id = {e.id: e for e in pool}
@@ -162,8 +174,14 @@ def _figures(ttft: np.ndarray, buckets: np.ndarray, flops: list[float], n_bucket
     }
 
 
-def run(trace: Path, engines: int = 8, utilization: float = 0.7, engine_pflops: float = 1.0,
-        persist_delay_s: float = 1.0, limit: int = 0) -> dict:
+def run(
+    trace: Path,
+    engines: int = 8,
+    utilization: float = 0.7,
+    engine_pflops: float = 1.0,
+    persist_delay_s: float = 1.0,
+    limit: int = 0,
+) -> dict:
     if engines < 1 or not 0 < utilization < 1 or engine_pflops <= 0:
         raise ValueError("engines must be >= 1, utilization in (0, 1), engine_pflops > 0")
     start = time.perf_counter()
@@ -183,18 +201,27 @@ def run(trace: Path, engines: int = 8, utilization: float = 0.7, engine_pflops: 
         "time_scale": round(utilization / native, 3),
         "prompt_tokens": sum(r.input_length for r in requests),
         "uncached_tokens": sum(j.uncached for j in jobs),
-        "requests_by_bucket": np.bincount([cfg.bucket_of(j.uncached) for j in jobs], minlength=cfg.buckets).tolist(),
+        "requests_by_bucket": np.bincount(
+            [cfg.bucket_of(j.uncached) for j in jobs], minlength=cfg.buckets
+        ).tolist(),
         "edges": list(cfg.edges),
         "policies": {},
     }
     bucketed = _Bucketed(cfg, jobs)
-    for name, router in (("bucketed", bucketed), ("least-loaded", _least_loaded), ("round-robin", _round_robin())):
+    for name, router in (
+        ("bucketed", bucketed),
+        ("least-loaded", _least_loaded),
+        ("round-robin", _round_robin()),
+    ):
         out["policies"][name] = simulate(jobs, engines, flops_per_s, utilization / native, router, cfg.edges)
     plan = bucketed.balancer.plan
     out["policies"]["bucketed"]["plan_changes"] = bucketed.plan_changes
     out["policies"]["bucketed"]["final_shares"] = [round(s, 4) for s in plan.shares] if plan else []
     out["policies"]["bucketed"]["final_engines_by_bucket"] = (
-        [len(plan.engines[g]) if plan.groups[g][0] == b else 0 for b, g in enumerate(plan.group_of)] if plan else [])
+        [len(plan.engines[g]) if plan.groups[g][0] == b else 0 for b, g in enumerate(plan.group_of)]
+        if plan
+        else []
+    )
     out["total_s"] = round(time.perf_counter() - start, 2)
     return out
 
@@ -204,35 +231,58 @@ def format_table(f: dict) -> str:
     rows = [head]
     for name, p in f["policies"].items():
         by_bucket = " / ".join("-" if v is None else f"{v:g}" for v in p["ttft_p99_by_bucket_s"])
-        rows.append((name, f"{p['ttft_p50_s']:g}", f"{p['ttft_p99_s']:g}", by_bucket, f"{p['load_max_over_mean']:.3f}"))
+        rows.append(
+            (
+                name,
+                f"{p['ttft_p50_s']:g}",
+                f"{p['ttft_p99_s']:g}",
+                by_bucket,
+                f"{p['load_max_over_mean']:.3f}",
+            )
+        )
     width = [max(len(r[i]) for r in rows) for i in range(len(head))]
     table = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip() for r in rows)
-    return "\n".join([
-        f"{f['requests']:,} requests, {f['uncached_tokens']:,} of {f['prompt_tokens']:,} prompt tokens un-cached; "
-        f"requests per bucket {f['requests_by_bucket']} (edges {f['edges']})",
-        f"{f['engines']} engines at {f['engine_pflops']:g} PFLOP/s, utilization {f['utilization']:g} "
-        f"(the trace's own pace: {f['native_utilization']:g}; arrivals x{f['time_scale']:g}); simulated",
-        table,
-        f"time (s): {f['total_s']:.2f}",
-    ])
+    return "\n".join(
+        [
+            f"{f['requests']:,} requests, {f['uncached_tokens']:,} of {f['prompt_tokens']:,} prompt tokens un-cached; "
+            f"requests per bucket {f['requests_by_bucket']} (edges {f['edges']})",
+            f"{f['engines']} engines at {f['engine_pflops']:g} PFLOP/s, utilization {f['utilization']:g} "
+            f"(the trace's own pace: {f['native_utilization']:g}; arrivals x{f['time_scale']:g}); simulated",
+            table,
+            f"time (s): {f['total_s']:.2f}",
+        ]
+    )
 
 
 def _main(args: argparse.Namespace) -> int:
-    figures = run(resolve(args.trace), args.engines, args.utilization, args.engine_pflops, args.persist_delay_s,
-                  args.limit)
+    figures = run(
+        resolve(args.trace),
+        args.engines,
+        args.utilization,
+        args.engine_pflops,
+        args.persist_delay_s,
+        args.limit,
+    )
     print(json.dumps(figures) if args.json else format_table(figures))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("prefill-lb", help="prefill balancer (length buckets) vs least-loaded vs round-robin "
-                                               "on a trace, simulated with the flash FLOP model")
+    parser = sub.add_parser(
+        "prefill-lb",
+        help="prefill balancer (length buckets) vs least-loaded vs round-robin "
+        "on a trace, simulated with the flash FLOP model",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="JSONL trace with hash_ids")
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0 = all)")
     parser.add_argument("--engines", type=int, default=8, help="prefill engines")
     parser.add_argument("--utilization", type=float, default=0.7, help="offered load / engine capacity")
     parser.add_argument("--engine-pflops", type=float, default=1.0, help="effective PFLOP/s of one engine")
-    parser.add_argument("--persist-delay-s", type=float, default=1.0,
-                        help="seconds (trace time) from a request's arrival until its pages are in the store")
+    parser.add_argument(
+        "--persist-delay-s",
+        type=float,
+        default=1.0,
+        help="seconds (trace time) from a request's arrival until its pages are in the store",
+    )
     parser.set_defaults(func=_main)

@@ -164,7 +164,9 @@ async def _round(session: aiohttp.ClientSession, url: str, body: str, streams: i
     return time.perf_counter() - t0
 
 
-async def _drive(servers: dict[str, ServerProcess], streams: int, tokens: int, repeats: int) -> dict[str, float]:
+async def _drive(
+    servers: dict[str, ServerProcess], streams: int, tokens: int, repeats: int
+) -> dict[str, float]:
     messages = [{"role": "user", "content": "Tell me about the weather."}]
     body = json.dumps({"model": MODEL, "messages": messages, "stream": True, "max_tokens": tokens,
                        "thinking": {"type": "disabled"}})  # fmt: skip

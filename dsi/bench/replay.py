@@ -19,7 +19,9 @@ from dsi.model.weights import init_weights
 def _prefill_seconds(weights, length: int, replay: bool) -> float:
     rng = random.Random(length)
     engine = Engine(TINY, weights, EngineConfig(replay=replay, max_batch_tokens=2048, async_scheduling=False))
-    engine.add_request("r", [rng.randrange(100, 120_000) for _ in range(length)], SamplingParams(max_tokens=1))
+    engine.add_request(
+        "r", [rng.randrange(100, 120_000) for _ in range(length)], SamplingParams(max_tokens=1)
+    )
     start = time.perf_counter()
     engine.run_until_done()
     elapsed = time.perf_counter() - start
@@ -51,10 +53,14 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     print("dsi bench replay: keep=140 vs every layer on every token")
     for label in ("1k", "8k", "32k"):
-        print(f"  flash {label:>3} prompt: {result[f'flop_keep_{label}']:.3e} vs {result[f'flop_full_{label}']:.3e} "
-              f"FLOPs, ratio {result[f'flop_ratio_{label}']:.3f}")
-    print(f"  tiny {result['tiny_prompt_tokens']}-token prefill: {result['wall_keep_s']:.3f} s vs "
-          f"{result['wall_full_s']:.3f} s, ratio {result['wall_ratio_tiny']:.3f} (median of {args.repeats})")
+        print(
+            f"  flash {label:>3} prompt: {result[f'flop_keep_{label}']:.3e} vs {result[f'flop_full_{label}']:.3e} "
+            f"FLOPs, ratio {result[f'flop_ratio_{label}']:.3f}"
+        )
+    print(
+        f"  tiny {result['tiny_prompt_tokens']}-token prefill: {result['wall_keep_s']:.3f} s vs "
+        f"{result['wall_full_s']:.3f} s, ratio {result['wall_ratio_tiny']:.3f} (median of {args.repeats})"
+    )
     return 0
 
 

@@ -70,7 +70,9 @@ _DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
 
 
 # ---- dsi: controller + echo decodes, the balancer and two entrypoints, in child processes --------
-def cluster_config(workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S, http_workers: int = 1) -> dict:
+def cluster_config(
+    workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S, http_workers: int = 1
+) -> dict:
     """A node config (as parsed TOML) of one controller, one balancer, two entrypoints of
     ``http_workers`` HTTP worker processes each, and ``workers`` decodes. ``entrypoint-0`` asks
     the balancer; ``entrypoint-1`` is started from :func:`without_balancer` of it and picks
@@ -226,7 +228,9 @@ async def route_counters(url: str, http_workers: int = 1) -> dict[str, float]:
             if len(texts) >= http_workers:
                 break
         else:
-            raise RuntimeError(f"{url}: {len(texts)} of {http_workers} workers answered in {_METRICS_ASKS} GETs")
+            raise RuntimeError(
+                f"{url}: {len(texts)} of {http_workers} workers answered in {_METRICS_ASKS} GETs"
+            )
     out: dict[str, float] = defaultdict(float)
     for text in texts.values():
         for k, v in _ROUTE_LINE.findall(text):
@@ -291,7 +295,9 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
                 await _wait_balanced(session, name, front, body)
             await _round(session, front.url, body, requests, concurrency)  # warm up
         counted = {
-            name: await route_counters(f.metrics_url, f.http_workers) for name, f in fronts.items() if f.metrics_url
+            name: await route_counters(f.metrics_url, f.http_workers)
+            for name, f in fronts.items()
+            if f.metrics_url
         }
         for _ in range(repeats):
             for name, front in fronts.items():

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 PEERS = {"vllm_router": "vllm-router==0.1.17", "sglang_router": "sglang-router==0.3.2"}
 _HOST = "127.0.0.1"

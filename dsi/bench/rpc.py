@@ -420,4 +420,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--burst", type=int, default=32, help="bulk frames between acks")
     parser.add_argument("--window", type=int, default=64, help="asks in flight for the pipelined figure")
     parser.set_defaults(func=_main)
-

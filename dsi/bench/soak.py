@@ -69,8 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.minutes * 60 <= args.warmup_s or args.concurrency < 1 or args.kill_every_s < 0:
-        print("dsi bench soak: --minutes must exceed --warmup-s, --concurrency >= 1, --kill-every-s >= 0",
-              file=sys.stderr)
+        print(
+            "dsi bench soak: --minutes must exceed --warmup-s, --concurrency >= 1, --kill-every-s >= 0",
+            file=sys.stderr,
+        )
         return 2
     unknown = set(args.kill_kinds.split(",")) - {*DEFAULT_KINDS, "entrypoint", "balancer"}
     if unknown:
@@ -187,8 +189,11 @@ class _Soak:
             if not cycle:  # every kind in turn, in a shuffled order, so that a short soak kills each
                 cycle = self.rng.sample(sorted(kinds), len(kinds))
             kind = cycle.pop()
-            candidates = sorted(r for r, s in self.watch.states.items()
-                                if s == "serving" and self.watch.kinds.get(r) == kind and r in self.watch.pids)
+            candidates = sorted(
+                r
+                for r, s in self.watch.states.items()
+                if s == "serving" and self.watch.kinds.get(r) == kind and r in self.watch.pids
+            )
             if time.monotonic() > last:
                 return
             if not candidates:
@@ -217,8 +222,18 @@ class _Soak:
         snap = {role: figures(pid, shm) for role, pid in pids.items()}
         return {role: f for role, f in snap.items() if f is not None}
 
-    def _report(self, t0: float, now: float, start: Snapshot, warm: Snapshot, end: Snapshot,
-                orphans: tuple[int, int], log: LoadLog, code: int | None, left: set[int]) -> dict:
+    def _report(
+        self,
+        t0: float,
+        now: float,
+        start: Snapshot,
+        warm: Snapshot,
+        end: Snapshot,
+        orphans: tuple[int, int],
+        log: LoadLog,
+        code: int | None,
+        left: set[int],
+    ) -> dict:
         args = self.args
         spans = self.watch.spans(now)
         slack = 15.0  # heartbeat timeout, table refresh and the gateway's re-route wait
@@ -233,19 +248,39 @@ class _Soak:
             flags.append(f"processes left running after serve stopped: {sorted(left)}")
         after_stop = orphan_shm(shm_by_pid(), self.watch.seen | {self.cluster.pid})
         return {
-            "minutes": args.minutes, "kill_every_s": args.kill_every_s, "warmup_s": args.warmup_s,
-            "concurrency": args.concurrency, "config": args.config, "log": str(self.cluster.log_path),
+            "minutes": args.minutes,
+            "kill_every_s": args.kill_every_s,
+            "warmup_s": args.warmup_s,
+            "concurrency": args.concurrency,
+            "config": args.config,
+            "log": str(self.cluster.log_path),
             "roles": rows,
-            "requests": {"total": len(log.results), "ok": len(log.results) - len(failed), "failed": len(failed),
-                         "failed_without_capacity": len(failed) - len(unexcused),
-                         "failed_with_capacity": len(unexcused), "by_kind": log.counts(),
-                         "errors": sorted({r.error for r in failed})[:10]},
-            "kills": [{"at_s": k.at - t0, "role": k.role, "pid": k.pid,
-                       "back_after_s": None if k.back_at is None else k.back_at - k.at} for k in self.kills],
+            "requests": {
+                "total": len(log.results),
+                "ok": len(log.results) - len(failed),
+                "failed": len(failed),
+                "failed_without_capacity": len(failed) - len(unexcused),
+                "failed_with_capacity": len(unexcused),
+                "by_kind": log.counts(),
+                "errors": sorted({r.error for r in failed})[:10],
+            },
+            "kills": [
+                {
+                    "at_s": k.at - t0,
+                    "role": k.role,
+                    "pid": k.pid,
+                    "back_after_s": None if k.back_at is None else k.back_at - k.at,
+                }
+                for k in self.kills
+            ],
             "no_capacity_s": [[a - t0, b - t0] for a, b in spans],
             "shm_orphans": {"bytes": orphans[0], "files": orphans[1]},
-            "after_stop": {"serve_exit": code, "processes_left": sorted(left), "shm_bytes": after_stop[0],
-                           "shm_files": after_stop[1]},
+            "after_stop": {
+                "serve_exit": code,
+                "processes_left": sorted(left),
+                "shm_bytes": after_stop[0],
+                "shm_files": after_stop[1],
+            },
             "flags": flags,
             "verdict": "pass" if not flags else "fail",
         }

@@ -21,7 +21,7 @@ from dsi.cli.status import ControllerUnreachable, fetch_instances
 from dsi.config import EntrypointOptions, NodeConfig, load_config
 from dsi.messages.control import InstanceInfo
 from dsi.roles.curve import client_keys
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 
 def private_config(source: Path, workdir: Path) -> Path:

@@ -24,8 +24,28 @@ from dataclasses import dataclass, field
 import aiohttp
 
 KINDS = ("stream", "complete", "shared", "seeded")
-_WORDS = ("river", "stone", "lamp", "orbit", "cedar", "violet", "engine", "harbor", "quartz", "meadow", "signal",
-          "copper", "lantern", "falcon", "glacier", "ember", "willow", "cobalt", "saffron", "tundra")
+_WORDS = (
+    "river",
+    "stone",
+    "lamp",
+    "orbit",
+    "cedar",
+    "violet",
+    "engine",
+    "harbor",
+    "quartz",
+    "meadow",
+    "signal",
+    "copper",
+    "lantern",
+    "falcon",
+    "glacier",
+    "ember",
+    "willow",
+    "cobalt",
+    "saffron",
+    "tundra",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +76,14 @@ def draw_body(rng: random.Random, prefixes: list[str]) -> tuple[str, dict]:
     """One request of a random kind: (kind, chat completion body)."""
     kind = rng.choice(KINDS)
     text = f"{rng.choice(prefixes)}\nQuestion: {_words(rng, 6)}?" if kind == "shared" else _words(rng, 20)
-    body: dict = {"model": "dsi-tiny", "max_tokens": rng.randrange(8, 48), "stream": kind != "complete",
-                  "temperature": 0.0, "thinking": {"type": "disabled"},
-                  "messages": [{"role": "user", "content": text}]}
+    body: dict = {
+        "model": "dsi-tiny",
+        "max_tokens": rng.randrange(8, 48),
+        "stream": kind != "complete",
+        "temperature": 0.0,
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": text}],
+    }
     if kind == "seeded":
         body |= {"temperature": 0.8, "seed": rng.randrange(1 << 31)}
     return kind, body
@@ -81,8 +106,14 @@ async def _send(http: aiohttp.ClientSession, url: str, body: dict) -> str:
         return "" if done else "the stream ended without [DONE]"
 
 
-async def _client(http: aiohttp.ClientSession, url: str, rng: random.Random, prefixes: list[str],
-                  stop: asyncio.Event, log: LoadLog) -> None:
+async def _client(
+    http: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    prefixes: list[str],
+    stop: asyncio.Event,
+    log: LoadLog,
+) -> None:
     while not stop.is_set():
         kind, body = draw_body(rng, prefixes)
         started = time.monotonic()
@@ -95,13 +126,23 @@ async def _client(http: aiohttp.ClientSession, url: str, rng: random.Random, pre
             await asyncio.sleep(0.2)  # a failing cluster is not hammered in a tight loop
 
 
-async def run_load(base_url: str, concurrency: int, stop: asyncio.Event, log: LoadLog, seed: int = 0,
-                   request_timeout_s: float = 120.0) -> None:
+async def run_load(
+    base_url: str,
+    concurrency: int,
+    stop: asyncio.Event,
+    log: LoadLog,
+    seed: int = 0,
+    request_timeout_s: float = 120.0,
+) -> None:
     """Send requests from `concurrency` clients until `stop` is set, appending to `log`."""
     rng = random.Random(seed)
     prefixes = [f"Document {i}: {_words(rng, 300)}" for i in range(4)]
     url = f"{base_url}/v1/chat/completions"
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        await asyncio.gather(*(_client(http, url, random.Random(seed * 1000 + i), prefixes, stop, log)
-                               for i in range(concurrency)))
+        await asyncio.gather(
+            *(
+                _client(http, url, random.Random(seed * 1000 + i), prefixes, stop, log)
+                for i in range(concurrency)
+            )
+        )

@@ -43,11 +43,19 @@ def role_rows(start: Snapshot, warm: Snapshot, end: Snapshot, limits: GrowthLimi
     rows = {}
     for role in sorted({*start, *warm, *end}):
         a, w, e = start.get(role), warm.get(role), end.get(role)
-        row: dict = {"start": a and a.to_json(), "warm": w and w.to_json(), "end": e and e.to_json(),
-                     "replaced": w is not None and e is not None and w.pid != e.pid, "flags": []}
+        row: dict = {
+            "start": a and a.to_json(),
+            "warm": w and w.to_json(),
+            "end": e and e.to_json(),
+            "replaced": w is not None and e is not None and w.pid != e.pid,
+            "flags": [],
+        }
         if w is not None and e is not None:
-            row["growth"] = {"rss_bytes": e.rss_bytes - w.rss_bytes, "fds": e.fds - w.fds,
-                             "shm_bytes": e.shm_bytes - w.shm_bytes}
+            row["growth"] = {
+                "rss_bytes": e.rss_bytes - w.rss_bytes,
+                "fds": e.fds - w.fds,
+                "shm_bytes": e.shm_bytes - w.shm_bytes,
+            }
             row["flags"] = growth_flags(w, e, limits)
         elif e is None:
             row["flags"] = ["not running at the end"]
@@ -63,8 +71,10 @@ def excused(started: float, ended: float, windows: list[tuple[float, float]], sl
 
 def format_summary(report: dict) -> str:
     """The report as a few aligned lines for a terminal."""
-    lines = [f"dsi bench soak: {report['minutes']:g} min, {len(report['kills'])} kills, verdict {report['verdict']}",
-             f"{'ROLE':14} {'RSS MB start/warm/end':>24} {'FDS s/w/e':>12} {'SHM MB s/w/e':>18}  FLAGS"]
+    lines = [
+        f"dsi bench soak: {report['minutes']:g} min, {len(report['kills'])} kills, verdict {report['verdict']}",
+        f"{'ROLE':14} {'RSS MB start/warm/end':>24} {'FDS s/w/e':>12} {'SHM MB s/w/e':>18}  FLAGS",
+    ]
     for role, row in report["roles"].items():
         snaps = [row[k] for k in ("start", "warm", "end")]
         rss = "/".join("-" if s is None else f"{s['rss_bytes'] / MB:.0f}" for s in snaps)
@@ -73,15 +83,21 @@ def format_summary(report: dict) -> str:
         mark = " (replaced)" if row["replaced"] else ""
         lines.append(f"{role:14} {rss:>24} {fds:>12} {shm:>18}  {'; '.join(row['flags']) or 'ok'}{mark}")
     req = report["requests"]
-    lines.append(f"requests: {req['total']} sent, {req['failed']} failed ({req['failed_without_capacity']} while "
-                 f"no capacity was left, {req['failed_with_capacity']} otherwise)")
+    lines.append(
+        f"requests: {req['total']} sent, {req['failed']} failed ({req['failed_without_capacity']} while "
+        f"no capacity was left, {req['failed_with_capacity']} otherwise)"
+    )
     for kill in report["kills"]:
         back = "not back" if kill["back_after_s"] is None else f"back after {kill['back_after_s']:.1f}s"
         lines.append(f"  kill at {kill['at_s']:.0f}s: {kill['role']} (pid {kill['pid']}), {back}")
     shm, after = report["shm_orphans"], report["after_stop"]
-    lines.append(f"/dev/shm files of dead cluster processes at the end: {shm['files']} ({shm['bytes'] / MB:.1f} MB)")
-    lines.append(f"after stopping serve: exit {after['serve_exit']}, {len(after['processes_left'])} processes left, "
-                 f"{after['shm_files']} shm files left ({after['shm_bytes'] / MB:.1f} MB)")
+    lines.append(
+        f"/dev/shm files of dead cluster processes at the end: {shm['files']} ({shm['bytes'] / MB:.1f} MB)"
+    )
+    lines.append(
+        f"after stopping serve: exit {after['serve_exit']}, {len(after['processes_left'])} processes left, "
+        f"{after['shm_files']} shm files left ({after['shm_bytes'] / MB:.1f} MB)"
+    )
     lines.append(f"every role's log: {report['log']}")
     lines += [f"FLAG: {flag}" for flag in report["flags"]]
     return "\n".join(lines)

@@ -88,7 +88,9 @@ def load_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                out.append(TraceRequest(row["timestamp"] / 1000.0, row["input_length"], tuple(row["hash_ids"])))
+                out.append(
+                    TraceRequest(row["timestamp"] / 1000.0, row["input_length"], tuple(row["hash_ids"]))
+                )
                 if limit and len(out) >= limit:
                     break
     out.sort(key=lambda r: r.timestamp_s)
@@ -133,14 +135,20 @@ class _Persists:
 def _insert(index: BlockIndex, keys: np.ndarray) -> None:
     fresh = index.fresh(keys)
     if index.capacity:
-        fresh = fresh[:index.capacity]  # a chain longer than the whole cache keeps its head
+        fresh = fresh[: index.capacity]  # a chain longer than the whole cache keeps its head
     if fresh.size:
         z = np.zeros(fresh.size, dtype=np.uint32)
         index.insert(keys[fresh], Locations(z, z.astype(np.uint64), z, z.astype(np.uint64)), 1)
 
 
-def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int, instances: int = 1,
-           persist_delay_s: float = 0.0, persist_after_hit: bool = True) -> tuple[float, int]:
+def replay(
+    requests: list[TraceRequest],
+    chains: list[np.ndarray],
+    capacity: int,
+    instances: int = 1,
+    persist_delay_s: float = 0.0,
+    persist_after_hit: bool = True,
+) -> tuple[float, int]:
     """(hit rate, distinct pages held at the end, all caches together).
 
     capacity: pages in all caches together (0 = unbounded), split evenly between ``instances``
@@ -157,7 +165,7 @@ def replay(requests: list[TraceRequest], chains: list[np.ndarray], capacity: int
         for instance, done in pending.due(clock.t):
             _insert(caches[instance], done)
         index = caches[i % instances]
-        hit = index.match_prefix(keys[:req.usable_pages], touch=True)
+        hit = index.match_prefix(keys[: req.usable_pages], touch=True)
         hit_tokens += hit * BLOCK_TOKENS
         prompt_tokens += req.input_length
         if persist_after_hit or hit == 0:
@@ -187,9 +195,12 @@ def run(trace: Path, limit: int = 0, persist_delay_s: float = 1.0) -> dict:
         capacity = max(1, distinct // fraction) if fraction else 0
         figures: dict = {"pages": capacity}
         for name, instances in LAYOUTS:
-            figures[f"{name}_hit_rate"] = round(replay(requests, chains, capacity, instances, persist_delay_s)[0], 4)
+            figures[f"{name}_hit_rate"] = round(
+                replay(requests, chains, capacity, instances, persist_delay_s)[0], 4
+            )
         figures["shared_hit_rate_no_state_pulled"] = round(
-            replay(requests, chains, capacity, 1, persist_delay_s, persist_after_hit=False)[0], 4)
+            replay(requests, chains, capacity, 1, persist_delay_s, persist_after_hit=False)[0], 4
+        )
         out["capacities"][label] = figures
     out["hash_s"] = round(hash_s, 2)
     out["total_s"] = round(time.perf_counter() - start, 2)
@@ -208,18 +219,27 @@ def format_table(f: dict) -> str:
     rows = [head]
     for label, c in f["capacities"].items():
         size = "unbounded" if not c["pages"] else f"{label} ({c['pages']:,})"
-        rows.append((size, f"{c['shared_hit_rate']:.4f}", f"{c['local4_hit_rate']:.4f}",
-                     f"{c['local16_hit_rate']:.4f}", f"{c['shared_hit_rate_no_state_pulled']:.4f}"))
+        rows.append(
+            (
+                size,
+                f"{c['shared_hit_rate']:.4f}",
+                f"{c['local4_hit_rate']:.4f}",
+                f"{c['local16_hit_rate']:.4f}",
+                f"{c['shared_hit_rate_no_state_pulled']:.4f}",
+            )
+        )
     width = [max(len(r[i]) for r in rows) for i in range(len(head))]
     table = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip() for r in rows)
-    return "\n".join([
-        f"requests / prompt tokens: {f['requests']:,} / {f['prompt_tokens']:,}; "
-        f"distinct 128-token pages: {f['distinct_pages']:,}",
-        f"hit rate = hit tokens / prompt tokens; local caches: {f['routing']} routing, capacity split evenly; "
-        f"pages persisted {f['persist_delay_s']:g} s after arrival",
-        table,
-        f"time (s): hashing {f['hash_s']:.2f} / total {f['total_s']:.2f}",
-    ])
+    return "\n".join(
+        [
+            f"requests / prompt tokens: {f['requests']:,} / {f['prompt_tokens']:,}; "
+            f"distinct 128-token pages: {f['distinct_pages']:,}",
+            f"hit rate = hit tokens / prompt tokens; local caches: {f['routing']} routing, capacity split evenly; "
+            f"pages persisted {f['persist_delay_s']:g} s after arrival",
+            table,
+            f"time (s): hashing {f['hash_s']:.2f} / total {f['total_s']:.2f}",
+        ]
+    )
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -229,11 +249,18 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("trace-hits", help="prefix-cache hit rate of a request trace: shared store vs "
-                                               "per-instance caches (128-token pages)")
+    parser = sub.add_parser(
+        "trace-hits",
+        help="prefix-cache hit rate of a request trace: shared store vs "
+        "per-instance caches (128-token pages)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="JSONL trace with hash_ids")
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0 = all)")
-    parser.add_argument("--persist-delay-s", type=float, default=1.0,
-                        help="seconds from a request's arrival until its pages are in the store")
+    parser.add_argument(
+        "--persist-delay-s",
+        type=float,
+        default=1.0,
+        help="seconds from a request's arrival until its pages are in the store",
+    )
     parser.set_defaults(func=_main)

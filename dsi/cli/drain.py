@@ -41,7 +41,9 @@ from dsi.transport.security import CurveKeys
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("drain", help="take an instance offline, moving its work to the others")
     parser.add_argument("instance", metavar="INSTANCE", help="instance id, as `dsi status` lists it")
-    parser.add_argument("--grace", type=float, default=60.0, help="seconds before its work moves (default 60)")
+    parser.add_argument(
+        "--grace", type=float, default=60.0, help="seconds before its work moves (default 60)"
+    )
     add_controller_args(parser, timeout_s=10.0)
     parser.set_defaults(func=lambda args: order(args, "drain", Drain(args.instance, args.grace)))
 
@@ -67,13 +69,16 @@ async def ask_controller(address: str, keys: CurveKeys | None, msg: Message, tim
     """The controller's answer to ``msg`` (an InstanceInfo); its refusal raised as DsiError,
     ControllerUnreachable when it does not answer within ``timeout`` seconds."""
     ctx = zmq.asyncio.Context()
-    peer = Peer(address, ctx, types=ALL, peer_id=f"dsi-{type(msg).__name__.lower()}", keys=keys, timeout=timeout)
+    peer = Peer(
+        address, ctx, types=ALL, peer_id=f"dsi-{type(msg).__name__.lower()}", keys=keys, timeout=timeout
+    )
     try:
         try:
             await peer.connect(timeout)
         except DsiError as exc:
-            raise ControllerUnreachable(f"cannot reach the controller at {address} within {timeout:g}s "
-                                        f"({exc})") from None
+            raise ControllerUnreachable(
+                f"cannot reach the controller at {address} within {timeout:g}s ({exc})"
+            ) from None
         answer = await peer.ask(msg, timeout=timeout)
         if not isinstance(answer, InstanceInfo):
             raise ControllerUnreachable(f"unexpected answer {msgspec.structs.asdict(answer)}")

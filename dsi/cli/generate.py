@@ -18,8 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--chat", action="store_true",
-                        help="render PROMPT as one user turn in the model's chat template (non-DeepSeek families)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="render PROMPT as one user turn in the model's chat template (non-DeepSeek families)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=_generate)
 
@@ -28,7 +31,10 @@ def _generate(args: argparse.Namespace) -> int:
     from dsi.llm import LLM
 
     if not (args.model / "config.json").exists():
-        print(f"dsi generate: {args.model} is not a model directory (run `dsi model init --out DIR`)", file=sys.stderr)
+        print(
+            f"dsi generate: {args.model} is not a model directory (run `dsi model init --out DIR`)",
+            file=sys.stderr,
+        )
         return 2
     llm = LLM(args.model)
     try:
@@ -40,8 +46,16 @@ def _generate(args: argparse.Namespace) -> int:
     finally:
         llm.close()
     if args.json:
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_ids": out.prompt_ids,
-                          "finish_reason": out.finish_reason}))
+        print(
+            json.dumps(
+                {
+                    "text": out.text,
+                    "token_ids": out.token_ids,
+                    "prompt_ids": out.prompt_ids,
+                    "finish_reason": out.finish_reason,
+                }
+            )
+        )
     else:
         print(out.text)
         print(f"token_ids: {out.token_ids}")

@@ -8,12 +8,23 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `dsi --help` lists them.
-_COMMANDS = ("dsi.cli.serve", "dsi.cli.status", "dsi.cli.scale", "dsi.cli.drain", "dsi.cli.undrain",
-             "dsi.cli.model", "dsi.cli.generate", "dsi.cli.recipe", "dsi.bench.cli")
+_COMMANDS = (
+    "dsi.cli.serve",
+    "dsi.cli.status",
+    "dsi.cli.scale",
+    "dsi.cli.drain",
+    "dsi.cli.undrain",
+    "dsi.cli.model",
+    "dsi.cli.generate",
+    "dsi.cli.recipe",
+    "dsi.bench.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsi", description="dsi: disaggregated serving for DeepSeek-V4 models")
+    parser = argparse.ArgumentParser(
+        prog="dsi", description="dsi: disaggregated serving for DeepSeek-V4 models"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMANDS:
         importlib.import_module(name).register(sub)

@@ -44,18 +44,32 @@ def _info(args: argparse.Namespace) -> int:
     cfg = get_config(args.config)
     acc = account(cfg)
     data = {
-        "config": cfg.name, "parameters": param_count(cfg), "layers": cfg.n_layers, "producer_layers": cfg.n_producer,
-        "kv_sources": list(cfg.kv_sources), "hidden": cfg.hidden, "experts": cfg.n_experts, "top_k": cfg.top_k,
-        "window": cfg.window, "ring": cfg.ring, "keep": cfg.keep, "block_size": cfg.block_size,
-        "block_bytes": acc.block, "block_kib": round(acc.block / 1024, 2), "state_slot_bytes": acc.state_slot,
-        "engine_block_bytes_fp32": engine_block_bytes(cfg), "engine_state_slot_bytes_fp32": engine_state_bytes(cfg),
+        "config": cfg.name,
+        "parameters": param_count(cfg),
+        "layers": cfg.n_layers,
+        "producer_layers": cfg.n_producer,
+        "kv_sources": list(cfg.kv_sources),
+        "hidden": cfg.hidden,
+        "experts": cfg.n_experts,
+        "top_k": cfg.top_k,
+        "window": cfg.window,
+        "ring": cfg.ring,
+        "keep": cfg.keep,
+        "block_size": cfg.block_size,
+        "block_bytes": acc.block,
+        "block_kib": round(acc.block / 1024, 2),
+        "state_slot_bytes": acc.state_slot,
+        "engine_block_bytes_fp32": engine_block_bytes(cfg),
+        "engine_state_slot_bytes_fp32": engine_state_bytes(cfg),
     }
     if args.json:
         print(json.dumps(data))
         return 0
-    print(f"{cfg.name}: {data['parameters'] / 1e9:.2f} B parameters, {cfg.n_layers} layers "
-          f"({cfg.n_producer} producer, KV sources {list(cfg.kv_sources)}), hidden {cfg.hidden}, "
-          f"{cfg.n_experts} experts top-{cfg.top_k} + 1 shared")
+    print(
+        f"{cfg.name}: {data['parameters'] / 1e9:.2f} B parameters, {cfg.n_layers} layers "
+        f"({cfg.n_producer} producer, KV sources {list(cfg.kv_sources)}), hidden {cfg.hidden}, "
+        f"{cfg.n_experts} experts top-{cfg.top_k} + 1 shared"
+    )
     for name, value in acc.table():
         print(f"  {name:<28} {value}")
     return 0
@@ -67,6 +81,8 @@ def _import_gguf(args: argparse.Namespace) -> int:
     from dsi.model.gguf_import import import_gguf
 
     cfg = import_gguf(args.file, args.out, getattr(torch, args.dtype))
-    print(f"wrote {cfg['name']} ({cfg['family']}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}, "
-          f"{args.dtype}) to {args.out}")
+    print(
+        f"wrote {cfg['name']} ({cfg['family']}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}, "
+        f"{args.dtype}) to {args.out}"
+    )
     return 0

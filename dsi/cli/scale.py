@@ -47,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dsi scale: {exc}", file=sys.stderr)
         return 2
     except DsiError as exc:
-        print(f"dsi scale: cannot reach the controller at {address} within {args.timeout:g}s ({exc})",
-              file=sys.stderr)
+        print(
+            f"dsi scale: cannot reach the controller at {address} within {args.timeout:g}s ({exc})",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps(scale_json(status), indent=2) if args.json else format_scale(status))
     return 0

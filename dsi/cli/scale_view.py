@@ -23,12 +23,26 @@ from dsi.messages.control import GetScale, ScaleDecision, ScaleRole, ScaleStatus
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
-_COLUMNS = ("ROLE", "SERVING", "READY", "STARTING", "DRAINING", "TARGET", "POOL", "WANTED", "QUOTA USE",
-            "DEMAND", "CAPACITY", "MANUAL")
+_COLUMNS = (
+    "ROLE",
+    "SERVING",
+    "READY",
+    "STARTING",
+    "DRAINING",
+    "TARGET",
+    "POOL",
+    "WANTED",
+    "QUOTA USE",
+    "DEMAND",
+    "CAPACITY",
+    "MANUAL",
+)
 TABLE_DECISIONS = 10  # the last decisions the table shows (JSON has every one kept)
 
 
-async def ask_scale(address: str, keys: CurveKeys | None, timeout: float, msg: GetScale | SetScale) -> ScaleStatus:
+async def ask_scale(
+    address: str, keys: CurveKeys | None, timeout: float, msg: GetScale | SetScale
+) -> ScaleStatus:
     """Ask the controller `msg`; DsiError (AskTimeout, PeerLost, InvalidRequest, ...) as raised."""
     ctx = zmq.asyncio.Context()
     peer = Peer(address, ctx, types=(ScaleStatus,), peer_id="dsi-scale", keys=keys, timeout=timeout)
@@ -66,8 +80,10 @@ def format_scale(status: ScaleStatus, decisions: int = TABLE_DECISIONS) -> str:
     """The roles under a header line, then the last `decisions` decisions."""
     if not status.enabled:
         return "autoscale: off (no [autoscale] section)"
-    head = (f"autoscale: every {status.interval_s:g}s; no scale-down while quota use is above "
-            f"{status.quota_threshold:g}")
+    head = (
+        f"autoscale: every {status.interval_s:g}s; no scale-down while quota use is above "
+        f"{status.quota_threshold:g}"
+    )
     lines = [head, *_table([_COLUMNS, *(_row(role) for role in status.roles)])]
     if status.decisions:
         lines.append("last decisions, oldest first:")
@@ -80,13 +96,20 @@ def describe_decision(entry: ScaleDecision) -> list[str]:
     """One line of inputs and moves, then one indented line per reason."""
     moves = [
         f"{verb} {count}"
-        for verb, count in (("take", entry.take), ("return", entry.returned), ("stop serving", entry.stop_serving),
-                            ("stop ready", entry.stop_ready), ("start", entry.start))
+        for verb, count in (
+            ("take", entry.take),
+            ("return", entry.returned),
+            ("stop serving", entry.stop_serving),
+            ("stop ready", entry.stop_ready),
+            ("start", entry.start),
+        )
         if count
     ]
     when = time.strftime("%H:%M:%S", time.localtime(entry.at))
-    head = (f"{when} {entry.role}: serving {entry.serving}, ready {entry.ready}, starting {entry.starting}, "
-            f"demand {entry.demand:g} -> need {entry.need}, target {entry.target}: {', '.join(moves) or 'no move'}")
+    head = (
+        f"{when} {entry.role}: serving {entry.serving}, ready {entry.ready}, starting {entry.starting}, "
+        f"demand {entry.demand:g} -> need {entry.need}, target {entry.target}: {', '.join(moves) or 'no move'}"
+    )
     return [head, *(f"  {reason}" for reason in entry.reasons)]
 
 

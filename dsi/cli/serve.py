@@ -87,7 +87,8 @@ def _check_local(cfg: NodeConfig) -> None:
     """ConfigError for a kubernetes [provisioner]: serve runs every role as a local process."""
     if cfg.provisioner.kind != "local":
         raise ConfigError(
-            str(cfg.source), "provisioner.kind",
+            str(cfg.source),
+            "provisioner.kind",
             f"{cfg.provisioner.kind!r}: dsi serve runs the roles as processes on this host; with "
             "kubernetes each pod runs dsi-role and the controller scales the StatefulSets",
         )
@@ -169,8 +170,14 @@ class _Serve:
             return
         declared = {kind: [r.id for r in self.cfg.roles_of(kind)] for kind in self.cfg.autoscale.scaled()}
         self._follow_ctx = zmq.asyncio.Context()
-        peer = Peer(self.cfg.cluster.controller, self._follow_ctx, types=ALL, peer_id="dsi-serve",
-                    keys=client_keys(self.cfg.security), timeout=5.0)
+        peer = Peer(
+            self.cfg.cluster.controller,
+            self._follow_ctx,
+            types=ALL,
+            peer_id="dsi-serve",
+            keys=client_keys(self.cfg.security),
+            timeout=5.0,
+        )
         self.follower = ScaleFollower(self.provisioner, declared, peer, self.cfg.cluster.heartbeat_interval_s)
         following = asyncio.ensure_future(self.follower.run())
         try:
@@ -219,7 +226,9 @@ class _Serve:
         """Wait until the controller lists every role started as serving (or, of a scaled kind,
         as serving or ready: the ready pool); the table."""
         wanted = {role.id for role in self.first}
-        scaled = {role.id for role in self.first if self.cfg.autoscale and role.kind in self.cfg.autoscale.scaled()}
+        scaled = {
+            role.id for role in self.first if self.cfg.autoscale and role.kind in self.cfg.autoscale.scaled()
+        }
         keys = client_keys(self.cfg.security)
         while True:
             for inst in self.provisioner.list():

@@ -92,7 +92,9 @@ async def _fetch_status(
     """The InstanceTable and, on the same connection, the autoscaler's state (None when it is off
     or the controller does not answer it); ControllerUnreachable after `timeout` s."""
     ctx = zmq.asyncio.Context()
-    peer = Peer(address, ctx, types=(InstanceTable, ScaleStatus), peer_id="dsi-status", keys=keys, timeout=timeout)
+    peer = Peer(
+        address, ctx, types=(InstanceTable, ScaleStatus), peer_id="dsi-status", keys=keys, timeout=timeout
+    )
     deadline = time.monotonic() + timeout
     try:
         try:

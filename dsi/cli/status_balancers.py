@@ -27,7 +27,9 @@ from dsi.transport.security import CurveKeys
 _COLUMNS = ("BALANCER", "BUCKET", "TOKENS", "SHARE", "QUEUED", "PREFILL")
 
 
-async def fetch_balancers(table: InstanceTable, keys: CurveKeys | None, timeout: float) -> list[BalancerState]:
+async def fetch_balancers(
+    table: InstanceTable, keys: CurveKeys | None, timeout: float
+) -> list[BalancerState]:
     """The state of every serving balancer that answers within ``timeout`` seconds."""
     ctx = zmq.asyncio.Context()
     try:
@@ -38,8 +40,9 @@ async def fetch_balancers(table: InstanceTable, keys: CurveKeys | None, timeout:
         ctx.destroy(linger=0)
 
 
-async def _ask(address: str, ctx: zmq.asyncio.Context, keys: CurveKeys | None, timeout: float
-               ) -> BalancerState | None:
+async def _ask(
+    address: str, ctx: zmq.asyncio.Context, keys: CurveKeys | None, timeout: float
+) -> BalancerState | None:
     peer = Peer(address, ctx, types=(BalancerState,), peer_id="dsi-status", keys=keys, timeout=timeout)
     try:
         await peer.connect(timeout)
@@ -64,13 +67,25 @@ def balancers_json(states: list[BalancerState]) -> list[dict[str, Any]]:
 def format_buckets(states: list[BalancerState]) -> str:
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for s in states:
-        rows += [(s.balancer_id, str(b.bucket), f"{b.min_tokens}-{b.max_tokens or ''}", f"{b.share:g}",
-                  str(b.queued_tokens), ",".join(b.engines) or "-") for b in s.buckets]
+        rows += [
+            (
+                s.balancer_id,
+                str(b.bucket),
+                f"{b.min_tokens}-{b.max_tokens or ''}",
+                f"{b.share:g}",
+                str(b.queued_tokens),
+                ",".join(b.engines) or "-",
+            )
+            for b in s.buckets
+        ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for s in states:
-        band = (f"decode long band from {s.long_threshold} KV tokens: {','.join(s.long_band)}" if s.long_band
-                else "decode: one band")
+        band = (
+            f"decode long band from {s.long_threshold} KV tokens: {','.join(s.long_band)}"
+            if s.long_band
+            else "decode: one band"
+        )
         spread = " ".join(f"{role} {v:g}" for role, v in sorted(s.spread.items()))
         lines.append(f"{s.balancer_id}  {band}; load spread (max/mean) {spread}")
     return "\n".join(lines)

@@ -99,8 +99,11 @@ class AutoscaleSection:
 
     def policy(self) -> AutoscalerConfig:
         """The policy's config; a role without a table gets bounds whose decisions are ignored."""
-        bounds = {name: (role.bounds() if role else _UNSCALED) for name in SCALED_ROLES
-                  for role in (self.role(name),)}
+        bounds = {
+            name: (role.bounds() if role else _UNSCALED)
+            for name in SCALED_ROLES
+            for role in (self.role(name),)
+        }
         return AutoscalerConfig(interval_s=self.interval_s, quota_threshold=self.quota_threshold, **bounds)
 
 

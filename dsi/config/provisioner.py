@@ -28,7 +28,7 @@ _PREFIX_RULE = "lowercase letters, digits and '-', starting with a letter or dig
 
 
 def _api_url(text: str) -> str:
-    """"" (in-cluster: from KUBERNETES_SERVICE_HOST/PORT) or an http(s)://HOST[:PORT] base URL."""
+    """ "" (in-cluster: from KUBERNETES_SERVICE_HOST/PORT) or an http(s)://HOST[:PORT] base URL."""
     if not text:
         return text
     parts = urlsplit(text)

@@ -77,7 +77,9 @@ class KvstoreOptions:
     publish: str = field(default="", metadata=spec(parse=_optional_bind))
     # An empty delta goes out after this much silence, so replicas notice a lost one (seconds).
     publish_interval_s: float = field(default=1.0, metadata=spec(checks=(greater(0.0),)))
-    sweep_interval_s: float = field(default=60.0, metadata=spec(checks=(greater(0.0),)))  # expiry + compaction
+    sweep_interval_s: float = field(
+        default=60.0, metadata=spec(checks=(greater(0.0),))
+    )  # expiry + compaction
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -86,7 +88,9 @@ class EngineOptions:
 
     max_batch_tokens: int = field(default=8192, metadata=spec(checks=(greater(0),)))
     max_running: int = field(default=64, metadata=spec(checks=(greater(0),)))
-    num_blocks: int = field(default=1024, metadata=spec(checks=(greater(1),)))  # Block KV pages, null page included
+    num_blocks: int = field(
+        default=1024, metadata=spec(checks=(greater(1),))
+    )  # Block KV pages, null page included
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -107,8 +111,12 @@ class BalancerOptions:
     """A balancer routes prefill and decode requests (see dsi.roles.balancer and dsi.balance)."""
 
     # Prefill buckets: un-cached tokens where buckets 1, 2, ... start (DeepSeek's 16K / 64K / 256K).
-    bucket_edges: tuple[int, ...] = field(default=(16_384, 65_536, 262_144), metadata=spec(reader=_token_edges))
-    rebalance_s: float = field(default=10.0, metadata=spec(checks=(greater(0.0),)))  # seconds between plan checks
+    bucket_edges: tuple[int, ...] = field(
+        default=(16_384, 65_536, 262_144), metadata=spec(reader=_token_edges)
+    )
+    rebalance_s: float = field(
+        default=10.0, metadata=spec(checks=(greater(0.0),))
+    )  # seconds between plan checks
     half_life_s: float = field(default=60.0, metadata=spec(checks=(greater(0.0),)))  # measured load halves, s
     bucket_hysteresis: float = field(default=0.05, metadata=spec(checks=(at_least(0.0), less(1.0))))
     min_share: float = field(default=0.01, metadata=spec(checks=(at_least(0.0), less(1.0))))

@@ -29,8 +29,9 @@ def check_prompt(cfg: ModelConfig, num_blocks: int, prompt: list[int], params: S
     params.validate(vocab)
 
 
-def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt_len: int,
-                 keep: int | None = None) -> None:
+def check_cached(
+    cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt_len: int, keep: int | None = None
+) -> None:
     """A hit covers whole blocks, leaves the last prompt token to compute, and has pages
     ``float32 [H / block_size, page_elems]``; an exact hit (rings) also needs
     ``H <= exact_hit_limit`` and rings ``float32 [n_producer, 2, block_size, n_kv_heads, D]``."""
@@ -40,11 +41,16 @@ def check_cached(cfg: ModelConfig, num_blocks: int, cached: CachedPrefix, prompt
     if not isinstance(h, int) or h < 0 or h % bs:
         raise InvalidRequest(f"a cached prefix covers whole {bs}-token blocks, not {h!r} tokens")
     if h > max_hit(prompt_len, bs):
-        raise InvalidRequest(f"a cached prefix of {h} tokens leaves no prompt token to compute "
-                             f"(prompt of {prompt_len})")
+        raise InvalidRequest(
+            f"a cached prefix of {h} tokens leaves no prompt token to compute (prompt of {prompt_len})"
+        )
     if h // bs > num_blocks - 1:
         raise InvalidRequest("the cached prefix does not fit in this engine's KV cache")
-    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.float32 or tuple(pages.shape) != (h // bs, elems):
+    if (
+        not isinstance(pages, torch.Tensor)
+        or pages.dtype != torch.float32
+        or tuple(pages.shape) != (h // bs, elems)
+    ):
         shape = tuple(pages.shape) if isinstance(pages, torch.Tensor) else type(pages).__name__
         raise InvalidRequest(f"cached pages must be float32 [{h // bs}, {elems}], got {shape}")
     if cached.rings is not None:
@@ -60,7 +66,11 @@ def check_state(cfg: ModelConfig, state: RequestState, held: int = 0) -> None:
     bs = cfg.block_size
     if held < 0 or (held + n) * bs < state.num_computed:
         raise InvalidRequest("the imported state's pages do not cover its computed positions")
-    if state.num_cached % bs or state.num_cached // bs > held + n or not 0 <= state.replay_start <= state.num_cached:
+    if (
+        state.num_cached % bs
+        or state.num_cached // bs > held + n
+        or not 0 <= state.replay_start <= state.num_cached
+    ):
         raise InvalidRequest("the imported state's cached prefix does not match its pages")
 
 
@@ -75,6 +85,8 @@ def _check_rings(cfg: ModelConfig, cached: CachedPrefix, prompt_len: int, keep: 
     if not cfg.window - 1 <= cfg.block_size <= cfg.window:
         raise InvalidRequest("exact hits need block_size in [window - 1, window]")
     if h > exact_hit_limit(prompt_len, keep, cfg.block_size):
-        raise InvalidRequest(f"an exact hit (cached rings) of {h} tokens needs H <= consumer_start "
-                             f"{consumer_start(prompt_len, keep)} (prompt of {prompt_len}); "
-                             f"use the hit without rings (bounded replay)")
+        raise InvalidRequest(
+            f"an exact hit (cached rings) of {h} tokens needs H <= consumer_start "
+            f"{consumer_start(prompt_len, keep)} (prompt of {prompt_len}); "
+            f"use the hit without rings (bounded replay)"
+        )

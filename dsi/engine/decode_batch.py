@@ -35,21 +35,36 @@ class DecodeIndex:
     swa_start: torch.Tensor  # [B] first position this half's SWA sees
 
 
-def build_index(cfg: ModelConfig, rows: list[int], slots: list[int], pos: list[int], swa_start: list[int],
-                tables: list[list[int]], protect: list[int] | None = None) -> DecodeIndex:
+def build_index(
+    cfg: ModelConfig,
+    rows: list[int],
+    slots: list[int],
+    pos: list[int],
+    swa_start: list[int],
+    tables: list[list[int]],
+    protect: list[int] | None = None,
+) -> DecodeIndex:
     p = torch.tensor(pos, dtype=torch.long)
     start = torch.tensor(swa_start, dtype=torch.long)
     prev = p[:, None] - (cfg.window - 1) + torch.arange(cfg.window - 1)[None, :]
     ok = prev >= start[:, None]
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-    return DecodeIndex(torch.tensor(rows, dtype=torch.long), torch.tensor(slots, dtype=torch.long), p,
-                       prev.clamp(min=0) % cfg.ring, ok, padded,
-                       torch.tensor(protect if protect is not None else [0] * len(pos), dtype=torch.long), start)
+    return DecodeIndex(
+        torch.tensor(rows, dtype=torch.long),
+        torch.tensor(slots, dtype=torch.long),
+        p,
+        prev.clamp(min=0) % cfg.ring,
+        ok,
+        padded,
+        torch.tensor(protect if protect is not None else [0] * len(pos), dtype=torch.long),
+        start,
+    )
 
 
-def gather_latents(view: torch.Tensor, idx: DecodeIndex, count: torch.Tensor, per_block: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_latents(
+    view: torch.Tensor, idx: DecodeIndex, count: torch.Tensor, per_block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Latents 0..count_b-1 of each sequence: ([B, N, D], valid [B, N]) from a page view."""
     n = int(count.max()) if len(count) else 0
     entries = torch.arange(n)[None, :].expand(len(count), n)
@@ -58,9 +73,17 @@ def gather_latents(view: torch.Tensor, idx: DecodeIndex, count: torch.Tensor, pe
     return view[page, entries % per_block], valid
 
 
-def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                  ring: torch.Tensor, idx: DecodeIndex, latents: torch.Tensor | None,
-                  lat_valid: torch.Tensor | None) -> torch.Tensor:
+def attend_decode(
+    cfg: ModelConfig,
+    q: torch.Tensor,
+    q_rot: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    ring: torch.Tensor,
+    idx: DecodeIndex,
+    latents: torch.Tensor | None,
+    lat_valid: torch.Tensor | None,
+) -> torch.Tensor:
     """q, q_rot: [B, Hq, D]; k_new, v_new: [B, Hkv, D]; ring: [slots, 2, ring, Hkv, D] of this
     layer. Returns [B, Hq * D]."""
     b, hq, d = q.shape
@@ -80,6 +103,8 @@ def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new:
     s_lat = s_lat.masked_fill(~lat_valid[:, None, :], float("-inf"))
     p = torch.softmax(torch.cat([s_swa, s_lat], dim=-1), dim=-1)
     w = keys.shape[1]
-    out = torch.einsum("bkgw,bwkd->bkgd", p[..., :w].reshape(b, k_new.shape[1], group, w), vals).reshape(b, hq, d)
+    out = torch.einsum("bkgw,bwkd->bkgd", p[..., :w].reshape(b, k_new.shape[1], group, w), vals).reshape(
+        b, hq, d
+    )
     out = out + torch.einsum("bhn,bnd->bhd", p[..., w:], latents)
     return out.reshape(b, hq * d)

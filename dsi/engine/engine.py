@@ -109,35 +109,54 @@ class StepTiming:
 
 
 class Engine:
-    def __init__(self, cfg: ModelConfig | LlamaConfig, weights: dict[str, torch.Tensor], config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig | LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        config: EngineConfig | None = None,
+    ) -> None:
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
         self.device = "cpu"  # where the forward runs; weights and pages live in host memory
         runner = DenseRunner if cfg.family == "llama" else ModelRunner
         self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
-        self.scheduler = Scheduler(self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens,
-                                   c.max_running)
+        self.scheduler = Scheduler(
+            self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
+        )
         self.requests: dict[str, Request] = {}
-        self.shape = EngineShape.of(cfg, num_blocks=c.num_blocks, num_slots=c.num_slots, root_seed=c.root_seed,
-                                    replay=c.replay)
+        self.shape = EngineShape.of(
+            cfg, num_blocks=c.num_blocks, num_slots=c.num_slots, root_seed=c.root_seed, replay=c.replay
+        )
         self.leases = Leases(cfg, self.runner.pool, self.runner.slots)
-        self.full_pages = FullPages(self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages)
+        self.full_pages = FullPages(
+            self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages
+        )
         if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.block_size <= cfg.window:
             raise ValueError("ring snapshots need block_size in [window - 1, window]")
         self.ring_snapshots = RingSnapshots(self.shape.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
-        self.async_scheduling = c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
+        self.async_scheduling = (
+            c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
+        )
+        self._worker = (
+            ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
+        )
         self._inflight: tuple[Step, Future] | None = None
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
 
     # ---- requests ------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams,
-                    prefill_only: bool = False, cached: CachedPrefix | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        prefill_only: bool = False,
+        cached: CachedPrefix | None = None,
+    ) -> None:
         """Validate and queue; raises InvalidRequest and changes nothing on bad input.
         ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
         if request_id in self.requests:
@@ -148,13 +167,16 @@ class Engine:
             check_cached(self.cfg, self.config.num_blocks, cached, len(prompt), keep)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         start = consumer_start(len(prompt), keep)
-        req = Request(request_id, list(prompt), params, start, seed, arrival=time.monotonic(),
-                      prefill_only=prefill_only)
+        req = Request(
+            request_id, list(prompt), params, start, seed, arrival=time.monotonic(), prefill_only=prefill_only
+        )
         if cached is not None and cached.num_tokens:
             req.cached, req.num_cached = cached, cached.num_tokens
             # No SWA rings (a full-attention family): the pages are the whole cache, every hit is exact.
             exact = cached.exact or not self.cfg.ring
-            req.replay_start = cached.num_tokens if exact else replay_start(cached.num_tokens, start, self.cfg.window)
+            req.replay_start = (
+                cached.num_tokens if exact else replay_start(cached.num_tokens, start, self.cfg.window)
+            )
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
         self.stats.prompt_tokens += len(prompt)
@@ -177,8 +199,9 @@ class Engine:
             return True
         self._finish(req, "abort")
         # Reported by the next step() even when nothing else runs (in sync mode no step is in flight).
-        self._pending.append(RequestOutput(req.request_id, [], list(req.output), True, "abort", len(req.prompt),
-                                           [], []))
+        self._pending.append(
+            RequestOutput(req.request_id, [], list(req.output), True, "abort", len(req.prompt), [], [])
+        )
         del self.requests[request_id]
         return True
 
@@ -197,9 +220,17 @@ class Engine:
     def load(self) -> EngineLoad:
         """What the engine holds now, and its counters since it started."""
         sched, st = self.scheduler, self.stats
-        return EngineLoad(len(sched.running), len(sched.waiting), sum(r.num_computed for r in sched.running),
-                          self.runner.pool.num_free, self.runner.slots.num_free, st.prompt_tokens,
-                          st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens)
+        return EngineLoad(
+            len(sched.running),
+            len(sched.waiting),
+            sum(r.num_computed for r in sched.running),
+            self.runner.pool.num_free,
+            self.runner.slots.num_free,
+            st.prompt_tokens,
+            st.cached_tokens,
+            st.replay_tokens,
+            st.computed_prompt_tokens,
+        )
 
     def request_stats(self, request_id: str) -> RequestStats | None:
         """A copy of what a request has cost so far (held, finished or exported recently), or None."""
@@ -255,13 +286,26 @@ class Engine:
         if req.num_computed == 0:
             raise InvalidRequest(f"request {request_id!r} has not run yet")
         if not 0 <= skip <= req.num_computed // self.cfg.block_size:
-            raise InvalidRequest(f"request {request_id!r} has {req.num_computed // self.cfg.block_size} full "
-                                 f"pages; {skip} cannot be skipped")
+            raise InvalidRequest(
+                f"request {request_id!r} has {req.num_computed // self.cfg.block_size} full "
+                f"pages; {skip} cannot be skipped"
+            )
         pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)].clone()
-        state = RequestState(req.request_id, list(req.prompt), list(req.output), req.params, req.seed,
-                             req.consumer_start, req.num_computed, pages,
-                             self.runner.slots.rings[req.slot].clone(), self.runner.slots.partial[req.slot].clone(),
-                             list(req.logprobs), req.num_cached, req.replay_start)
+        state = RequestState(
+            req.request_id,
+            list(req.prompt),
+            list(req.output),
+            req.params,
+            req.seed,
+            req.consumer_start,
+            req.num_computed,
+            pages,
+            self.runner.slots.rings[req.slot].clone(),
+            self.runner.slots.partial[req.slot].clone(),
+            list(req.logprobs),
+            req.num_cached,
+            req.replay_start,
+        )
         if not req.finished:
             self.scheduler.finish(req, "migrated")
         self._queue_snapshot(req)
@@ -280,8 +324,11 @@ class Engine:
             raise InvalidRequest(f"request {request_id!r} has no cache here")
         full = min(req.num_computed // self.cfg.block_size, len(req.block_table))
         blocks = req.block_table[start:full]
-        return self.runner.pool.pages[torch.tensor(blocks, dtype=torch.long)].clone() if blocks else \
-            self.runner.pool.pages.new_empty((0, self.runner.pool.pages.shape[1]))
+        return (
+            self.runner.pool.pages[torch.tensor(blocks, dtype=torch.long)].clone()
+            if blocks
+            else self.runner.pool.pages.new_empty((0, self.runner.pool.pages.shape[1]))
+        )
 
     def reserve(self, num_blocks: int) -> Reservation:
         """Take ``num_blocks`` pages and a state slot out of the scheduler's reach (for an import)."""
@@ -305,7 +352,9 @@ class Engine:
         ``held``: leading pages already written (``write_pages``); ``state.pages`` follow them."""
         self.leases.write(state, res, held)
 
-    def import_request(self, state: RequestState, reservation: Reservation | None = None, held: int = 0) -> None:
+    def import_request(
+        self, state: RequestState, reservation: Reservation | None = None, held: int = 0
+    ) -> None:
         """Admit a request with imported cache; it continues from ``num_computed``. With a
         reservation its pages and slot are used (extra pages go back to the pool); on an error
         the reservation stays held for the caller to release. ``held`` (with a reservation): its
@@ -323,8 +372,16 @@ class Engine:
             raise InvalidRequest("not enough free pages or state slots to import the request")
         if reservation is not None and not reservation.active:
             raise InvalidRequest("the reservation was released")
-        req = Request(state.request_id, list(state.prompt), params, state.consumer_start, state.seed,
-                      arrival=time.monotonic(), output=list(state.output), logprobs=list(state.logprobs))
+        req = Request(
+            state.request_id,
+            list(state.prompt),
+            params,
+            state.consumer_start,
+            state.seed,
+            arrival=time.monotonic(),
+            output=list(state.output),
+            logprobs=list(state.logprobs),
+        )
         if params.structured is not None:
             try:
                 req.constraint = default_compiler().replay(params.structured, req.output)
@@ -339,8 +396,11 @@ class Engine:
         elif state.num_cached:  # kept so that a preemption here recomputes with the same hit
             blocks = state.num_cached // self.cfg.block_size
             pages = self.runner.pool.pages[torch.tensor(req.block_table[:blocks], dtype=torch.long)].clone()
-            req.cached, req.num_cached, req.replay_start = CachedPrefix(state.num_cached, pages), \
-                state.num_cached, state.replay_start
+            req.cached, req.num_cached, req.replay_start = (
+                CachedPrefix(state.num_cached, pages),
+                state.num_cached,
+                state.replay_start,
+            )
         req.num_computed = state.num_computed
         req.status = Status.RUNNING
         self.requests[req.request_id] = req
@@ -357,8 +417,14 @@ class Engine:
         logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in chosen]
-        sampled = sample(logits, [r.params for _, r in chosen], [r.seed for _, r in chosen],
-                         [sl.end for sl, _ in chosen], [constraint_at(sl.end, r) for sl, r in chosen], counts)
+        sampled = sample(
+            logits,
+            [r.params for _, r in chosen],
+            [r.seed for _, r in chosen],
+            [sl.end for sl, _ in chosen],
+            [constraint_at(sl.end, r) for sl, r in chosen],
+            counts,
+        )
         for (_, req), s in zip(chosen, sampled, strict=True):
             self._last_token[id(req)] = s.token
             self._output_counts.add(req, s.token)
@@ -431,9 +497,19 @@ class Engine:
     def _collect(self, touched: Iterable[tuple[Request, list[Sampled]]]) -> list[RequestOutput]:
         outs, self._pending = self._pending, []
         for req, new in touched:
-            outs.append(RequestOutput(req.request_id, [s.token for s in new], list(req.output), req.finished,
-                                      req.finish_reason, len(req.prompt), [s.logprob for s in new],
-                                      [s.top for s in new], list(req.logprobs) if req.finished else None))
+            outs.append(
+                RequestOutput(
+                    req.request_id,
+                    [s.token for s in new],
+                    list(req.output),
+                    req.finished,
+                    req.finish_reason,
+                    len(req.prompt),
+                    [s.logprob for s in new],
+                    [s.top for s in new],
+                    list(req.logprobs) if req.finished else None,
+                )
+            )
             if req.finished and not req.prefill_only:
                 self.requests.pop(req.request_id, None)
         return outs

@@ -59,7 +59,11 @@ NO_HIT = HitChoice()
 
 def fetch_limit(policy: HitPolicy, prompt_len: int, keep: int | None, block_size: int) -> int:
     """Tokens of leading pages worth fetching from the store (a multiple of block_size)."""
-    return max_hit(prompt_len, block_size) if policy == "bounded" else exact_hit_limit(prompt_len, keep, block_size)
+    return (
+        max_hit(prompt_len, block_size)
+        if policy == "bounded"
+        else exact_hit_limit(prompt_len, keep, block_size)
+    )
 
 
 def exact_boundary(stored: int, prompt_len: int, keep: int | None, block_size: int) -> int:
@@ -68,8 +72,9 @@ def exact_boundary(stored: int, prompt_len: int, keep: int | None, block_size: i
     return min(stored, exact_hit_limit(prompt_len, keep, block_size))
 
 
-def choose_hit(policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int,
-               state_held: bool) -> HitChoice:
+def choose_hit(
+    policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int, state_held: bool
+) -> HitChoice:
     """The hit to take. ``stored``: leading tokens whose pages were fetched (a multiple of
     block_size, at most ``max_hit``); ``state_held``: the SWA state at :func:`exact_boundary`
     was pulled."""

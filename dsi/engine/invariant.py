@@ -91,9 +91,18 @@ class _Softmax:
         return (self.o / self.l[..., None]).reshape(self.o.shape[0], -1)
 
 
-def attend_chunk(q: torch.Tensor, q_rot: torch.Tensor, first: int, keys: torch.Tensor, vals: torch.Tensor,
-                 key_first: int, swa_start: int, latents: torch.Tensor | None, latent_last: torch.Tensor | None,
-                 window: int) -> torch.Tensor:
+def attend_chunk(
+    q: torch.Tensor,
+    q_rot: torch.Tensor,
+    first: int,
+    keys: torch.Tensor,
+    vals: torch.Tensor,
+    key_first: int,
+    swa_start: int,
+    latents: torch.Tensor | None,
+    latent_last: torch.Tensor | None,
+    window: int,
+) -> torch.Tensor:
     """One sequence's queries, as :func:`dsi.model.ops.attend` defines them, batch-invariantly.
 
     q, q_rot: [T, Hq, D] at positions first .. first + T - 1.
@@ -114,18 +123,30 @@ def attend_chunk(q: torch.Tensor, q_rot: torch.Tensor, first: int, keys: torch.T
         if r.start >= r.stop:
             continue
         kb, vb = keys.new_zeros(KEY_BLOCK, hkv, d), vals.new_zeros(KEY_BLOCK, hkv, d)
-        kb[lo - p0:hi - p0], vb[lo - p0:hi - p0] = keys[lo - key_first:hi - key_first], vals[lo - key_first:hi - key_first]
+        kb[lo - p0 : hi - p0], vb[lo - p0 : hi - p0] = (
+            keys[lo - key_first : hi - key_first],
+            vals[lo - key_first : hi - key_first],
+        )
         kpos = torch.arange(p0, p0 + KEY_BLOCK)[None, :]
         qp = qpos[r, None]
         ok = (kpos <= qp) & (kpos > qp - window) & (kpos >= max(swa_start, lo)) & (kpos < hi)
         n = r.stop - r.start
         qg = q_rot[r].reshape(n, hkv, group, d)
-        s = torch.stack([mm(qg[:, k].reshape(n * group, d), kb[:, k].T).view(n, group, KEY_BLOCK)
-                         for k in range(hkv)], 1).reshape(n, hq, KEY_BLOCK) * scale
+        s = (
+            torch.stack(
+                [
+                    mm(qg[:, k].reshape(n * group, d), kb[:, k].T).view(n, group, KEY_BLOCK)
+                    for k in range(hkv)
+                ],
+                1,
+            ).reshape(n, hq, KEY_BLOCK)
+            * scale
+        )
         e, alpha = state.scale(r, s.masked_fill(~ok[:, None, :], float("-inf")))
         eg = e.view(n, hkv, group, KEY_BLOCK)
-        pv = torch.stack([mm(eg[:, k].reshape(n * group, KEY_BLOCK), vb[:, k]).view(n, group, d)
-                          for k in range(hkv)], 1).reshape(n, hq, d)
+        pv = torch.stack(
+            [mm(eg[:, k].reshape(n * group, KEY_BLOCK), vb[:, k]).view(n, group, d) for k in range(hkv)], 1
+        ).reshape(n, hq, d)
         state.add(r, e, alpha, pv)
     if latents is not None and latents.shape[0]:
         for b0 in range(0, latents.shape[0], KEY_BLOCK):
@@ -141,10 +162,20 @@ def attend_chunk(q: torch.Tensor, q_rot: torch.Tensor, first: int, keys: torch.T
     return state.result()
 
 
-def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                  ring: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, swa_start: torch.Tensor,
-                  latents: torch.Tensor | None, lat_valid: torch.Tensor | None, latent_last: torch.Tensor | None
-                  ) -> torch.Tensor:
+def attend_decode(
+    cfg: ModelConfig,
+    q: torch.Tensor,
+    q_rot: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    ring: torch.Tensor,
+    slots: torch.Tensor,
+    pos: torch.Tensor,
+    swa_start: torch.Tensor,
+    latents: torch.Tensor | None,
+    lat_valid: torch.Tensor | None,
+    latent_last: torch.Tensor | None,
+) -> torch.Tensor:
     """One-token slices of B sequences, with the bits :func:`attend_chunk` gives their queries.
 
     q, q_rot: [B, Hq, D]; k_new, v_new: [B, Hkv, D] (position ``pos`` [B]); ring: [slots, 2, ring,
@@ -169,8 +200,9 @@ def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new:
         kb, vb = kb.masked_fill(~ok[..., None, None], 0.0), vb.masked_fill(~ok[..., None, None], 0.0)
         qg = q_rot.view(b, hkv, group, d)
         s = torch.stack([bmm(qg[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
-        e, alpha = state.scale(rows, s.reshape(b, hq, KEY_BLOCK).mul(scale).masked_fill(~ok[:, None, :],
-                                                                                         float("-inf")))
+        e, alpha = state.scale(
+            rows, s.reshape(b, hq, KEY_BLOCK).mul(scale).masked_fill(~ok[:, None, :], float("-inf"))
+        )
         eg = e.view(b, hkv, group, KEY_BLOCK)
         pv = torch.stack([bmm(eg[:, k], vb[:, :, k]) for k in range(hkv)], 1).reshape(b, hq, d)
         state.add(rows, e, alpha, pv)
@@ -178,11 +210,11 @@ def attend_decode(cfg: ModelConfig, q: torch.Tensor, q_rot: torch.Tensor, k_new:
         n = latents.shape[1]
         for b0 in range(0, n, KEY_BLOCK):
             width = min(KEY_BLOCK, n - b0)
-            ok = lat_valid[:, b0:b0 + width] & (latent_last[:, b0:b0 + width] <= pos[:, None])
+            ok = lat_valid[:, b0 : b0 + width] & (latent_last[:, b0 : b0 + width] <= pos[:, None])
             if not bool(ok.any()):
                 continue
             lb = latents.new_zeros(b, KEY_BLOCK, d)
-            lb[:, :width] = latents[:, b0:b0 + width].masked_fill(~ok[..., None], 0.0)
+            lb[:, :width] = latents[:, b0 : b0 + width].masked_fill(~ok[..., None], 0.0)
             ok = torch.nn.functional.pad(ok, (0, KEY_BLOCK - width))
             s = bmm(q, lb.transpose(1, 2)) * scale
             e, alpha = state.scale(rows, s.masked_fill(~ok[:, None, :], float("-inf")))
@@ -199,7 +231,7 @@ def _latent_block(latents: torch.Tensor, last: torch.Tensor, b0: int) -> tuple[t
     """Entries b0 .. b0 + KEY_BLOCK - 1, zero-padded; padding covers no position (last = +inf-like)."""
     width = min(KEY_BLOCK, latents.shape[0] - b0)
     lb = latents.new_zeros(KEY_BLOCK, latents.shape[1])
-    lb[:width] = latents[b0:b0 + width]
+    lb[:width] = latents[b0 : b0 + width]
     lt = torch.full((KEY_BLOCK,), torch.iinfo(torch.long).max, dtype=torch.long)
-    lt[:width] = last[b0:b0 + width]
+    lt[:width] = last[b0 : b0 + width]
     return lb, lt

@@ -32,8 +32,10 @@ class Leases:
 
     def reserve(self, num_blocks: int) -> Reservation:
         if num_blocks < 0 or num_blocks > self.pool.num_free or not self.slots.num_free:
-            raise InvalidRequest(f"cannot reserve {num_blocks} pages and a state slot: "
-                                 f"{self.pool.num_free} pages and {self.slots.num_free} slots are free")
+            raise InvalidRequest(
+                f"cannot reserve {num_blocks} pages and a state slot: "
+                f"{self.pool.num_free} pages and {self.slots.num_free} slots are free"
+            )
         return Reservation(self.pool.allocate(num_blocks), self.slots.allocate())
 
     def release(self, res: Reservation) -> None:
@@ -58,12 +60,18 @@ class Leases:
         m = pages.shape[0]
         if not res.active:
             raise InvalidRequest("the reservation was released")
-        if pages.dim() != 2 or pages.shape[1] != self.pool.pages.shape[1] or pages.dtype != self.pool.pages.dtype:
-            raise InvalidRequest(f"pages must be [m, {self.pool.pages.shape[1]}] fp32, got {list(pages.shape)}")
+        if (
+            pages.dim() != 2
+            or pages.shape[1] != self.pool.pages.shape[1]
+            or pages.dtype != self.pool.pages.dtype
+        ):
+            raise InvalidRequest(
+                f"pages must be [m, {self.pool.pages.shape[1]}] fp32, got {list(pages.shape)}"
+            )
         if start < 0 or start + m > len(res.blocks):
             raise InvalidRequest(f"pages {start}..{start + m} do not fit the {len(res.blocks)} reserved")
         if m:
-            self.pool.pages[torch.tensor(res.blocks[start:start + m], dtype=torch.long)] = pages
+            self.pool.pages[torch.tensor(res.blocks[start : start + m], dtype=torch.long)] = pages
 
     def write(self, state: RequestState, res: Reservation, held: int = 0) -> None:
         """Copy a state's pages, rings and partial state into the reserved memory; ``held``: pages

@@ -44,20 +44,34 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True, omit_defaults
 
     def validate(self, vocab_size: int) -> None:
         checks = [
-            (isinstance(self.max_tokens, int) and self.max_tokens > 0, "max_tokens must be a positive integer"),
+            (
+                isinstance(self.max_tokens, int) and self.max_tokens > 0,
+                "max_tokens must be a positive integer",
+            ),
             (_finite(self.temperature) and self.temperature >= 0, "temperature must be a finite number >= 0"),
             (_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
             (_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63), "seed must be in [0, 2^63)"),
-            (all(isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids),
-             "stop_token_ids must be token ids in the vocabulary"),
-            (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
-             f"top_logprobs must be in 0..{MAX_LOGPROBS}"),
-            (_finite(self.frequency_penalty) and -MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
-             f"frequency_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
-            (_finite(self.presence_penalty) and -MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
-             f"presence_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
+            (
+                self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+                "seed must be in [0, 2^63)",
+            ),
+            (
+                all(isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids),
+                "stop_token_ids must be token ids in the vocabulary",
+            ),
+            (
+                isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_LOGPROBS,
+                f"top_logprobs must be in 0..{MAX_LOGPROBS}",
+            ),
+            (
+                _finite(self.frequency_penalty) and -MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
+                f"frequency_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]",
+            ),
+            (
+                _finite(self.presence_penalty) and -MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
+                f"presence_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -84,8 +98,9 @@ def _check_structured(spec: object, vocab_size: int) -> None:
     if not isinstance(spec, StructuredSpec):
         raise InvalidRequest("structured must be a StructuredSpec")
     if vocab_size != VOCAB_SIZE:
-        raise InvalidRequest(f"structured output needs the V4 vocabulary ({VOCAB_SIZE} ids); "
-                             f"this model has {vocab_size}")
+        raise InvalidRequest(
+            f"structured output needs the V4 vocabulary ({VOCAB_SIZE} ids); this model has {vocab_size}"
+        )
     try:
         default_compiler().check(spec)
     except SpecError as exc:

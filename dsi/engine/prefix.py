@@ -20,10 +20,10 @@ from dsi.model.reference import exact_hit_limit
 __all__ = ["CachedPrefix", "EngineStats", "FullPage", "RequestStats", "RingSnapshot", "exact_hit_limit"]
 
 
-
 def ring_snapshot_shape(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
     """[n_producer, 2 (keys, values), block_size, n_kv_heads, head_dim] of one SWA ring snapshot."""
     return cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim
+
 
 @dataclass(slots=True)
 class CachedPrefix:

@@ -42,7 +42,9 @@ class RingSnapshots:
             return False
         boundary, rings = req.ring_snapshot
         req.ring_snapshot = None
-        self._queue.append(RingSnapshot(req.request_id, boundary, self._block_hash(req, boundary), rings.clone()))
+        self._queue.append(
+            RingSnapshot(req.request_id, boundary, self._block_hash(req, boundary), rings.clone())
+        )
         return True
 
     def take(self) -> list[RingSnapshot]:

@@ -32,12 +32,20 @@ from dsi.kvcache.state_slots import StateSlots
 from dsi.model.config import ModelConfig
 from dsi.model.ops import Matmul, attend, compress_pairs, moe, rms_norm, rope
 
-Snapshots = dict[int, tuple[int, torch.Tensor]]  # slice index -> (B, [n_producer, 2, block_size, n_kv_heads, D])
+Snapshots = dict[
+    int, tuple[int, torch.Tensor]
+]  # slice index -> (B, [n_producer, 2, block_size, n_kv_heads, D])
 
 
 class ModelRunner:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int,
-                 batch_invariant: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        num_blocks: int,
+        num_slots: int,
+        batch_invariant: bool = True,
+    ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
@@ -74,8 +82,18 @@ class ModelRunner:
             skip = min(max(0, s.consumer_start - s.start), len(s.tokens))
             keep_rows.append(torch.arange(a + skip, a + len(s.tokens)))
             n = len(s.tokens) - skip
-            c_batch.append(StepSlice(s.slot, s.block_table, s.start + skip, s.tokens[skip:], s.consumer_start, s.sample,
-                                     s.producer_start, s.cached_end))
+            c_batch.append(
+                StepSlice(
+                    s.slot,
+                    s.block_table,
+                    s.start + skip,
+                    s.tokens[skip:],
+                    s.consumer_start,
+                    s.sample,
+                    s.producer_start,
+                    s.cached_end,
+                )
+            )
             c_spans.append((offset, offset + n))
             offset += n
         rows = torch.cat(keep_rows)
@@ -90,9 +108,16 @@ class ModelRunner:
         return self.mm(h, w["embed"].T)
 
     # ---- one layer -----------------------------------------------------------------------------
-    def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, batch: list[StepSlice],
-               spans: list[tuple[int, int]], dec: DecodeIndex | None, snapshots: Snapshots | None = None
-               ) -> torch.Tensor:
+    def _layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        batch: list[StepSlice],
+        spans: list[tuple[int, int]],
+        dec: DecodeIndex | None,
+        snapshots: Snapshots | None = None,
+    ) -> torch.Tensor:
         """One layer over the step's tokens; one-token slices attend together through ``dec``."""
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         consumer = i >= cfg.n_producer
@@ -125,10 +150,13 @@ class ModelRunner:
             lat, last = self._latents(s, i, consumer)
             swa_start = s.consumer_start if consumer else s.producer_start
             if self.invariant:
-                out[a:b] = invariant.attend_chunk(q[a:b], q_rot[a:b], s.start, keys, vals, int(kpos[0]), swa_start,
-                                                  lat, last, cfg.window)
+                out[a:b] = invariant.attend_chunk(
+                    q[a:b], q_rot[a:b], s.start, keys, vals, int(kpos[0]), swa_start, lat, last, cfg.window
+                )
             else:
-                out[a:b] = attend(q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos, swa_start, lat, last, cfg.window)
+                out[a:b] = attend(
+                    q[a:b], q_rot[a:b], pos[a:b], keys, vals, kpos, swa_start, lat, last, cfg.window
+                )
             self._write_ring(s, i, k_rot[a:b], v[a:b])
         x = x + self.mm(out, w[p + "wo"])
         x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg, self.mm)
@@ -144,22 +172,39 @@ class ModelRunner:
 
     def _snapshot_entry(self, snapshots: Snapshots, j: int, boundary: int) -> torch.Tensor:
         if j not in snapshots:
-            snapshots[j] = (boundary, torch.empty(ring_snapshot_shape(self.cfg), dtype=self.slots.rings.dtype))
+            snapshots[j] = (
+                boundary,
+                torch.empty(ring_snapshot_shape(self.cfg), dtype=self.slots.rings.dtype),
+            )
         return snapshots[j][1]
 
-    def _snapshot_chunk(self, i: int, j: int, s: StepSlice, keys: torch.Tensor, vals: torch.Tensor, first: int,
-                        snapshots: Snapshots) -> None:
+    def _snapshot_chunk(
+        self,
+        i: int,
+        j: int,
+        s: StepSlice,
+        keys: torch.Tensor,
+        vals: torch.Tensor,
+        first: int,
+        snapshots: Snapshots,
+    ) -> None:
         """``keys``/``vals``: this slice's SWA keys of positions [first, s.end) (ring, then chunk)."""
         b = self._boundary(s)
         if i >= self.cfg.n_producer or not b:
             return
         snap = self._snapshot_entry(snapshots, j, b)
         lo = b - self.cfg.block_size - first  # >= 0: block_size <= window and b > s.start
-        snap[i, 0] = keys[lo:lo + self.cfg.block_size]
-        snap[i, 1] = vals[lo:lo + self.cfg.block_size]
+        snap[i, 0] = keys[lo : lo + self.cfg.block_size]
+        snap[i, 1] = vals[lo : lo + self.cfg.block_size]
 
-    def _snapshot_decode(self, i: int, dec: DecodeIndex, batch: list[StepSlice], spans: list[tuple[int, int]],
-                         snapshots: Snapshots) -> None:
+    def _snapshot_decode(
+        self,
+        i: int,
+        dec: DecodeIndex,
+        batch: list[StepSlice],
+        spans: list[tuple[int, int]],
+        snapshots: Snapshots,
+    ) -> None:
         """One-token slices at position B - 1: the ring (just written) holds [B - 128, B)."""
         ends = (dec.pos + 1) % self.cfg.block_size == 0
         if i >= self.cfg.n_producer or not bool(ends.any()):
@@ -173,17 +218,32 @@ class ModelRunner:
                 self._snapshot_entry(snapshots, j, b)[i] = self.slots.rings[slot, i][:, positions]
 
     # ---- batched one-token slices ----------------------------------------------------------------
-    def _decode_index(self, batch: list[StepSlice], spans: list[tuple[int, int]], consumer: bool
-                      ) -> DecodeIndex | None:
+    def _decode_index(
+        self, batch: list[StepSlice], spans: list[tuple[int, int]], consumer: bool
+    ) -> DecodeIndex | None:
         one = [(s, a) for s, (a, b) in zip(batch, spans, strict=True) if b - a == 1]
         if not one:
             return None
-        return build_index(self.cfg, [a for _, a in one], [s.slot for s, _ in one], [s.start for s, _ in one],
-                           [s.consumer_start if consumer else s.producer_start for s, _ in one],
-                           [s.block_table for s, _ in one], [s.cached_end for s, _ in one])
+        return build_index(
+            self.cfg,
+            [a for _, a in one],
+            [s.slot for s, _ in one],
+            [s.start for s, _ in one],
+            [s.consumer_start if consumer else s.producer_start for s, _ in one],
+            [s.block_table for s, _ in one],
+            [s.cached_end for s, _ in one],
+        )
 
-    def _attend_decode(self, i: int, dec: DecodeIndex, q: torch.Tensor, q_rot: torch.Tensor, k_rot: torch.Tensor,
-                       v: torch.Tensor, consumer: bool) -> torch.Tensor:
+    def _attend_decode(
+        self,
+        i: int,
+        dec: DecodeIndex,
+        q: torch.Tensor,
+        q_rot: torch.Tensor,
+        k_rot: torch.Tensor,
+        v: torch.Tensor,
+        consumer: bool,
+    ) -> torch.Tensor:
         cfg, r = self.cfg, dec.rows
         lat = valid = last = None
         if consumer:
@@ -195,16 +255,18 @@ class ModelRunner:
             last = (torch.arange(lat.shape[1]) * 2 + 1)[None, :].expand(lat.shape[0], -1)
         ring = self.slots.rings[:, i]
         if self.invariant:
-            out = invariant.attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec.slots, dec.pos,
-                                          dec.swa_start, lat, valid, last)
+            out = invariant.attend_decode(
+                cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec.slots, dec.pos, dec.swa_start, lat, valid, last
+            )
         else:
             out = attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         return out
 
-    def _compress_decode(self, dec: DecodeIndex, src: int, xn: torch.Tensor, wc0: torch.Tensor,
-                         wc1: torch.Tensor) -> None:
+    def _compress_decode(
+        self, dec: DecodeIndex, src: int, xn: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor
+    ) -> None:
         """Odd positions close a pair (latent written); even ones open it (partial state)."""
         partial = self.slots.partial[:, src]
         closes = (dec.pos % 2 == 1) & (dec.pos - 1 >= dec.protect)  # a loaded pair keeps its cached latent
@@ -220,8 +282,9 @@ class ModelRunner:
             partial[dec.slots[even]] = self.mm(xn[even], wc0)
 
     # ---- cache access ---------------------------------------------------------------------------
-    def _swa_keys(self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
-                  consumer: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _swa_keys(
+        self, s: StepSlice, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, consumer: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ring keys of the window before this slice, then the slice's own keys."""
         cfg = self.cfg
         lo = max(s.consumer_start if consumer else s.producer_start, s.start - cfg.window + 1)
@@ -239,7 +302,9 @@ class ModelRunner:
         ring[0, positions % self.cfg.ring] = k_new[-n:]
         ring[1, positions % self.cfg.ring] = v_new[-n:]
 
-    def _compress(self, s: StepSlice, src: int, xn: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor) -> None:
+    def _compress(
+        self, s: StepSlice, src: int, xn: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor
+    ) -> None:
         """Latents of the pairs completed in this slice; the unpaired tail goes to partial state."""
         partial = self.slots.partial[s.slot, src]
         rows, first = xn, s.start
@@ -249,22 +314,30 @@ class ModelRunner:
             rows, first = rows[1:], first + 1
         pairs = rows.shape[0] // 2
         if pairs:
-            lat.append(compress_pairs(rows[0:2 * pairs:2], rows[1:2 * pairs:2], wc0, wc1, self.mm))
+            lat.append(compress_pairs(rows[0 : 2 * pairs : 2], rows[1 : 2 * pairs : 2], wc0, wc1, self.mm))
         if rows.shape[0] % 2 == 1:
             partial.copy_(self.mm(rows[-1:], wc0)[0])
         if lat:
             latents = torch.cat([t.reshape(-1, self.cfg.head_dim) for t in lat])
             j0 = s.start // 2  # the pair of position `start` (closed here when start is odd)
             skip = min(max(0, s.cached_end // 2 - j0), latents.shape[0])  # loaded pairs keep their latents
-            self._scatter(self._src_views[src], s.block_table, torch.arange(j0 + skip, j0 + latents.shape[0]),
-                          self.layout.per_block_compressed, latents[skip:])
+            self._scatter(
+                self._src_views[src],
+                s.block_table,
+                torch.arange(j0 + skip, j0 + latents.shape[0]),
+                self.layout.per_block_compressed,
+                latents[skip:],
+            )
 
     def _write_global(self, s: StepSlice, g: torch.Tensor) -> None:
         skip = min(max(0, s.cached_end - s.start), len(s.tokens))  # loaded entries stay as they are
-        self._scatter(self._glob_view, s.block_table, torch.arange(s.start + skip, s.end), self.cfg.block_size,
-                      g[skip:])
+        self._scatter(
+            self._glob_view, s.block_table, torch.arange(s.start + skip, s.end), self.cfg.block_size, g[skip:]
+        )
 
-    def _latents(self, s: StepSlice, layer: int, consumer: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _latents(
+        self, s: StepSlice, layer: int, consumer: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         cfg = self.cfg
         if consumer:
             entries = torch.arange(s.end)
@@ -277,8 +350,9 @@ class ModelRunner:
         return self._gather(view, s.block_table, entries, self.layout.per_block_compressed), entries * 2 + 1
 
     @staticmethod
-    def _scatter(view: torch.Tensor, table: list[int], entries: torch.Tensor, per_block: int,
-                 values: torch.Tensor) -> None:
+    def _scatter(
+        view: torch.Tensor, table: list[int], entries: torch.Tensor, per_block: int, values: torch.Tensor
+    ) -> None:
         blocks = torch.tensor(table, dtype=torch.long)[entries // per_block]
         view[blocks, entries % per_block] = values
 

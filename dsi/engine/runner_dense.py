@@ -30,8 +30,14 @@ from dsi.model.ops import Matmul, rms_norm
 
 
 class DenseRunner:
-    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int,
-                 batch_invariant: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        num_blocks: int,
+        num_slots: int,
+        batch_invariant: bool = True,
+    ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
@@ -74,8 +80,15 @@ class DenseRunner:
         table = torch.tensor(s.block_table, dtype=torch.long)
         return table[p // self.cfg.block_size], p % self.cfg.block_size
 
-    def _write(self, layer: int, s: StepSlice, pages: torch.Tensor, offs: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> None:
+    def _write(
+        self,
+        layer: int,
+        s: StepSlice,
+        pages: torch.Tensor,
+        offs: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
         """K, V of positions [start, end) into the pages; loaded (cached) positions stay as they are."""
         skip = min(max(0, s.cached_end - s.start), len(s.tokens))
         rows = torch.arange(s.start + skip, s.end)

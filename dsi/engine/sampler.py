@@ -27,14 +27,21 @@ _MIX = 0x9E3779B97F4A7C15
 @dataclass(slots=True)
 class Sampled:
     token: int
-    logprob: float  # of the sampled token under the processed (penalised, constrained) untempered distribution
+    logprob: (
+        float  # of the sampled token under the processed (penalised, constrained) untempered distribution
+    )
     top: list[tuple[int, float]]
     finish: str | None = None  # from the constraint: "stop" = output complete, "error" = token rejected
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
-           constraints: Sequence[TokenConstraint | None] | None = None,
-           counts: Sequence[Counter[int] | None] | None = None) -> list[Sampled]:
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    positions: list[int],
+    constraints: Sequence[TokenConstraint | None] | None = None,
+    counts: Sequence[Counter[int] | None] | None = None,
+) -> list[Sampled]:
     """logits: [N, V] fp32, one row per request (penalised and masked in place); ``positions``
     is where each token will go; ``constraints[i]`` is advanced by row i's token; ``counts[i]``:
     how often each id occurs in row i's output before its position (for the penalties)."""
@@ -58,7 +65,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
     return out
 
 
-def _penalize(logits: torch.Tensor, params: Sequence[SamplingParams], counts: Sequence[Counter[int] | None]) -> None:
+def _penalize(
+    logits: torch.Tensor, params: Sequence[SamplingParams], counts: Sequence[Counter[int] | None]
+) -> None:
     for row, (p, c) in enumerate(zip(params, counts, strict=True)):
         if c and p.penalized:
             ids = torch.tensor(list(c.keys()), dtype=torch.long)

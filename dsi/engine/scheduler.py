@@ -50,8 +50,9 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, slots: StateSlots, block_size: int, max_batch_tokens: int,
-                 max_running: int) -> None:
+    def __init__(
+        self, pool: BlockPool, slots: StateSlots, block_size: int, max_batch_tokens: int, max_running: int
+    ) -> None:
         self.pool = pool
         self.slots = slots
         self.block_size = block_size
@@ -119,12 +120,22 @@ class Scheduler:
 
     def _add_slice(self, step: Step, req: Request, n: int) -> int:
         start = req.num_computed
-        known = req.all_tokens[start:start + n]
+        known = req.all_tokens[start : start + n]
         fill = len(known) < n  # the last input token is still being sampled
         tokens = known + [PLACEHOLDER] * (n - len(known))
         sample = start + n == req.num_tokens + req.in_flight
-        step.slices.append(StepSlice(req.slot, req.block_table, start, tokens, req.consumer_start, sample,
-                                     req.producer_start, req.num_cached))
+        step.slices.append(
+            StepSlice(
+                req.slot,
+                req.block_table,
+                start,
+                tokens,
+                req.consumer_start,
+                sample,
+                req.producer_start,
+                req.num_cached,
+            )
+        )
         step.requests.append(req)
         step.fills.append(fill)
         req.num_computed += n
@@ -141,7 +152,9 @@ class Scheduler:
         if cached.rings is not None:
             # Even H: the pair (H - 2, H - 1) is closed, so the compressor partial state is empty.
             positions = torch.arange(req.num_cached - cached.rings.shape[2], req.num_cached)
-            self.slots.rings[req.slot, :cached.rings.shape[0], :, positions % self.slots.cfg.ring] = cached.rings
+            self.slots.rings[req.slot, : cached.rings.shape[0], :, positions % self.slots.cfg.ring] = (
+                cached.rings
+            )
 
     def _pages_needed(self, req: Request, n: int) -> int:
         return max(0, -(-(req.num_computed + n) // self.block_size) - len(req.block_table))
@@ -157,8 +170,10 @@ class Scheduler:
                     step.blocked = True
                     return False
                 scheduled = {id(r) for r in step.requests}  # their slices already point at their pages
-                victim = max((r for r in self.running if id(r) not in scheduled),
-                             key=lambda r: (len(r.output), r.arrival))
+                victim = max(
+                    (r for r in self.running if id(r) not in scheduled),
+                    key=lambda r: (len(r.output), r.arrival),
+                )
                 self._preempt(victim)
                 if victim is req:
                     return False

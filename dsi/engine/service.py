@@ -84,7 +84,9 @@ class EngineService:
         self.steps = 0
 
     @classmethod
-    def create(cls, model: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig) -> EngineService:
+    def create(
+        cls, model: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig
+    ) -> EngineService:
         """Build the engine and its service (blocking: allocates the pools; run it off the event loop)."""
         return cls(Engine(model, weights, config))
 
@@ -119,22 +121,33 @@ class EngineService:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._engine.close)
         self._thread.shutdown(wait=True)
 
-    def generate(self, request_id: str, prompt: list[int], params: SamplingParams, prefill_only: bool = False,
-                 cached: CachedPrefix | None = None) -> AsyncIterator[RequestOutput]:
+    def generate(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        prefill_only: bool = False,
+        cached: CachedPrefix | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request until it finishes; raises InvalidRequest if it is refused.
         ``cached`` pages must stay valid until the stream ends (the engine reads them again
         after a preemption)."""
-        return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached))
+        return self._stream(
+            request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached)
+        )
 
-    def import_request(self, state: RequestState, reservation: Reservation | None = None, held: int = 0
-                       ) -> AsyncIterator[RequestOutput]:
+    def import_request(
+        self, state: RequestState, reservation: Reservation | None = None, held: int = 0
+    ) -> AsyncIterator[RequestOutput]:
         """Continue an exported request here; streams like ``generate``. With a reservation the
         state's buffers are copied into it before this returns (InvalidRequest on a mismatch),
         and a refused import releases it; without one the buffers are read when the engine
         admits the request (keep them until the first output). ``held``: leading pages already
         in the reservation (pre-copied with ``write_pages``)."""
         if reservation is not None:
-            self._engine.write_reservation(state, reservation, held)  # reserved memory: safe while a step runs
+            self._engine.write_reservation(
+                state, reservation, held
+            )  # reserved memory: safe while a step runs
 
         def admit(engine: Engine) -> None:
             try:
@@ -170,6 +183,7 @@ class EngineService:
         """Take running requests out between the same two steps: request id -> its state without
         its first ``skips[id]`` pages, or the error that kept it here. Each exported request's
         stream ends with ``RequestMoved``."""
+
         def take(engine: Engine) -> dict[str, RequestState | DsiError]:
             out: dict[str, RequestState | DsiError] = {}
             for request_id, skip in skips.items():

@@ -31,21 +31,33 @@ _FP32 = 4  # bytes: the engine format of pages, rings and partial state
 class EngineShape:
     block_size: int  # tokens per Block KV page, and per block of the hash chain
     page_elems: int  # fp32 values in one page
-    ring_shape: tuple[int, ...]  # one SWA ring snapshot: [n_producer, 2, block_size, n_kv_heads, head_dim] fp32
-    keep: int | None  # decoder-side bounded replay: consumer layers see the last `keep` prompt tokens; None: off
+    ring_shape: tuple[
+        int, ...
+    ]  # one SWA ring snapshot: [n_producer, 2, block_size, n_kv_heads, head_dim] fp32
+    keep: (
+        int | None
+    )  # decoder-side bounded replay: consumer layers see the last `keep` prompt tokens; None: off
     num_pages: int  # usable Block KV pages (the null page is not counted)
     num_slots: int  # state slots: the most sequences the engine holds at once
     hash_chain: HashChain  # the chain hashes of this engine's pages (model, cluster root seed)
     state: StateLayout  # a RequestState with no pages (see state_layout)
 
     @classmethod
-    def of(cls, cfg: ModelConfig, *, num_blocks: int, num_slots: int, root_seed: int = 0,
-           replay: bool = True) -> EngineShape:
+    def of(
+        cls, cfg: ModelConfig, *, num_blocks: int, num_slots: int, root_seed: int = 0, replay: bool = True
+    ) -> EngineShape:
         """The shape of an engine of model ``cfg`` with ``num_blocks`` pages (the null page
         included) and ``num_slots`` state slots."""
-        return cls(block_size=cfg.block_size, page_elems=page_elems(cfg), ring_shape=ring_snapshot_shape(cfg),
-                   keep=cfg.keep if replay else None, num_pages=num_blocks - 1, num_slots=num_slots,
-                   hash_chain=HashChain.of(cfg, root_seed), state=StateLayout.of(cfg, 0))
+        return cls(
+            block_size=cfg.block_size,
+            page_elems=page_elems(cfg),
+            ring_shape=ring_snapshot_shape(cfg),
+            keep=cfg.keep if replay else None,
+            num_pages=num_blocks - 1,
+            num_slots=num_slots,
+            hash_chain=HashChain.of(cfg, root_seed),
+            state=StateLayout.of(cfg, 0),
+        )
 
     @property
     def page_bytes(self) -> int:

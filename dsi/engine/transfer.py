@@ -50,17 +50,28 @@ class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     @classmethod
     def of(cls, cfg: ModelConfig, num_blocks: int) -> StateLayout:
-        shapes = (("pages", (num_blocks, page_elems(cfg))),
-                  ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
-                  ("partial", (len(cfg.kv_sources), cfg.head_dim)))
+        shapes = (
+            ("pages", (num_blocks, page_elems(cfg))),
+            ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
+            ("partial", (len(cfg.kv_sources), cfg.head_dim)),
+        )
         return cls._packed([(name, shape, "float32", 4) for name, shape in shapes])
 
     def with_pages(self, num_blocks: int) -> StateLayout:
         """This layout with ``num_blocks`` pages instead (the other buffers unchanged)."""
         if num_blocks < 0:
             raise ValueError(f"a state holds 0 or more pages, not {num_blocks}")
-        return self._packed([(b.name, (num_blocks, *b.shape[1:]) if b.name == "pages" else b.shape, b.dtype,
-                              getattr(torch, b.dtype).itemsize) for b in self.buffers])
+        return self._packed(
+            [
+                (
+                    b.name,
+                    (num_blocks, *b.shape[1:]) if b.name == "pages" else b.shape,
+                    b.dtype,
+                    getattr(torch, b.dtype).itemsize,
+                )
+                for b in self.buffers
+            ]
+        )
 
     @classmethod
     def _packed(cls, parts: list[tuple[str, tuple[int, ...], str, int]]) -> StateLayout:
@@ -92,26 +103,43 @@ class RequestState:
 
     def buffers(self) -> dict[str, tuple[tuple[int, ...], str, int]]:
         """name -> (shape, dtype, bytes) of each buffer."""
-        return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
-                for name, t in self._tensors()}
+        return {
+            name: (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
+            for name, t in self._tensors()
+        }
 
     @property
     def nbytes(self) -> int:
         return sum(b for _, _, b in self.buffers().values())
 
     def layout(self) -> StateLayout:
-        return StateLayout._packed([(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.element_size())
-                                    for name, t in self._tensors()])
+        return StateLayout._packed(
+            [
+                (name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.element_size())
+                for name, t in self._tensors()
+            ]
+        )
 
     def to_parts(self) -> list[memoryview]:
         """Flat byte views of pages, rings, partial (in ``layout()`` order), sharing memory with them."""
         return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors()]
 
     @classmethod
-    def from_buffer(cls, layout: StateLayout, buf: memoryview | bytes | bytearray, request_id: str,
-                    prompt: list[int], output: list[int], params: SamplingParams, seed: int, consumer_start: int,
-                    num_computed: int, logprobs: list[float], num_cached: int = 0,
-                    replay_start: int = 0) -> RequestState:
+    def from_buffer(
+        cls,
+        layout: StateLayout,
+        buf: memoryview | bytes | bytearray,
+        request_id: str,
+        prompt: list[int],
+        output: list[int],
+        params: SamplingParams,
+        seed: int,
+        consumer_start: int,
+        num_computed: int,
+        logprobs: list[float],
+        num_cached: int = 0,
+        replay_start: int = 0,
+    ) -> RequestState:
         """Views (no copy) over one received state buffer. ``layout``: the sender's header, or
         the receiver's ``EngineShape.state_layout(num_blocks)``. A read-only buffer gives
         read-only tensors: import copies them into the engine and never writes."""
@@ -124,10 +152,26 @@ class RequestState:
             for b in layout.buffers:
                 dtype = getattr(torch, b.dtype)
                 count = b.nbytes // torch.empty((), dtype=dtype).element_size()
-                t[b.name] = (torch.frombuffer(view, dtype=dtype, count=count, offset=b.offset).view(b.shape)
-                             if count else torch.empty(b.shape, dtype=dtype))
-        return cls(request_id, list(prompt), list(output), params, seed, consumer_start, num_computed, t["pages"],
-                   t["rings"], t["partial"], list(logprobs), num_cached, replay_start)
+                t[b.name] = (
+                    torch.frombuffer(view, dtype=dtype, count=count, offset=b.offset).view(b.shape)
+                    if count
+                    else torch.empty(b.shape, dtype=dtype)
+                )
+        return cls(
+            request_id,
+            list(prompt),
+            list(output),
+            params,
+            seed,
+            consumer_start,
+            num_computed,
+            t["pages"],
+            t["rings"],
+            t["partial"],
+            list(logprobs),
+            num_cached,
+            replay_start,
+        )
 
     def _tensors(self) -> tuple[tuple[str, torch.Tensor], ...]:
         return ("pages", self.pages), ("rings", self.rings), ("partial", self.partial)

@@ -14,4 +14,16 @@ from dsi.messages.migrate import MIGRATE
 
 ALL = (*CONTROL, *GATEWAY, *HANDOFF, *KVSTORE, *BALANCER, *MIGRATE)
 
-__all__ = ["ALL", "BALANCER", "COMMON", "CONTROL", "GATEWAY", "HANDOFF", "KVSTORE", "MIGRATE", "PROTOCOL_VERSION", "Blob", "Message"]
+__all__ = [
+    "ALL",
+    "BALANCER",
+    "COMMON",
+    "CONTROL",
+    "GATEWAY",
+    "HANDOFF",
+    "KVSTORE",
+    "MIGRATE",
+    "PROTOCOL_VERSION",
+    "Blob",
+    "Message",
+]

@@ -27,8 +27,9 @@ class Blob:
 
     __slots__ = ("_owner", "buffer", "dtype", "shape")
 
-    def __init__(self, buffer: Any, dtype: str = "uint8", shape: tuple[int, ...] | None = None,
-                 owner: Any = None) -> None:
+    def __init__(
+        self, buffer: Any, dtype: str = "uint8", shape: tuple[int, ...] | None = None, owner: Any = None
+    ) -> None:
         view = memoryview(buffer)
         self.buffer = view if view.format == "B" and view.ndim == 1 else view.cast("B")
         self.dtype = dtype
@@ -78,8 +79,12 @@ class Blob:
         return f"Blob({self.dtype}{list(self.shape)}, {self.nbytes} B)"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Blob) and self.dtype == other.dtype and self.shape == other.shape
-                and self.buffer == other.buffer)
+        return (
+            isinstance(other, Blob)
+            and self.dtype == other.dtype
+            and self.shape == other.shape
+            and self.buffer == other.buffer
+        )
 
 
 def _itemsize(dtype: str) -> int:

@@ -181,10 +181,38 @@ class Undrain(Message):
 
 
 ControlMsg = (
-    Heartbeat | Assignment | Goodbye | ListInstances | InstanceTable | InstanceInfo | TransitionCount
-    | SetState | Drain | Undrain | Load | GetScale | SetScale | ScaleRole | ScaleDecision | ScaleStatus
+    Heartbeat
+    | Assignment
+    | Goodbye
+    | ListInstances
+    | InstanceTable
+    | InstanceInfo
+    | TransitionCount
+    | SetState
+    | Drain
+    | Undrain
+    | Load
+    | GetScale
+    | SetScale
+    | ScaleRole
+    | ScaleDecision
+    | ScaleStatus
 )
 CONTROL = (
-    Heartbeat, Assignment, Goodbye, ListInstances, InstanceInfo, InstanceTable, TransitionCount,
-    SetState, Drain, Undrain, Load, GetScale, SetScale, ScaleRole, ScaleDecision, ScaleStatus,
+    Heartbeat,
+    Assignment,
+    Goodbye,
+    ListInstances,
+    InstanceInfo,
+    InstanceTable,
+    TransitionCount,
+    SetState,
+    Drain,
+    Undrain,
+    Load,
+    GetScale,
+    SetScale,
+    ScaleRole,
+    ScaleDecision,
+    ScaleStatus,
 )

@@ -136,5 +136,7 @@ class HitUnavailable(DsiError):
 
 register_error(HitUnavailable)
 
-HandoffMsg = KvLease | Handoff | PrefillTo | Prefilled | PullState | StatePulled | GetEngineStats | EngineStats
+HandoffMsg = (
+    KvLease | Handoff | PrefillTo | Prefilled | PullState | StatePulled | GetEngineStats | EngineStats
+)
 HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, PullState, StatePulled, GetEngineStats, EngineStats)

@@ -138,8 +138,40 @@ class StateLocation(Message):
 
 
 KvstoreMsg = (
-    PutBlock | PutBlocks | Stored | GetBlocks | BlocksRead | MatchPrefix | PrefixMatch | GetStats | StoreStats
-    | GetIndexInfo | IndexInfo | Snapshot | SnapshotChunk | IndexDelta | AnnounceStates | FindState | StateLocation
+    PutBlock
+    | PutBlocks
+    | Stored
+    | GetBlocks
+    | BlocksRead
+    | MatchPrefix
+    | PrefixMatch
+    | GetStats
+    | StoreStats
+    | GetIndexInfo
+    | IndexInfo
+    | Snapshot
+    | SnapshotChunk
+    | IndexDelta
+    | AnnounceStates
+    | FindState
+    | StateLocation
 )
-KVSTORE = (PutBlock, PutBlocks, Stored, GetBlocks, BlocksRead, MatchPrefix, PrefixMatch, GetStats, StoreStats,
-           GetIndexInfo, IndexInfo, Snapshot, SnapshotChunk, IndexDelta, AnnounceStates, FindState, StateLocation)
+KVSTORE = (
+    PutBlock,
+    PutBlocks,
+    Stored,
+    GetBlocks,
+    BlocksRead,
+    MatchPrefix,
+    PrefixMatch,
+    GetStats,
+    StoreStats,
+    GetIndexInfo,
+    IndexInfo,
+    Snapshot,
+    SnapshotChunk,
+    IndexDelta,
+    AnnounceStates,
+    FindState,
+    StateLocation,
+)

@@ -100,5 +100,7 @@ class DrainOrder(Message):
     cancel: bool = False
 
 
-MigrateMsg = PrecopyPage | Precopy | Migrant | MigrateIn | MigrationLeases | MigrateCancel | Resume | DrainOrder
+MigrateMsg = (
+    PrecopyPage | Precopy | Migrant | MigrateIn | MigrationLeases | MigrateCancel | Resume | DrainOrder
+)
 MIGRATE = (PrecopyPage, Precopy, Migrant, MigrateIn, MigrationLeases, MigrateCancel, Resume, DrainOrder)

@@ -59,7 +59,8 @@ class ModelConfig:
         if not 0 < self.n_producer < self.n_layers:
             problems.append("n_producer must split the layers into two non-empty halves")
         if any(not 0 <= s < self.n_producer for s in self.kv_sources) or list(self.kv_sources) != sorted(
-                set(self.kv_sources)):
+            set(self.kv_sources)
+        ):
             problems.append("kv_sources must be increasing producer layer indices")
         if not 0 < self.top_k <= self.n_experts:
             problems.append("top_k must be in 1..n_experts")

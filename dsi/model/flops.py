@@ -86,8 +86,10 @@ def prefill_flops(cfg: ModelConfig, prompt_len: int, keep: int | None, hit: int 
         producer += computed * dense + _attention(cfg, first, prompt_len, first, ratio)
         if layer in cfg.kv_sources:
             producer += 2.0 * computed * cfg.hidden * cfg.head_dim  # compressor
-    consumer = sum((prompt_len - start) * dense + _attention(cfg, start, prompt_len, start, 1)
-                   for _ in range(cfg.n_producer, cfg.n_layers))
+    consumer = sum(
+        (prompt_len - start) * dense + _attention(cfg, start, prompt_len, start, 1)
+        for _ in range(cfg.n_producer, cfg.n_layers)
+    )
     boundary = 2.0 * computed * cfg.hidden * cfg.head_dim
     logits = 2.0 * cfg.hidden * cfg.vocab_size
     return PrefillFlops(producer, boundary, consumer, logits)

@@ -39,8 +39,11 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -53,8 +56,12 @@ def read_metadata(reader) -> dict[str, object]:
     """Scalar and string fields of a GGUF file (large arrays such as the vocabulary are skipped)."""
     out: dict[str, object] = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.rsplit(".", 1)[-1] in ("tokens", "scores", "token_type",
-                                                                               "merges"):
+        if key.startswith("tokenizer.ggml.") and key.rsplit(".", 1)[-1] in (
+            "tokens",
+            "scores",
+            "token_type",
+            "merges",
+        ):
             continue
         try:
             out[key] = field.contents()
@@ -78,18 +85,27 @@ def hf_config(meta: dict[str, object], tied: bool) -> dict[str, object]:
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "family": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "family": "llama",
         "name": str(meta.get("general.name", "llama")),
-        "vocab_size": int(get("vocab_size")), "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "vocab_size": int(get("vocab_size")),
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(get("rope.dimension_count", hidden // heads)),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(get("rope.freq_base", 10_000.0)),
-        "max_position_embeddings": int(get("context_length")), "tie_word_embeddings": tied,
+        "max_position_embeddings": int(get("context_length")),
+        "tie_word_embeddings": tied,
         "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", 2)),
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
     }
 
 

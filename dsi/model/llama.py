@@ -85,15 +85,22 @@ class LlamaConfig:
         heads = int(data["num_attention_heads"])
         hidden = int(data["hidden_size"])
         eos = data.get("eos_token_id", 2)
-        return cls(name=str(data.get("name", "llama")), vocab_size=int(data["vocab_size"]), hidden=hidden,
-                   n_layers=int(data["num_hidden_layers"]), n_heads=heads,
-                   n_kv_heads=int(data.get("num_key_value_heads") or heads),
-                   head_dim=int(data.get("head_dim") or hidden // heads),
-                   intermediate=int(data["intermediate_size"]), rope_theta=float(data.get("rope_theta", 10_000.0)),
-                   norm_eps=float(data.get("rms_norm_eps", 1e-5)),
-                   max_context=int(data.get("max_position_embeddings", 8192)),
-                   tied=bool(data.get("tie_word_embeddings", False)), bos_id=int(data.get("bos_token_id") or 1),
-                   eos_id=int(eos[0] if isinstance(eos, list) else eos))
+        return cls(
+            name=str(data.get("name", "llama")),
+            vocab_size=int(data["vocab_size"]),
+            hidden=hidden,
+            n_layers=int(data["num_hidden_layers"]),
+            n_heads=heads,
+            n_kv_heads=int(data.get("num_key_value_heads") or heads),
+            head_dim=int(data.get("head_dim") or hidden // heads),
+            intermediate=int(data["intermediate_size"]),
+            rope_theta=float(data.get("rope_theta", 10_000.0)),
+            norm_eps=float(data.get("rms_norm_eps", 1e-5)),
+            max_context=int(data.get("max_position_embeddings", 8192)),
+            tied=bool(data.get("tie_word_embeddings", False)),
+            bos_id=int(data.get("bos_token_id") or 1),
+            eos_id=int(eos[0] if isinstance(eos, list) else eos),
+        )
 
 
 def load_llama(directory: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
@@ -114,8 +121,15 @@ def load_llama(directory: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     w = {"embed": take("model.embed_tokens.weight"), "final_norm": take("model.norm.weight")}
     w["lm_head"] = w["embed"] if cfg.tied or "lm_head.weight" not in hf else take("lm_head.weight")
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-    proj = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
-            "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+    proj = {
+        "wq": "self_attn.q_proj",
+        "wk": "self_attn.k_proj",
+        "wv": "self_attn.v_proj",
+        "wo": "self_attn.o_proj",
+        "w_gate": "mlp.gate_proj",
+        "w_up": "mlp.up_proj",
+        "w_down": "mlp.down_proj",
+    }
     for i in range(cfg.n_layers):
         p, hp = f"layers.{i}.", f"model.layers.{i}."
         for ours, theirs in names.items():
@@ -131,15 +145,30 @@ def _check_shapes(cfg: LlamaConfig, w: dict[str, torch.Tensor], directory: Path)
     expected = {"embed": (cfg.vocab_size, h), "lm_head": (cfg.vocab_size, h), "final_norm": (h,)}
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
-        expected |= {p + "attn_norm": (h,), p + "wq": (h, q), p + "wk": (h, k), p + "wv": (h, k), p + "wo": (q, h),
-                     p + "ffn_norm": (h,), p + "w_gate": (h, f), p + "w_up": (h, f), p + "w_down": (f, h)}
+        expected |= {
+            p + "attn_norm": (h,),
+            p + "wq": (h, q),
+            p + "wk": (h, k),
+            p + "wv": (h, k),
+            p + "wo": (q, h),
+            p + "ffn_norm": (h,),
+            p + "w_gate": (h, f),
+            p + "w_up": (h, f),
+            p + "w_down": (f, h),
+        }
     for name, shape in expected.items():
         if tuple(w[name].shape) != shape:
             raise ValueError(f"{directory}: {name} has shape {tuple(w[name].shape)}, expected {shape}")
 
 
-def qkv(cfg: LlamaConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor, pos: torch.Tensor,
-        mm: Matmul = torch.matmul) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(
+    cfg: LlamaConfig,
+    w: dict[str, torch.Tensor],
+    i: int,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    mm: Matmul = torch.matmul,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Layer i's rotated queries [T, Hq, D], rotated keys and values [T, Hkv, D] of hidden x [T, H]."""
     p, t = f"layers.{i}.", x.shape[0]
     xn = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
@@ -149,8 +178,14 @@ def qkv(cfg: LlamaConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor, p
     return rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta), v
 
 
-def finish_layer(cfg: LlamaConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor, attn: torch.Tensor,
-                 mm: Matmul = torch.matmul) -> torch.Tensor:
+def finish_layer(
+    cfg: LlamaConfig,
+    w: dict[str, torch.Tensor],
+    i: int,
+    x: torch.Tensor,
+    attn: torch.Tensor,
+    mm: Matmul = torch.matmul,
+) -> torch.Tensor:
     """Residual adds of layer i: attention output attn [T, Hq * D], then the SwiGLU MLP. -> [T, H]."""
     p = f"layers.{i}."
     x = x + mm(attn, w[p + "wo"])
@@ -158,8 +193,9 @@ def finish_layer(cfg: LlamaConfig, w: dict[str, torch.Tensor], i: int, x: torch.
     return x + mm(F.silu(mm(xn, w[p + "w_gate"])) * mm(xn, w[p + "w_up"]), w[p + "w_down"])
 
 
-def causal_attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  k_pos: torch.Tensor) -> torch.Tensor:
+def causal_attend(
+    q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
     """q: [Tq, Hq, D]; k, v: [Tk, Hkv, D]; a query at t sees keys with pos <= t. -> [Tq, Hq * D]."""
     tq, hq, d = q.shape
     group = hq // k.shape[1]
@@ -181,8 +217,13 @@ def llama_logits(cfg: LlamaConfig, w: dict[str, torch.Tensor], tokens: list[int]
 
 
 @torch.no_grad()
-def llama_generate(cfg: LlamaConfig, w: dict[str, torch.Tensor], prompt: list[int], max_tokens: int,
-                   stop: tuple[int, ...] = ()) -> list[int]:
+def llama_generate(
+    cfg: LlamaConfig,
+    w: dict[str, torch.Tensor],
+    prompt: list[int],
+    max_tokens: int,
+    stop: tuple[int, ...] = (),
+) -> list[int]:
     """Greedy continuation by full recomputation (stops after a token in ``stop``)."""
     tokens, out = list(prompt), []
     for _ in range(max_tokens):

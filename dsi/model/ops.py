@@ -25,12 +25,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     ang = positions.to(torch.float64)[:, None] * inv[None, :]  # [T, D/2]
     cos = ang.cos().to(x.dtype)[:, None, :]
     sin = ang.sin().to(x.dtype)[:, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, mm: Matmul = torch.matmul
-        ) -> torch.Tensor:
+def moe(
+    x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, mm: Matmul = torch.matmul
+) -> torch.Tensor:
     """Routed top-k experts (weights renormalised over the chosen k) + one shared expert.
 
     x: [T, H] (already normalised) -> [T, H]. Each token's result depends only on that token.
@@ -51,17 +52,26 @@ def moe(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConf
     a = 0
     for e, n in enumerate(counts):
         if n:
-            xe = xs[a:a + n]
-            ys[a:a + n] = mm(F.silu(mm(xe, w1[e])) * mm(xe, w3[e]), w2[e])
+            xe = xs[a : a + n]
+            ys[a : a + n] = mm(F.silu(mm(xe, w1[e])) * mm(xe, w3[e]), w2[e])
         a += n
     out = torch.zeros_like(x)
     out.index_add_(0, rows, ys * top_w.reshape(-1)[order, None])
     return out + shared
 
 
-def attend(q: torch.Tensor, q_rot: torch.Tensor, q_pos: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
-           k_pos: torch.Tensor, swa_start: int, latents: torch.Tensor | None, latent_last: torch.Tensor | None,
-           window: int) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    q_rot: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_rot: torch.Tensor,
+    v: torch.Tensor,
+    k_pos: torch.Tensor,
+    swa_start: int,
+    latents: torch.Tensor | None,
+    latent_last: torch.Tensor | None,
+    window: int,
+) -> torch.Tensor:
     """One sequence's attention: SWA branch + global latents, one joint softmax.
 
     q, q_rot: [Tq, Hq, D] (without / with rotary); q_pos: [Tq].
@@ -89,11 +99,14 @@ def attend(q: torch.Tensor, q_rot: torch.Tensor, q_pos: torch.Tensor, k_rot: tor
     s_glob = s_glob.masked_fill(~(latent_last[None, :] <= qp)[None], float("-inf"))
     p = torch.softmax(torch.cat([s_swa, s_glob], dim=-1), dim=-1)
     tk = k_rot.shape[0]
-    out = torch.einsum("hqk,khd->qhd", p[..., :tk], v_full) + torch.einsum("hqg,gd->qhd", p[..., tk:], latents)
+    out = torch.einsum("hqk,khd->qhd", p[..., :tk], v_full) + torch.einsum(
+        "hqg,gd->qhd", p[..., tk:], latents
+    )
     return out.reshape(tq, hq * d)
 
 
-def compress_pairs(x_even: torch.Tensor, x_odd: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor,
-                   mm: Matmul = torch.matmul) -> torch.Tensor:
+def compress_pairs(
+    x_even: torch.Tensor, x_odd: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor, mm: Matmul = torch.matmul
+) -> torch.Tensor:
     """Ratio-2 compressed latents of token pairs: [P, H] x2 -> [P, D]."""
     return mm(x_even, wc0) + mm(x_odd, wc1)

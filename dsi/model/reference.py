@@ -45,8 +45,16 @@ Latents = dict[int, tuple[torch.Tensor, torch.Tensor]]  # source layer -> ([P, D
 
 
 @torch.no_grad()
-def reference_logits(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[int], prompt_len: int,
-                     keep: int | None, last_only: bool = False, from_pos: int = 0, hit: int = 0) -> torch.Tensor:
+def reference_logits(
+    cfg: ModelConfig,
+    w: dict[str, torch.Tensor],
+    tokens: list[int],
+    prompt_len: int,
+    keep: int | None,
+    last_only: bool = False,
+    from_pos: int = 0,
+    hit: int = 0,
+) -> torch.Tensor:
     """Logits [T, V] for every position >= max(consumer_start, from_pos) (earlier rows are NaN);
     [1, V] with ``last_only``. ``hit``: prefix hit length in tokens (see the module docstring)."""
     if hit < 0 or hit % cfg.block_size or hit > max_hit(prompt_len, cfg.block_size):
@@ -57,20 +65,25 @@ def reference_logits(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[
     first = replay_start(hit, start, cfg.window)
     cached = _producer(cfg, w, tokens[:hit], 0, None, 0)[1:] if hit else None
     x, _, g = _producer(cfg, w, tokens, first, cached, hit)
-    xc, pc = x[start - first:], pos[start:]
+    xc, pc = x[start - first :], pos[start:]
     for i in range(cfg.n_producer, cfg.n_layers):
         xc, _ = _layer(cfg, w, i, xc, pc, start, (g, pos), None)
     if last_only:
         return rms_norm(xc[-1:], w["final_norm"], cfg.norm_eps) @ w["embed"].T
     out = torch.full((t, cfg.vocab_size), float("nan"))
     row = max(start, from_pos)
-    out[row:] = rms_norm(xc[row - start:], w["final_norm"], cfg.norm_eps) @ w["embed"].T
+    out[row:] = rms_norm(xc[row - start :], w["final_norm"], cfg.norm_eps) @ w["embed"].T
     return out
 
 
-def _producer(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[int], first: int,
-              cached: tuple[Latents, torch.Tensor] | None, hit: int
-              ) -> tuple[torch.Tensor, Latents, torch.Tensor]:
+def _producer(
+    cfg: ModelConfig,
+    w: dict[str, torch.Tensor],
+    tokens: list[int],
+    first: int,
+    cached: tuple[Latents, torch.Tensor] | None,
+    hit: int,
+) -> tuple[torch.Tensor, Latents, torch.Tensor]:
     """Producer half on positions [first, T), SWA starting at ``first``; latents of positions
     < ``hit`` come from ``cached`` (source latents, global latents [hit, D]).
     Returns (hidden [T - first, H], source latents of every pair, global latents [T, D])."""
@@ -85,13 +98,20 @@ def _producer(cfg: ModelConfig, w: dict[str, torch.Tensor], tokens: list[int], f
             x, _ = _layer(cfg, w, i, x, pos, first, latents.get(cfg.source_of(i)), None)
     g = rms_norm(x, w["boundary.norm"], cfg.norm_eps) @ w["boundary.wg"]  # ratio-1 global latents
     if cached is not None:
-        g = torch.cat([cached[1], g[hit - first:]])
+        g = torch.cat([cached[1], g[hit - first :]])
     return x, latents, g
 
 
-def _layer(cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor, pos: torch.Tensor, swa_start: int,
-           glob: tuple[torch.Tensor, torch.Tensor] | None, source: tuple[torch.Tensor | None, int] | None
-           ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+def _layer(
+    cfg: ModelConfig,
+    w: dict[str, torch.Tensor],
+    i: int,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    swa_start: int,
+    glob: tuple[torch.Tensor, torch.Tensor] | None,
+    source: tuple[torch.Tensor | None, int] | None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """One layer. ``source`` = (cached latents [P0, D] or None, row of the first pair to compress)
     makes it a KV-source layer: it attends to (cached + its own) latents and returns them."""
     p = f"layers.{i}."
@@ -103,7 +123,9 @@ def _layer(cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor
     if source is not None:  # compress complete pairs (2j, 2j+1); the latent covers up to position 2j+1
         prior, o = source
         pairs = (t - o) // 2
-        lat = compress_pairs(xn[o:o + 2 * pairs:2], xn[o + 1:o + 2 * pairs:2], w[p + "wc0"], w[p + "wc1"])
+        lat = compress_pairs(
+            xn[o : o + 2 * pairs : 2], xn[o + 1 : o + 2 * pairs : 2], w[p + "wc0"], w[p + "wc1"]
+        )
         if prior is not None:
             lat = torch.cat([prior, lat])
         glob = (lat, torch.arange(lat.shape[0]) * 2 + 1)
@@ -111,13 +133,22 @@ def _layer(cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, x: torch.Tensor
     lat, last = glob if glob is not None else (None, None)
     a = attend(q, q_rot, pos, k_rot, v, pos, swa_start, lat, last, cfg.window)
     x = x + a @ w[p + "wo"]
-    return x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg), (glob if source is not None else None)
+    return x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg), (
+        glob if source is not None else None
+    )
 
 
 @torch.no_grad()
-def reference_generate(cfg: ModelConfig, w: dict[str, torch.Tensor], prompt: list[int], max_tokens: int,
-                       keep: int | None, hit: int = 0, frequency_penalty: float = 0.0,
-                       presence_penalty: float = 0.0) -> tuple[list[int], list[torch.Tensor]]:
+def reference_generate(
+    cfg: ModelConfig,
+    w: dict[str, torch.Tensor],
+    prompt: list[int],
+    max_tokens: int,
+    keep: int | None,
+    hit: int = 0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy continuation by full recomputation; returns (tokens, per step the last-position
     logits the token was chosen from). ``hit``: prefix hit length (see the module docstring).
     Penalties (OpenAI's): before each choice, id t loses ``frequency_penalty * n + presence_penalty``

@@ -42,15 +42,29 @@ def init_weights(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[s
     def norm() -> torch.Tensor:
         return (1.0 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
 
-    w = {"embed": (torch.randn(cfg.vocab_size, h, generator=gen) * 0.05).to(dtype), "final_norm": norm(),
-         "boundary.norm": norm(), "boundary.wg": dense(h, d)}
+    w = {
+        "embed": (torch.randn(cfg.vocab_size, h, generator=gen) * 0.05).to(dtype),
+        "final_norm": norm(),
+        "boundary.norm": norm(),
+        "boundary.wg": dense(h, d),
+    }
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
-        w |= {p + "attn_norm": norm(), p + "wq": dense(h, q), p + "wk": dense(h, k), p + "wv": dense(h, k),
-              p + "wo": dense(q, h) * 0.5, p + "ffn_norm": norm(), p + "router": dense(h, cfg.n_experts),
-              p + "w1": dense(cfg.n_experts, h, cfg.expert_dim), p + "w3": dense(cfg.n_experts, h, cfg.expert_dim),
-              p + "w2": dense(cfg.n_experts, cfg.expert_dim, h) * 0.5, p + "s1": dense(h, cfg.shared_dim),
-              p + "s3": dense(h, cfg.shared_dim), p + "s2": dense(cfg.shared_dim, h) * 0.5}
+        w |= {
+            p + "attn_norm": norm(),
+            p + "wq": dense(h, q),
+            p + "wk": dense(h, k),
+            p + "wv": dense(h, k),
+            p + "wo": dense(q, h) * 0.5,
+            p + "ffn_norm": norm(),
+            p + "router": dense(h, cfg.n_experts),
+            p + "w1": dense(cfg.n_experts, h, cfg.expert_dim),
+            p + "w3": dense(cfg.n_experts, h, cfg.expert_dim),
+            p + "w2": dense(cfg.n_experts, cfg.expert_dim, h) * 0.5,
+            p + "s1": dense(h, cfg.shared_dim),
+            p + "s3": dense(h, cfg.shared_dim),
+            p + "s2": dense(cfg.shared_dim, h) * 0.5,
+        }
         if i in cfg.kv_sources:
             w |= {p + "wc0": dense(h, d), p + "wc1": dense(h, d)}
     return w
@@ -84,9 +98,21 @@ def init_weights_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"embed": (cfg.vocab_size, h), "final_norm": (h,), "boundary.norm": (h,), "boundary.wg": (h, d)}
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
-        shapes |= {p + "attn_norm": (h,), p + "wq": (h, q), p + "wk": (h, k), p + "wv": (h, k), p + "wo": (q, h),
-                   p + "ffn_norm": (h,), p + "router": (h, e), p + "w1": (e, h, f), p + "w3": (e, h, f),
-                   p + "w2": (e, f, h), p + "s1": (h, s), p + "s3": (h, s), p + "s2": (s, h)}
+        shapes |= {
+            p + "attn_norm": (h,),
+            p + "wq": (h, q),
+            p + "wk": (h, k),
+            p + "wv": (h, k),
+            p + "wo": (q, h),
+            p + "ffn_norm": (h,),
+            p + "router": (h, e),
+            p + "w1": (e, h, f),
+            p + "w3": (e, h, f),
+            p + "w2": (e, f, h),
+            p + "s1": (h, s),
+            p + "s3": (h, s),
+            p + "s2": (s, h),
+        }
         if i in cfg.kv_sources:
             shapes |= {p + "wc0": (h, d), p + "wc1": (h, d)}
     return shapes

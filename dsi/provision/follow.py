@@ -94,10 +94,22 @@ class ScaleFollower:
             actions = reconcile(ids, listed, role.wanted, role.stop, self._busy)
             running = sum(1 for inst in listed if inst.role_id in ids and inst.state in RUNNING)
             for role_id in actions.stop:
-                log.info("autoscale: stopping %s (%s wants %d, %d running)", role_id, role.role, role.wanted, running)
+                log.info(
+                    "autoscale: stopping %s (%s wants %d, %d running)",
+                    role_id,
+                    role.role,
+                    role.wanted,
+                    running,
+                )
                 self._spawn(role_id, self._provisioner.stop(role_id))
             for role_id in actions.start:
-                log.info("autoscale: starting %s (%s wants %d, %d running)", role_id, role.role, role.wanted, running)
+                log.info(
+                    "autoscale: starting %s (%s wants %d, %d running)",
+                    role_id,
+                    role.role,
+                    role.wanted,
+                    running,
+                )
                 self._spawn(role_id, self._provisioner.start(role_id))
 
     def _spawn(self, role_id: str, work: Awaitable[object]) -> None:

@@ -79,7 +79,9 @@ class KubeAuth:
         if not api_url:
             host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
             if not host or not port:
-                raise KubeError(0, "not in a pod: KUBERNETES_SERVICE_HOST/PORT are unset and no api_url is given")
+                raise KubeError(
+                    0, "not in a pod: KUBERNETES_SERVICE_HOST/PORT are unset and no api_url is given"
+                )
             host = f"[{host}]" if ":" in host else host
             api_url = f"https://{host}:{port}"
         return cls(
@@ -94,7 +96,9 @@ class KubeAuth:
         try:
             return self.token_file.read_text().strip()
         except OSError as exc:
-            raise KubeError(0, f"cannot read the API token {self.token_file}: {exc.strerror or exc}") from None
+            raise KubeError(
+                0, f"cannot read the API token {self.token_file}: {exc.strerror or exc}"
+            ) from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -149,12 +153,16 @@ class KubeApi:
                 text = await resp.text()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise KubeUnavailable(0, f"{method} {path}: no answer from {self.auth.base_url}: {exc!r}") from None
+            raise KubeUnavailable(
+                0, f"{method} {path}: no answer from {self.auth.base_url}: {exc!r}"
+            ) from None
         if status < 300:
             try:
                 return json.loads(text) if text else None
             except ValueError:
-                raise KubeError(status, f"{method} {path}: {status} with a body that is not JSON: {text[:200]!r}") from None
+                raise KubeError(
+                    status, f"{method} {path}: {status} with a body that is not JSON: {text[:200]!r}"
+                ) from None
         message = f"{method} {path}: {status} {_reason(text)}"
         if status >= 500:
             raise KubeUnavailable(status, message)

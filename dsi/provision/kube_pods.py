@@ -23,7 +23,13 @@ _ROLE_ID = re.compile(r"(?P<kind>[a-z]+)-(?P<ordinal>0|[1-9][0-9]*)")
 _KINDS = frozenset(get_args(RoleKind))
 # Container states that no wait mends: the first start has failed.
 _HOPELESS = frozenset(
-    {"CrashLoopBackOff", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+    }
 )
 
 
@@ -73,18 +79,27 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     containers = status.get("containerStatuses") or []
     restarts = sum(int(c.get("restartCount", 0)) for c in containers)
     last_exit = next(
-        (c["lastState"]["terminated"].get("exitCode") for c in containers
-         if (c.get("lastState") or {}).get("terminated")),
+        (
+            c["lastState"]["terminated"].get("exitCode")
+            for c in containers
+            if (c.get("lastState") or {}).get("terminated")
+        ),
         None,
     )
     waiting = [(c.get("state") or {}).get("waiting") or {} for c in containers]
     hopeless = next(
-        (f"{w['reason']}: {w.get('message', '')}".rstrip(": ") for w in waiting if w.get("reason") in _HOPELESS),
+        (
+            f"{w['reason']}: {w.get('message', '')}".rstrip(": ")
+            for w in waiting
+            if w.get("reason") in _HOPELESS
+        ),
         None,
     )
     if status.get("phase") == "Failed":
         hopeless = f"pod failed: {status.get('reason') or status.get('message') or 'no reason given'}"
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         state: InstanceState = "stopping"
     elif ready:

@@ -198,7 +198,7 @@ class KubernetesProvisioner:
             view = pod_view(item)
             if not name.startswith(self.prefix) or view.state == "stopping":
                 continue
-            role_id = name[len(self.prefix):]
+            role_id = name[len(self.prefix) :]
             try:
                 replica = replica_of(role_id, self.prefix)
             except ValueError:
@@ -257,17 +257,23 @@ class KubernetesProvisioner:
             try:
                 await self.api.request("PUT", path, body)
             except KubeConflict as exc:
-                log.info("%s changed while it was being scaled (%s); reading it again", replica.statefulset, exc)
+                log.info(
+                    "%s changed while it was being scaled (%s); reading it again", replica.statefulset, exc
+                )
                 continue
             log.info("%s: replicas %d -> %d", replica.statefulset, replicas, target)
             return
-        raise KubeConflict(409, f"{replica.statefulset} changed {_CONFLICT_ATTEMPTS} times while it was being scaled")
+        raise KubeConflict(
+            409, f"{replica.statefulset} changed {_CONFLICT_ATTEMPTS} times while it was being scaled"
+        )
 
     async def _wait_ready(self, slot: _Slot) -> None:
         pod, deadline = slot.replica.pod, self._clock() + self._ready_timeout_s
         while slot.state == "starting":  # else stop() has taken over
             with contextlib.suppress(KubeNotFound):  # not created yet
-                view = pod_view(await self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{pod}"))
+                view = pod_view(
+                    await self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{pod}")
+                )
                 if view.hopeless is not None:
                     self._update(slot, view)
                     raise StartFailed(f"{pod} cannot start: {view.hopeless}")
@@ -296,7 +302,9 @@ class KubernetesProvisioner:
 
     def _ensure_refresher(self) -> None:
         if self._refresher is None or self._refresher.done():
-            self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever(), name="k8s.refresh")
+            self._refresher = asyncio.get_running_loop().create_task(
+                self._refresh_forever(), name="k8s.refresh"
+            )
 
     async def _refresh_forever(self) -> None:
         while any(slot.state not in ("stopped", "failed") for slot in self._slots.values()):
@@ -311,7 +319,9 @@ class KubernetesProvisioner:
 
     def _move(self, slot: _Slot, state: InstanceState, why: str) -> None:
         before, slot.state = slot.state, state
-        level = logging.ERROR if state == "failed" else logging.WARNING if state == "backoff" else logging.INFO
+        level = (
+            logging.ERROR if state == "failed" else logging.WARNING if state == "backoff" else logging.INFO
+        )
         log.log(level, "%s: %s -> %s%s", slot.replica.role_id, before, state, f" ({why})" if why else "")
         if self._on_change is not None:
             self._on_change(slot.snapshot())

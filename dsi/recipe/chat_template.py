@@ -59,11 +59,14 @@ def plain_messages(conv: Conversation) -> list[dict[str, str]]:
             out.append({"role": "user", "content": _text(m.parts, where)})
         elif isinstance(m, AssistantMessage):
             if m.tool_calls or m.reasoning or m.prefix or m.image:
-                raise InvalidRequest(f"{where}: tool calls, reasoning and prefixes are supported only by "
-                                     f"DeepSeek models")
+                raise InvalidRequest(
+                    f"{where}: tool calls, reasoning and prefixes are supported only by DeepSeek models"
+                )
             out.append({"role": "assistant", "content": m.content})
         elif isinstance(m, ToolResult | LatestReminder):
-            raise InvalidRequest(f"{where}: {type(m).__name__} messages are supported only by DeepSeek models")
+            raise InvalidRequest(
+                f"{where}: {type(m).__name__} messages are supported only by DeepSeek models"
+            )
         else:
             raise InvalidRequest(f"{where}: unsupported message {type(m).__name__}")
     return out
@@ -98,10 +101,16 @@ class ChatTemplate:
         """The rendered prompt, ending with the assistant turn's opening."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
-        return env.from_string(self.source).render(messages=plain_messages(conv), add_generation_prompt=True,
-                                                   bos_token=self.bos_token, eos_token=self.eos_token)
+        return env.from_string(self.source).render(
+            messages=plain_messages(conv),
+            add_generation_prompt=True,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
     def render(self, conv: Conversation) -> list[int]:
         """Token ids of the prompt (special tokens of the template parsed as such)."""

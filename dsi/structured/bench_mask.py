@@ -42,17 +42,26 @@ SCHEMA = {
         "status": {"enum": ["pending", "shipped", "delivered", "cancelled"]},
         "customer": {
             "type": "object",
-            "properties": {"name": {"type": "string"}, "email": {"type": "string"},
-                           "vip": {"type": "boolean"}},
-            "required": ["name", "email", "vip"], "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string"},
+                "email": {"type": "string"},
+                "vip": {"type": "boolean"},
+            },
+            "required": ["name", "email", "vip"],
+            "additionalProperties": False,
         },
         "items": {
-            "type": "array", "minItems": 1,
+            "type": "array",
+            "minItems": 1,
             "items": {
                 "type": "object",
-                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1},
-                               "price": {"type": "number"}},
-                "required": ["sku", "qty", "price"], "additionalProperties": False,
+                "properties": {
+                    "sku": {"type": "string"},
+                    "qty": {"type": "integer", "minimum": 1},
+                    "price": {"type": "number"},
+                },
+                "required": ["sku", "qty", "price"],
+                "additionalProperties": False,
             },
         },
         "notes": {"type": ["string", "null"]},
@@ -66,9 +75,11 @@ INSTANCE = {
     "order_id": "ORD-204981",
     "status": "shipped",
     "customer": {"name": "Zhang Wei (张伟)", "email": "zhang.wei@example.com", "vip": True},
-    "items": [{"sku": "KB-MX-BROWN", "qty": 2, "price": 89.5},
-              {"sku": "MS-ERGO-7", "qty": 1, "price": 45.0},
-              {"sku": "CBL-USB-C-2M", "qty": 3, "price": 9.99}],
+    "items": [
+        {"sku": "KB-MX-BROWN", "qty": 2, "price": 89.5},
+        {"sku": "MS-ERGO-7", "qty": 1, "price": 45.0},
+        {"sku": "CBL-USB-C-2M", "qty": 3, "price": 9.99},
+    ],
     "notes": "Leave at the front desk; call on arrival. 请勿折叠",
     "tags": ["express", "gift", "fragile", "priority"],
 }
@@ -83,22 +94,37 @@ REGEX_TEXT = "".join(
         (4, "INFO", "kv_hits", 120443, "prefix reuse"),
         (5, "INFO", "tokens_out", 905112, "steady"),
         (6, "WARN", "ttft_ms", 2210, "slow first token"),
-    ])
+    ]
+)
 
 
-TOOL = {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    "units": {"enum": ["metric", "imperial"]},
-    "include": {"type": "array", "items": {"enum": ["wind", "rain", "uv", "pollen"]}},
-}, "required": ["city", "days", "units", "include"], "additionalProperties": False}}
-TOOL_TEXT = "\n\n<｜DSML｜tool_calls>\n" + "".join(
-    f'<｜DSML｜invoke name="get_weather">\n'
-    f'<｜DSML｜parameter name="city" string="true">{city}</｜DSML｜parameter>\n'
-    f'<｜DSML｜parameter name="days" string="false">{days}</｜DSML｜parameter>\n'
-    f'<｜DSML｜parameter name="units" string="true">metric</｜DSML｜parameter>\n'
-    f'<｜DSML｜parameter name="include" string="false">["wind", "rain", "uv"]</｜DSML｜parameter>\n'
-    f"</｜DSML｜invoke>\n"
-    for city, days in [("Paris", 3), ("São Paulo <centro>", 7), ("北京", 14)]) + "</｜DSML｜tool_calls>"
+TOOL = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "units": {"enum": ["metric", "imperial"]},
+            "include": {"type": "array", "items": {"enum": ["wind", "rain", "uv", "pollen"]}},
+        },
+        "required": ["city", "days", "units", "include"],
+        "additionalProperties": False,
+    },
+}
+TOOL_TEXT = (
+    "\n\n<｜DSML｜tool_calls>\n"
+    + "".join(
+        f'<｜DSML｜invoke name="get_weather">\n'
+        f'<｜DSML｜parameter name="city" string="true">{city}</｜DSML｜parameter>\n'
+        f'<｜DSML｜parameter name="days" string="false">{days}</｜DSML｜parameter>\n'
+        f'<｜DSML｜parameter name="units" string="true">metric</｜DSML｜parameter>\n'
+        f'<｜DSML｜parameter name="include" string="false">["wind", "rain", "uv"]</｜DSML｜parameter>\n'
+        f"</｜DSML｜invoke>\n"
+        for city, days in [("Paris", 3), ("São Paulo <centro>", 7), ("北京", 14)]
+    )
+    + "</｜DSML｜tool_calls>"
+)
 
 
 def _ids(text: str) -> list[int]:
@@ -108,17 +134,24 @@ def _ids(text: str) -> list[int]:
 
 def _stats(times_us: list[float]) -> dict[str, float]:
     ordered = sorted(times_us)
-    return {"mask_us_median": round(statistics.median(ordered), 1),
-            "mask_us_p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
-            "mask_us_max": round(ordered[-1], 1)}
+    return {
+        "mask_us_median": round(statistics.median(ordered), 1),
+        "mask_us_p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
+        "mask_us_max": round(ordered[-1], 1),
+    }
 
 
 def _allowed(bitmask: torch.Tensor, token: int) -> bool:
     return bool((int(bitmask[token // 32]) >> (token % 32)) & 1)
 
 
-def _walk(new_matcher: Callable[[], object], fill: Callable[[object, torch.Tensor], None],
-          accept: Callable[[object, int], bool], ids: list[int], repeats: int) -> dict[str, object]:
+def _walk(
+    new_matcher: Callable[[], object],
+    fill: Callable[[object, torch.Tensor], None],
+    accept: Callable[[object, int], bool],
+    ids: list[int],
+    repeats: int,
+) -> dict[str, object]:
     """Mask and accept over ``ids`` then EOS, ``repeats`` times with a fresh matcher each time.
     The first walk is reported apart (``cold``: lazily built lexer states and caches)."""
     bitmask = torch.zeros(bitmask_words(VOCAB_SIZE), dtype=torch.int32)
@@ -142,11 +175,15 @@ def _walk(new_matcher: Callable[[], object], fill: Callable[[object, torch.Tenso
             accepts.append((time.perf_counter() - t0) * 1e6)
         walks.append((instance, masks, accepts))
     warm = walks[1:] or walks
-    return {"tokens": len(ids) + 1,
-            "cold": {"first_mask_us": round(walks[0][1][0], 1), **_stats(walks[0][1])},
-            "warm": {"instance_us": round(statistics.median(w[0] for w in warm) * 1e6, 1),
-                     **_stats([m for w in warm for m in w[1]]),
-                     "accept_us_median": round(statistics.median(a for w in warm for a in w[2]), 2)}}
+    return {
+        "tokens": len(ids) + 1,
+        "cold": {"first_mask_us": round(walks[0][1][0], 1), **_stats(walks[0][1])},
+        "warm": {
+            "instance_us": round(statistics.median(w[0] for w in warm) * 1e6, 1),
+            **_stats([m for w in warm for m in w[1]]),
+            "accept_us_median": round(statistics.median(a for w in warm for a in w[2]), 2),
+        },
+    }
 
 
 def _llguidance(cases: dict[str, tuple[str, list[int]]], repeats: int) -> dict[str, object]:
@@ -154,8 +191,10 @@ def _llguidance(cases: dict[str, tuple[str, list[int]]], repeats: int) -> dict[s
 
     t0 = time.perf_counter()
     tok = guidance_tokenizer()
-    out: dict[str, object] = {"version": metadata.version("llguidance"),
-                              "tokenizer_s": round(time.perf_counter() - t0, 3)}
+    out: dict[str, object] = {
+        "version": metadata.version("llguidance"),
+        "tokenizer_s": round(time.perf_counter() - t0, 3),
+    }
     options = {"item_separator": SEPARATORS[0], "key_separator": SEPARATORS[1], "whitespace_flexible": False}
     grammars = {
         "json_schema": llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, overrides=options),
@@ -173,8 +212,10 @@ def _llguidance(cases: dict[str, tuple[str, list[int]]], repeats: int) -> dict[s
         def fill(m, bitmask):
             m.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * 4)
 
-        out[name] = {"compile_ms": round(compile_ms, 2),
-                     **_walk(compiled.deep_copy, fill, lambda m, t: m.consume_token(t), cases[name][1], repeats)}
+        out[name] = {
+            "compile_ms": round(compile_ms, 2),
+            **_walk(compiled.deep_copy, fill, lambda m, t: m.consume_token(t), cases[name][1], repeats),
+        }
     return out
 
 
@@ -186,15 +227,20 @@ def _xgrammar(cases: dict[str, tuple[str, list[int]]], repeats: int) -> dict[str
     vocab = [""] * VOCAB_SIZE
     for piece, i in data["model"]["vocab"].items():
         vocab[i] = piece  # added tokens stay "": special, never text (as in vocab.py)
-    info = xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.BYTE_LEVEL, vocab_size=VOCAB_SIZE,
-                                  stop_token_ids=[EOS_ID])
-    out: dict[str, object] = {"version": metadata.version("xgrammar"),
-                              "tokenizer_s": round(time.perf_counter() - t0, 3)}
+    info = xgrammar.TokenizerInfo(
+        vocab, xgrammar.VocabType.BYTE_LEVEL, vocab_size=VOCAB_SIZE, stop_token_ids=[EOS_ID]
+    )
+    out: dict[str, object] = {
+        "version": metadata.version("xgrammar"),
+        "tokenizer_s": round(time.perf_counter() - t0, 3),
+    }
     compile_fns = {
-        "json_schema": lambda c: c.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False,
-                                                       separators=SEPARATORS),
-        "json_object": lambda c: c.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=False,
-                                                       separators=SEPARATORS, strict_mode=False),
+        "json_schema": lambda c: c.compile_json_schema(
+            json.dumps(SCHEMA), any_whitespace=False, separators=SEPARATORS
+        ),
+        "json_object": lambda c: c.compile_json_schema(
+            json.dumps({"type": "object"}), any_whitespace=False, separators=SEPARATORS, strict_mode=False
+        ),
         "regex": lambda c: c.compile_regex(cases["regex"][0]),
     }
     for name, compile_fn in compile_fns.items():
@@ -206,9 +252,16 @@ def _xgrammar(cases: dict[str, tuple[str, list[int]]], repeats: int) -> dict[str
         def fill(m, bitmask):
             m.fill_next_token_bitmask(bitmask.view(1, -1))
 
-        out[name] = {"compile_ms": round(compile_ms, 2),
-                     **_walk(lambda c=compiled: xgrammar.GrammarMatcher(c), fill,
-                             lambda m, t: m.accept_token(t), cases[name][1], repeats)}
+        out[name] = {
+            "compile_ms": round(compile_ms, 2),
+            **_walk(
+                lambda c=compiled: xgrammar.GrammarMatcher(c),
+                fill,
+                lambda m, t: m.accept_token(t),
+                cases[name][1],
+                repeats,
+            ),
+        }
     return out
 
 
@@ -231,8 +284,11 @@ def run(repeats: int = 5) -> dict[str, object]:
         "regex": (REGEX, _ids(REGEX_TEXT)),
         "tool_call": ("", _ids(TOOL_TEXT)),
     }
-    out: dict[str, object] = {"vocab_size": VOCAB_SIZE, "repeats": repeats,
-                              "sequence_tokens": {k: len(v[1]) for k, v in cases.items()}}
+    out: dict[str, object] = {
+        "vocab_size": VOCAB_SIZE,
+        "repeats": repeats,
+        "sequence_tokens": {k: len(v[1]) for k, v in cases.items()},
+    }
     for name, backend in (("llguidance", _llguidance), ("xgrammar", _xgrammar)):
         try:
             out[name] = backend(cases, repeats)
@@ -244,7 +300,9 @@ def run(repeats: int = 5) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dsi.structured.bench_mask", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dsi.structured.bench_mask", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--repeats", type=int, default=5, help="walks of each sequence per grammar")
     args = parser.parse_args(argv)
     print(json.dumps(run(args.repeats), indent=2))

@@ -51,7 +51,9 @@ class GrammarCompiler:
         constraint = self.constraint(spec)
         for i, token in enumerate(tokens):
             if not constraint.accept(token):
-                raise SpecError(f"output token {i} (id {token}) does not fit the structured output constraint")
+                raise SpecError(
+                    f"output token {i} (id {token}) does not fit the structured output constraint"
+                )
         return constraint
 
     # ---- internals -----------------------------------------------------------------------------

@@ -39,7 +39,12 @@ class GuidanceConstraint:
         self._matcher = matcher
 
     def fill_mask(self, bitmask: torch.Tensor) -> None:
-        if bitmask.dtype != torch.int32 or bitmask.dim() != 1 or not bitmask.is_contiguous() or bitmask.is_cuda:
+        if (
+            bitmask.dtype != torch.int32
+            or bitmask.dim() != 1
+            or not bitmask.is_contiguous()
+            or bitmask.is_cuda
+        ):
             raise ValueError("bitmask must be a contiguous 1-D int32 CPU tensor")
         self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * 4)
 

@@ -73,11 +73,23 @@ class StructuredSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
         return cls("regex", regex=pattern, after_think=after_think)
 
     @classmethod
-    def tool_call(cls, tools: Iterable[ToolSpec | Mapping[str, Any]], choice: str = "required", *,
-                  parallel: bool = True, opener_in_prompt: bool = True, after_think: bool = False
-                  ) -> StructuredSpec:
-        return cls("tool_call", tools=tuple(ToolSpec.of(t) for t in tools), tool_choice=choice,
-                   parallel_tool_calls=parallel, opener_in_prompt=opener_in_prompt, after_think=after_think)
+    def tool_call(
+        cls,
+        tools: Iterable[ToolSpec | Mapping[str, Any]],
+        choice: str = "required",
+        *,
+        parallel: bool = True,
+        opener_in_prompt: bool = True,
+        after_think: bool = False,
+    ) -> StructuredSpec:
+        return cls(
+            "tool_call",
+            tools=tuple(ToolSpec.of(t) for t in tools),
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
+            opener_in_prompt=opener_in_prompt,
+            after_think=after_think,
+        )
 
     @classmethod
     def from_output_constraint(cls, kind: str, schema: str, *, after_think: bool = False) -> StructuredSpec:
@@ -87,8 +99,11 @@ class StructuredSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
         then a JSON array of Chat Completions function tools; deferred tools are left out."""
         match kind:
             case "json":
-                return cls.json_schema(schema, after_think=after_think) if schema else cls.json_object(
-                    after_think=after_think)
+                return (
+                    cls.json_schema(schema, after_think=after_think)
+                    if schema
+                    else cls.json_object(after_think=after_think)
+                )
             case "regex":
                 return cls.for_regex(schema, after_think=after_think)
             case "tool_call" | "tool_call_required":
@@ -127,12 +142,16 @@ class StructuredSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
             raise SpecError("tool_call: tool names must be unique")
         for tool in self.tools:
             if not tool.name or any(c in tool.name for c in '"<>\n\r'):
-                raise SpecError(f"tool_call: tool name {tool.name!r} is empty or has one of \" < > or a newline")
+                raise SpecError(
+                    f'tool_call: tool name {tool.name!r} is empty or has one of " < > or a newline'
+                )
             schema = _parse_schema(tool.parameters, f"tool {tool.name!r} parameters")
             if not isinstance(schema, dict) or schema.get("type", "object") != "object":
                 raise SpecError(f"tool_call: tool {tool.name!r} parameters must be an object schema")
         if self.tool_choice not in ("required", "auto") and not self.chosen_tools():
-            raise SpecError(f"tool_call: tool_choice names {self.tool_choice!r}, which is not among the tools")
+            raise SpecError(
+                f"tool_call: tool_choice names {self.tool_choice!r}, which is not among the tools"
+            )
 
 
 def _schema_text(schema: Mapping[str, Any] | bool | str) -> str:

@@ -42,12 +42,17 @@ def toolcall_lark(spec: StructuredSpec, json_options: dict[str, Any]) -> str:
         names.append(f"t{i}")
         rules += _invoke(f"t{i}", tool, json_options)
     calls = "invoke+" if spec.parallel_tool_calls else "invoke"
-    head = [f"invoke: {' | '.join(names)}", f'calls: {calls} "</" {D} "tool_calls>"',
-            f'opener: "<" {D} "tool_calls>\\n"']
+    head = [
+        f"invoke: {' | '.join(names)}",
+        f'calls: {calls} "</" {D} "tool_calls>"',
+        f'opener: "<" {D} "tool_calls>\\n"',
+    ]
     if spec.tool_choice == "auto":
-        head += ["start: nlseg* TAIL? | nlseg+ opener calls",
-                 "nlseg[lazy]: /(?s:.*)\\n\\n/",
-                 "TAIL: /(?s:.+)/ & ~/(?s:.*)\\n\\n(?s:.*)/"]
+        head += [
+            "start: nlseg* TAIL? | nlseg+ opener calls",
+            "nlseg[lazy]: /(?s:.*)\\n\\n/",
+            "TAIL: /(?s:.+)/ & ~/(?s:.*)\\n\\n(?s:.*)/",
+        ]
     elif spec.opener_in_prompt:
         head.append("start: calls")
     else:
@@ -70,8 +75,10 @@ def _invoke(name: str, tool: ToolSpec, json_options: dict[str, Any]) -> list[str
         parts.append(f"{name}_any*")
         rules += _any_param(f"{name}_any", json_options)
     body = " ".join(parts)
-    rules.insert(0, f'{name}: "<" {D} {_lit(f"invoke name={_attr(tool.name)}>" + chr(10))} {body} '
-                    f'"</" {D} "invoke>\\n"')
+    rules.insert(
+        0,
+        f'{name}: "<" {D} {_lit(f"invoke name={_attr(tool.name)}>" + chr(10))} {body} "</" {D} "invoke>\\n"',
+    )
     return rules
 
 
@@ -79,20 +86,24 @@ def _param(rule: str, key: str, sub: Any, json_options: dict[str, Any]) -> list[
     if not isinstance(sub, dict):
         sub = {} if sub is True else {"not": {}}
     if _is_string(sub):
-        head = _lit(f"parameter name={_attr(key)} string=\"true\">")
-        return [f"{rule}: \"<\" {D} {head} {rule}_v {D} \"parameter>\\n\"", *_raw_value(f"{rule}_v", sub)]
-    head = _lit(f"parameter name={_attr(key)} string=\"false\">")
-    return [f"{rule}: \"<\" {D} {head} {rule}_v \"</\" {D} \"parameter>\\n\"",
-            f"{rule}_v: %json {_json(sub, json_options)}"]
+        head = _lit(f'parameter name={_attr(key)} string="true">')
+        return [f'{rule}: "<" {D} {head} {rule}_v {D} "parameter>\\n"', *_raw_value(f"{rule}_v", sub)]
+    head = _lit(f'parameter name={_attr(key)} string="false">')
+    return [
+        f'{rule}: "<" {D} {head} {rule}_v "</" {D} "parameter>\\n"',
+        f"{rule}_v: %json {_json(sub, json_options)}",
+    ]
 
 
 def _any_param(rule: str, json_options: dict[str, Any]) -> list[str]:
-    return [f'{rule}: "<" {D} "parameter name=\\"" PNAME "\\" string=\\"" ({rule}_s | {rule}_j) {D} '
-            '"parameter>\\n"',
-            f'{rule}_s: "true\\">" {rule}_seg+',
-            f"{rule}_seg[lazy]: {_ANY}",
-            f'{rule}_j: "false\\">" {rule}_jv "</"',
-            f"{rule}_jv: %json {_json({}, json_options)}"]
+    return [
+        f'{rule}: "<" {D} "parameter name=\\"" PNAME "\\" string=\\"" ({rule}_s | {rule}_j) {D} '
+        '"parameter>\\n"',
+        f'{rule}_s: "true\\">" {rule}_seg+',
+        f"{rule}_seg[lazy]: {_ANY}",
+        f'{rule}_j: "false\\">" {rule}_jv "</"',
+        f"{rule}_jv: %json {_json({}, json_options)}",
+    ]
 
 
 def _raw_value(rule: str, sub: dict[str, Any]) -> list[str]:
@@ -154,7 +165,7 @@ def _slashes(regex: str) -> str:
     out, i = [], 0
     while i < len(regex):
         if regex[i] == "\\":
-            out.append(regex[i:i + 2])
+            out.append(regex[i : i + 2])
             i += 2
             continue
         out.append("\\/" if regex[i] == "/" else regex[i])

@@ -43,9 +43,17 @@ class BalancerActor(RoleActor):
     """``controller``: where to learn which instances serve ("" = nobody tells: tests hand the
     table in with :meth:`listed`); ``refresh_s`` seconds between asks; ``clock`` monotonic s."""
 
-    def __init__(self, name: str, options: BalancerOptions, model: ModelConfig, *, controller: str = "",
-                 keys: CurveKeys | None = None, refresh_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: BalancerOptions,
+        model: ModelConfig,
+        *,
+        controller: str = "",
+        keys: CurveKeys | None = None,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(name)
         self.options = options
         self.policies = Policies(options, model)
@@ -74,11 +82,21 @@ class BalancerActor(RoleActor):
     def load_report(self, msg: LoadReport) -> None:
         if msg.role not in ROLES:
             raise InvalidRequest(f"a load report comes from a prefill or decode, not {msg.role!r}")
-        counts = ("queued_tokens", "running", "waiting", "kv_tokens", "max_requests", "kv_capacity_tokens", "accepted")
+        counts = (
+            "queued_tokens",
+            "running",
+            "waiting",
+            "kv_tokens",
+            "max_requests",
+            "kv_capacity_tokens",
+            "accepted",
+        )
         negative = [name for name in counts if getattr(msg, name) < 0]
         if negative or not msg.instance_id:
-            raise InvalidRequest(f"load report of {msg.instance_id!r}: needs an id and counts >= 0 "
-                                 f"(negative: {', '.join(negative) or 'none'})")
+            raise InvalidRequest(
+                f"load report of {msg.instance_id!r}: needs an id and counts >= 0 "
+                f"(negative: {', '.join(negative) or 'none'})"
+            )
         self.reports += 1
         self.table.report(msg, self._clock())
 
@@ -89,8 +107,9 @@ class BalancerActor(RoleActor):
             if msg.uncached_tokens < 0 or msg.cached_tokens < 0:
                 raise InvalidRequest("uncached_tokens and cached_tokens must be >= 0")
             uncached = max(1, msg.uncached_tokens)
-            choice = self.policies.route_prefill(uncached, msg.cached_tokens, self.table.snapshot("prefill", now),
-                                                 msg.exclude, now)
+            choice = self.policies.route_prefill(
+                uncached, msg.cached_tokens, self.table.snapshot("prefill", now), msg.exclude, now
+            )
             self.table.routed(choice.instance, uncached, now)
         elif msg.role == "decode":
             if msg.kv_tokens < 0:
@@ -108,14 +127,27 @@ class BalancerActor(RoleActor):
         now = self._clock()
         prefills, decodes = self.table.snapshot("prefill", now), self.table.snapshot("decode", now)
         bands = self.policies.decode.bands
-        return BalancerState(self.name, self.policies.buckets(prefills, now), list(bands.long), bands.threshold or 0,
-                             self.table.views(now), dict(self.routed),
-                             {"prefill": spread(prefills, "prefill"), "decode": spread(decodes, "decode")})
+        return BalancerState(
+            self.name,
+            self.policies.buckets(prefills, now),
+            list(bands.long),
+            bands.threshold or 0,
+            self.table.views(now),
+            dict(self.routed),
+            {"prefill": spread(prefills, "prefill"), "decode": spread(decodes, "decode")},
+        )
 
     async def _follow_controller(self) -> None:
         assert self._ctx is not None
-        peer = Peer(self._controller_address, self._ctx, types=(InstanceTable,), peer_id=self.name,
-                    role="balancer", keys=self._keys, timeout=max(self._refresh_s, 1.0))
+        peer = Peer(
+            self._controller_address,
+            self._ctx,
+            types=(InstanceTable,),
+            peer_id=self.name,
+            role="balancer",
+            keys=self._keys,
+            timeout=max(self._refresh_s, 1.0),
+        )
         try:
             while True:
                 try:

@@ -51,13 +51,24 @@ class Known:
         extra = sum(p.tokens for p in self.pending)
         requests = r.running + r.waiting + len(self.pending)
         if role == "prefill":
-            return InstanceLoad(id=instance_id, role="prefill", state=state, queued_tokens=r.queued_tokens + extra,
-                                running_requests=requests)
+            return InstanceLoad(
+                id=instance_id,
+                role="prefill",
+                state=state,
+                queued_tokens=r.queued_tokens + extra,
+                running_requests=requests,
+            )
         if r.max_requests <= 0 or r.kv_capacity_tokens <= 0:
             return None  # a decode that does not say its capacity cannot be scored
-        return InstanceLoad(id=instance_id, role="decode", state=state, running_requests=requests,
-                            kv_tokens=r.kv_tokens + extra, max_requests=r.max_requests,
-                            kv_capacity_tokens=r.kv_capacity_tokens)
+        return InstanceLoad(
+            id=instance_id,
+            role="decode",
+            state=state,
+            running_requests=requests,
+            kv_tokens=r.kv_tokens + extra,
+            max_requests=r.max_requests,
+            kv_capacity_tokens=r.kv_capacity_tokens,
+        )
 
 
 class LoadTable:
@@ -122,11 +133,17 @@ class LoadTable:
             state = known.state or "unlisted"
             if r is not None and self._stale(known, now):
                 state = "stale"
-            out.append(InstanceView(
-                instance_id, r.role if r is not None else "", state,
-                (r.queued_tokens if r is not None else 0) + sum(p.tokens for p in known.pending),
-                r.running + r.waiting if r is not None else 0, r.kv_tokens if r is not None else 0,
-                round(now - known.received, 3) if r is not None else -1.0))
+            out.append(
+                InstanceView(
+                    instance_id,
+                    r.role if r is not None else "",
+                    state,
+                    (r.queued_tokens if r is not None else 0) + sum(p.tokens for p in known.pending),
+                    r.running + r.waiting if r is not None else 0,
+                    r.kv_tokens if r is not None else 0,
+                    round(now - known.received, 3) if r is not None else -1.0,
+                )
+            )
         return out
 
     def _stale(self, known: Known, now: float) -> bool:

@@ -38,16 +38,23 @@ class Choice:
 
 
 def prefill_config(options: BalancerOptions) -> PrefillBalancerConfig:
-    return PrefillBalancerConfig(edges=options.bucket_edges, rebalance_s=options.rebalance_s,
-                                 half_life_s=options.half_life_s, hysteresis=options.bucket_hysteresis,
-                                 min_share=options.min_share)
+    return PrefillBalancerConfig(
+        edges=options.bucket_edges,
+        rebalance_s=options.rebalance_s,
+        half_life_s=options.half_life_s,
+        hysteresis=options.bucket_hysteresis,
+        min_share=options.min_share,
+    )
 
 
 def decode_config(options: BalancerOptions) -> DecodeBalancerConfig:
-    return DecodeBalancerConfig(window=options.band_window,
-                                min_samples=min(MIN_BAND_SAMPLES, options.band_window),
-                                long_min_tokens=options.long_min_tokens, hysteresis=options.band_hysteresis,
-                                overload=options.overload)
+    return DecodeBalancerConfig(
+        window=options.band_window,
+        min_samples=min(MIN_BAND_SAMPLES, options.band_window),
+        long_min_tokens=options.long_min_tokens,
+        hysteresis=options.band_hysteresis,
+        overload=options.overload,
+    )
 
 
 class Policies:
@@ -57,8 +64,9 @@ class Policies:
         self.prefill = PrefillBalancer(prefill_config(options), PrefillCost(model))
         self.decode = DecodeBalancer(decode_config(options))
 
-    def route_prefill(self, uncached: int, cached: int, pool: Sequence[InstanceLoad], exclude: Collection[str],
-                      now: float) -> Choice:
+    def route_prefill(
+        self, uncached: int, cached: int, pool: Sequence[InstanceLoad], exclude: Collection[str], now: float
+    ) -> Choice:
         """``uncached`` >= 1 tokens to compute after ``cached`` ones; ``now`` monotonic seconds."""
         decision = self.prefill.route(uncached, cached, pool, now)
         instance = decision.instance
@@ -87,17 +95,28 @@ class Policies:
         out = []
         for b in range(cfg.buckets):
             ids = list(plan.engines_for(b)) if plan is not None else [e.id for e in engines]
-            out.append(BucketInfo(b, cfg.edges[b - 1] if b else 0, cfg.edges[b] if b < len(cfg.edges) else 0,
-                                  round(shares[b], 4), ids, sum(queued.get(i, 0) for i in ids)))
+            out.append(
+                BucketInfo(
+                    b,
+                    cfg.edges[b - 1] if b else 0,
+                    cfg.edges[b] if b < len(cfg.edges) else 0,
+                    round(shares[b], 4),
+                    ids,
+                    sum(queued.get(i, 0) for i in ids),
+                )
+            )
         return out
 
 
 def spread(pool: Sequence[InstanceLoad], role: str) -> float:
     """max / mean load over the serving instances of ``role`` (1.0 when even or idle). Prefill load
     is queued un-cached tokens; decode load is the score (requests or KV against capacity)."""
-    loads = [e.queued_tokens if role == "prefill" else
-             max(e.running_requests / e.max_requests, e.kv_tokens / e.kv_capacity_tokens)
-             for e in serving(pool, role)]  # type: ignore[arg-type]
+    loads = [
+        e.queued_tokens
+        if role == "prefill"
+        else max(e.running_requests / e.max_requests, e.kv_tokens / e.kv_capacity_tokens)
+        for e in serving(pool, role)
+    ]  # type: ignore[arg-type]
     mean = sum(loads) / len(loads) if loads else 0.0
     return round(max(loads) / mean, 4) if mean > 0 else 1.0
 

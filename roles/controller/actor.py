@@ -154,8 +154,15 @@ class ControllerActor(RoleActor):
         instance that cannot be reached is logged (a drain stands; an undrain then fails)."""
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
-        peer = Peer(info.address, self._ctx, types=ALL, peer_id=self.name, role="controller", keys=self._keys,
-                    timeout=timeout_s)
+        peer = Peer(
+            info.address,
+            self._ctx,
+            types=ALL,
+            peer_id=self.name,
+            role="controller",
+            keys=self._keys,
+            timeout=timeout_s,
+        )
         try:
             await peer.connect(timeout_s)
             await peer.ask(order, timeout=timeout_s)

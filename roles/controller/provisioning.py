@@ -67,5 +67,7 @@ class ClusterFollower:
                 await self.provisioner.adopt()
                 return
             except KubeError as exc:
-                log.warning("autoscale: cannot read the running pods (%s); trying again in %gs", exc, self.every_s)
+                log.warning(
+                    "autoscale: cannot read the running pods (%s); trying again in %gs", exc, self.every_s
+                )
                 await asyncio.sleep(self.every_s)

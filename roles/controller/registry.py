@@ -92,8 +92,17 @@ class InstanceRegistry:
             moves += self._move(entry, S.DEAD, f"replaced by pid {beat.pid} on {beat.host}", now)
         if entry is None or entry.state in FINAL:
             entry = self._entries[beat.instance_id] = _Entry(beat, now, _entry_state(beat))
-            moves.append(self._count(Transition(beat.instance_id, beat.role, None, entry.state,
-                                                _registration_reason(beat, entry.state))))
+            moves.append(
+                self._count(
+                    Transition(
+                        beat.instance_id,
+                        beat.role,
+                        None,
+                        entry.state,
+                        _registration_reason(beat, entry.state),
+                    )
+                )
+            )
         entry.beat, entry.seen_at = beat, now
         if entry.state is S.STARTING and beat.state != "starting":
             moves += self._move(entry, S.READY, "process started", now)
@@ -139,7 +148,11 @@ class InstanceRegistry:
             raise InvalidRequest(f"grace_s must be >= 0 seconds, not {grace_s}")
         if entry.state is S.DRAINING and entry.drain_until is not None:
             return []
-        moves = [] if entry.state is S.DRAINING else self._move(entry, S.DRAINING, f"{reason}, grace {grace_s:g}s", now)
+        moves = (
+            []
+            if entry.state is S.DRAINING
+            else self._move(entry, S.DRAINING, f"{reason}, grace {grace_s:g}s", now)
+        )
         entry.drain_until = now + grace_s
         return moves
 
@@ -153,16 +166,22 @@ class InstanceRegistry:
         if entry.state is not S.DRAINING or entry.drain_until is None:
             raise IllegalTransition(f"{instance_id} is {entry.state}, not draining by a drain order")
         if now >= entry.drain_until:
-            raise IllegalTransition(f"{instance_id}: the grace period ended {now - entry.drain_until:.1f}s ago; "
-                                    f"its work is moving away")
+            raise IllegalTransition(
+                f"{instance_id}: the grace period ended {now - entry.drain_until:.1f}s ago; "
+                f"its work is moving away"
+            )
         entry.drain_until = None
         return self._move(entry, S.SERVING, reason, now)
 
     def in_grace(self, instance_id: str, now: float) -> bool:
         """Whether an instance is draining by an order whose grace period has not ended."""
         entry = self._entries.get(instance_id)
-        return entry is not None and entry.state is S.DRAINING and entry.drain_until is not None \
+        return (
+            entry is not None
+            and entry.state is S.DRAINING
+            and entry.drain_until is not None
             and now < entry.drain_until
+        )
 
     def expire(self, now: float) -> list[Transition]:
         """Every live instance silent for timeout_s becomes dead."""
@@ -190,7 +209,8 @@ class InstanceRegistry:
     def prune(self, now: float) -> list[str]:
         """Forget stopped and dead instances older than forget_after_s; the ids removed."""
         gone = [
-            iid for iid, e in self._entries.items()
+            iid
+            for iid, e in self._entries.items()
             if e.ended_at is not None and now - e.ended_at >= self.forget_after_s
         ]
         for iid in gone:

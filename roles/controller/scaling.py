@@ -133,7 +133,9 @@ class Scaler:
                     del state.to_pool[key]
                 elif self._idle(info, since, now):
                     del state.to_pool[key]
-                    moves += self._registry.move(info.instance_id, S.READY, now, "drained: back in the ready pool")
+                    moves += self._registry.move(
+                        info.instance_id, S.READY, now, "drained: back in the ready pool"
+                    )
             for key in list(state.to_stop):
                 info = infos.get(key)
                 if info is None or info.state in FINAL:
@@ -144,7 +146,9 @@ class Scaler:
     def status(self, now: float, wall: float) -> ScaleStatus:
         """The roles and the logged decisions; `wall` is unix seconds at `now`."""
         infos = self._registry.instances(now)
-        roles = [self._role_status(name, state, _live(infos, name), now) for name, state in self._roles.items()]
+        roles = [
+            self._role_status(name, state, _live(infos, name), now) for name, state in self._roles.items()
+        ]
         decisions = [
             _decision_entry(name, decision, wall - (now - decision.inputs.now_s))
             for decision in self.log.entries()
@@ -179,7 +183,9 @@ class Scaler:
         pending = max(0, state.wanted - held)
         return {
             "serving": sum(1 for i in live if i.state == S.SERVING),
-            "ready": sum(1 for i, k in zip(live, keys, strict=True) if i.state == S.READY and k not in state.to_stop),
+            "ready": sum(
+                1 for i, k in zip(live, keys, strict=True) if i.state == S.READY and k not in state.to_stop
+            ),
             "starting": sum(1 for i in live if i.state == S.STARTING) + to_pool + pending,
             "draining": to_stop,
             "held": held,
@@ -191,7 +197,9 @@ class Scaler:
             peak, state.peak = max(state.peak, _active(live)), 0.0
             return peak
         counters = {(i.instance_id, i.started_at): i.load.uncached_tokens for i in live}
-        risen = sum(max(0, count - state.counters[key]) for key, count in counters.items() if key in state.counters)
+        risen = sum(
+            max(0, count - state.counters[key]) for key, count in counters.items() if key in state.counters
+        )
         state.counters = counters
         elapsed = now - self._last_s if self._last_s is not None else 0.0
         return risen / elapsed if elapsed > 0 else 0.0
@@ -209,16 +217,22 @@ class Scaler:
         )
         moves: list[Transition] = []
         for info in ready[: got.take_from_pool]:
-            moves += self._registry.move(info.instance_id, S.SERVING, now, "autoscaler: taken from the ready pool")
+            moves += self._registry.move(
+                info.instance_id, S.SERVING, now, "autoscaler: taken from the ready pool"
+            )
         leaving = serving[: got.return_to_pool + got.stop_serving]
         for info in leaving[: got.return_to_pool]:
-            moves += self._registry.move(info.instance_id, S.DRAINING, now, "autoscaler: back to the ready pool")
+            moves += self._registry.move(
+                info.instance_id, S.DRAINING, now, "autoscaler: back to the ready pool"
+            )
             state.to_pool[(info.instance_id, info.started_at)] = now
         for info in leaving[got.return_to_pool :]:
             moves += self._registry.move(info.instance_id, S.DRAINING, now, "autoscaler: scale down")
             state.to_stop[(info.instance_id, info.started_at)] = now
         for info in list(reversed(ready))[: got.stop_ready]:
-            moves += self._registry.move(info.instance_id, S.DRAINING, now, "autoscaler: above the ready pool")
+            moves += self._registry.move(
+                info.instance_id, S.DRAINING, now, "autoscaler: above the ready pool"
+            )
             state.to_stop[(info.instance_id, info.started_at)] = now
             state.from_pool.add((info.instance_id, info.started_at))
         state.wanted = counts["held"] + counts["pending"] + got.start - got.stop_serving - got.stop_ready
@@ -238,7 +252,11 @@ class Scaler:
             since = state.to_stop.get(key)
             if since is None:
                 continue
-            if key in state.from_pool or self._idle(info, since, now) or now - since >= self.section.drain_timeout_s:
+            if (
+                key in state.from_pool
+                or self._idle(info, since, now)
+                or now - since >= self.section.drain_timeout_s
+            ):
                 names.append(info.instance_id)
         return names
 

@@ -74,8 +74,10 @@ class DecodeActor(EngineRole):
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         assert self.service is not None
         if msg.pin_hit is not None and msg.pin_hit.tokens and not msg.pin_hit.exact:
-            raise HitUnavailable(f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
-                                 f"bounded-replay hit of {msg.pin_hit.tokens} tokens")
+            raise HitUnavailable(
+                f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
+                f"bounded-replay hit of {msg.pin_hit.tokens} tokens"
+            )
         self._remember(msg.request_id, msg)
         self.arrive(0).settle()  # the engine counts it from here
         prompt_tokens = len(msg.token_ids)
@@ -109,26 +111,55 @@ class DecodeActor(EngineRole):
         try:
             done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
             if done.finish:  # the first token ended it: nothing was written
-                yield TokenChunk(req.request_id, done.output, done.finish, len(req.token_ids), done.cached_tokens,
-                                 done.logprobs, done.top_logprobs, done.hit)
+                yield TokenChunk(
+                    req.request_id,
+                    done.output,
+                    done.finish,
+                    len(req.token_ids),
+                    done.cached_tokens,
+                    done.logprobs,
+                    done.top_logprobs,
+                    done.hit,
+                )
                 return
             try:
                 buf = await inbound.wait()
             except DsiError as exc:
-                raise PrefillLost(f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}") from None
-            state = RequestState.from_buffer(layout, buf, req.request_id, list(req.token_ids), list(done.output),
-                                             req.sampling, done.seed,
-                                             done.consumer_start,
-                                             done.num_computed, list(done.logprobs), done.cached_tokens,
-                                             done.replay_start)
+                raise PrefillLost(
+                    f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}"
+                ) from None
+            state = RequestState.from_buffer(
+                layout,
+                buf,
+                req.request_id,
+                list(req.token_ids),
+                list(done.output),
+                req.sampling,
+                done.seed,
+                done.consumer_start,
+                done.num_computed,
+                list(done.logprobs),
+                done.cached_tokens,
+                done.replay_start,
+            )
             self._remember(req.request_id, req, done)
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             arrival.settle()
-            yield TokenChunk(req.request_id, list(done.output), "", len(req.token_ids), done.cached_tokens,
-                             list(done.logprobs), list(done.top_logprobs), done.hit)
+            yield TokenChunk(
+                req.request_id,
+                list(done.output),
+                "",
+                len(req.token_ids),
+                done.cached_tokens,
+                list(done.logprobs),
+                list(done.top_logprobs),
+                done.hit,
+            )
             async with contextlib.aclosing(stream):
-                async for chunk in self._continue(req.request_id, stream, len(req.token_ids), done.cached_tokens):
+                async for chunk in self._continue(
+                    req.request_id, stream, len(req.token_ids), done.cached_tokens
+                ):
                     yield chunk
         finally:
             self.counters.leases -= 1
@@ -147,8 +178,13 @@ class DecodeActor(EngineRole):
         except InvalidRequest as exc:  # no room here now: the entrypoint tries another decode
             raise Overloaded(f"{self.name}: {exc.message}") from None
         except asyncio.CancelledError:
-            call.add_done_callback(lambda f: None if f.cancelled() or f.exception() else
-                                   asyncio.ensure_future(service.release(f.result())))
+            call.add_done_callback(
+                lambda f: (
+                    None
+                    if f.cancelled() or f.exception()
+                    else asyncio.ensure_future(service.release(f.result()))
+                )
+            )
             raise
 
     async def _prefill(self, msg: Handoff, call: PrefillTo, timeout: float) -> Prefilled:
@@ -159,14 +195,23 @@ class DecodeActor(EngineRole):
             raise
         except DsiError as exc:  # unreachable, lost, timed out, failed
             self.counters.failed_handoffs += 1
-            raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}") from None
+            raise PrefillLost(
+                f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}"
+            ) from None
 
-    async def _continue(self, request_id: str, stream: AsyncIterator[RequestOutput], prompt_tokens: int,
-                        cached_tokens: int = 0) -> AsyncIterator[TokenChunk]:
+    async def _continue(
+        self,
+        request_id: str,
+        stream: AsyncIterator[RequestOutput],
+        prompt_tokens: int,
+        cached_tokens: int = 0,
+    ) -> AsyncIterator[TokenChunk]:
         """The chunks of a running request; a request moved off by a drain ends with a
         ``migrated`` chunk naming its new owner."""
         meta = self._meta.get(request_id)
-        self.live[request_id] = _Meta(meta.traffic_class if meta else "chatbot", 0, cached_tokens, prompt_tokens)
+        self.live[request_id] = _Meta(
+            meta.traffic_class if meta else "chatbot", 0, cached_tokens, prompt_tokens
+        )
         try:
             async for out in stream:
                 yield _chunk(request_id, out, prompt_tokens, cached_tokens)
@@ -211,10 +256,18 @@ class DecodeActor(EngineRole):
             self._unshared.add(msg.request_id)
         prompt_tokens = len(migrant.prompt)
         try:
-            yield TokenChunk(msg.request_id, list(migrant.output), "", prompt_tokens, migrant.cached_tokens,
-                             list(migrant.logprobs))
+            yield TokenChunk(
+                msg.request_id,
+                list(migrant.output),
+                "",
+                prompt_tokens,
+                migrant.cached_tokens,
+                list(migrant.logprobs),
+            )
             async with contextlib.aclosing(outputs):  # type: ignore[type-var]
-                async for chunk in self._continue(msg.request_id, outputs, prompt_tokens, migrant.cached_tokens):
+                async for chunk in self._continue(
+                    msg.request_id, outputs, prompt_tokens, migrant.cached_tokens
+                ):
                     yield chunk
         finally:
             self._forget(msg.request_id)
@@ -263,7 +316,20 @@ class DecodeActor(EngineRole):
             self.counters.persisted_blocks += len(hashes)
 
 
-def _chunk(request_id: str, out: RequestOutput, prompt_tokens: int, cached_tokens: int = 0,
-           hit: HitChoice | None = None) -> TokenChunk:
-    return TokenChunk(request_id, out.new_tokens, out.finish_reason or "" if out.finished else "", prompt_tokens,
-                      cached_tokens, out.new_logprobs, out.new_top_logprobs, hit)
+def _chunk(
+    request_id: str,
+    out: RequestOutput,
+    prompt_tokens: int,
+    cached_tokens: int = 0,
+    hit: HitChoice | None = None,
+) -> TokenChunk:
+    return TokenChunk(
+        request_id,
+        out.new_tokens,
+        out.finish_reason or "" if out.finished else "",
+        prompt_tokens,
+        cached_tokens,
+        out.new_logprobs,
+        out.new_top_logprobs,
+        hit,
+    )

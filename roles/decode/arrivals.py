@@ -70,8 +70,11 @@ class Arrivals:
             await self._service.grow_reservation(arrival.reservation, item.start + item.count)
             nbytes = item.count * self.role.shape.page_bytes
             inbound = self._expect(arrival, f"pages{item.start}", nbytes, msg.expires_in_s)
-            arrival.writes.append(asyncio.get_running_loop().create_task(
-                self._write_pages(arrival, inbound, item.start, item.count)))
+            arrival.writes.append(
+                asyncio.get_running_loop().create_task(
+                    self._write_pages(arrival, inbound, item.start, item.count)
+                )
+            )
             leases.append(self._lease(inbound, item.count, msg.expires_in_s))
         return MigrationLeases(leases)
 
@@ -82,7 +85,9 @@ class Arrivals:
             await asyncio.gather(*arrival.writes, return_exceptions=True)
             if arrival.held < m.held or arrival.migrant is not None:
                 self.release(m.request_id)
-                raise InvalidRequest(f"{m.request_id}: {arrival.held} pages arrived, the sender counts {m.held}")
+                raise InvalidRequest(
+                    f"{m.request_id}: {arrival.held} pages arrived, the sender counts {m.held}"
+                )
             try:
                 await self._service.grow_reservation(arrival.reservation, m.held + m.num_blocks)
             except InvalidRequest:
@@ -136,7 +141,9 @@ class Arrivals:
         if arrival.imported is not None and not arrival.imported.done():
             arrival.imported.set_exception(InvalidRequest(f"the migration of {request_id!r} was released"))
             arrival.imported.exception()
-        asyncio.get_running_loop().create_task(self._service.release(arrival.reservation))  # no-op once imported
+        asyncio.get_running_loop().create_task(
+            self._service.release(arrival.reservation)
+        )  # no-op once imported
 
     def close(self) -> None:
         for request_id in list(self._arrivals):
@@ -181,7 +188,9 @@ class Arrivals:
                 arrival.held = start + count
             self.role.counters.precopied_pages += count
         except DsiError as exc:
-            log.warning("%s: pre-copied pages of %s did not arrive: %s", self.role.name, arrival.request_id, exc)
+            log.warning(
+                "%s: pre-copied pages of %s did not arrive: %s", self.role.name, arrival.request_id, exc
+            )
         finally:
             inbound.release()
             if inbound in arrival.inbounds:
@@ -192,9 +201,20 @@ class Arrivals:
         assert m is not None and arrival.imported is not None
         try:
             buf = await inbound.wait()
-            state = RequestState.from_buffer(layout, buf, m.request_id, m.prompt, m.output, m.sampling, m.seed,
-                                             m.consumer_start, m.num_computed, m.logprobs, m.num_cached,
-                                             m.replay_start)
+            state = RequestState.from_buffer(
+                layout,
+                buf,
+                m.request_id,
+                m.prompt,
+                m.output,
+                m.sampling,
+                m.seed,
+                m.consumer_start,
+                m.num_computed,
+                m.logprobs,
+                m.num_cached,
+                m.replay_start,
+            )
             stream = self._service.import_request(state, arrival.reservation, m.held)
         except DsiError as exc:
             log.warning("%s: migrated %s not imported: %s", self.role.name, m.request_id, exc)

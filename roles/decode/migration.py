@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(slots=True)
 class MigrationReport:
     """What one drain did; seconds are wall time."""
@@ -118,12 +119,17 @@ class Migration:
         if not controller:
             return {}
         try:
-            table: InstanceTable = await (await self._peer(controller)).ask(ListInstances("decode"), timeout=5.0)
+            table: InstanceTable = await (await self._peer(controller)).ask(
+                ListInstances("decode"), timeout=5.0
+            )
         except DsiError as exc:
             log.warning("%s: no instance table from the controller: %s", self.role.name, exc)
             return {}
-        return {i.address: i.load.kv_tokens for i in table.instances
-                if i.state == "serving" and i.instance_id != self.role.name}
+        return {
+            i.address: i.load.kv_tokens
+            for i in table.instances
+            if i.state == "serving" and i.instance_id != self.role.name
+        }
 
     def _place(self, targets: dict[str, int]) -> None:
         new = {rid: meta.kv_tokens for rid, meta in self.role.live.items() if rid not in self._target}
@@ -134,8 +140,10 @@ class Migration:
         self._place(targets)
         ids = [rid for rid in self.role.live if rid in self._target]
         assert self.role.service is not None
-        copies = await asyncio.gather(*(self.role.service.full_pages_of(rid, self._held.get(rid, 0)) for rid in ids),
-                                      return_exceptions=True)
+        copies = await asyncio.gather(
+            *(self.role.service.full_pages_of(rid, self._held.get(rid, 0)) for rid in ids),
+            return_exceptions=True,
+        )
         by_target: dict[str, list[tuple[str, object]]] = {}
         for rid, pages in zip(ids, copies, strict=True):
             if isinstance(pages, BaseException) or not pages.shape[0]:  # gone, preempted, or nothing new
@@ -145,11 +153,17 @@ class Migration:
 
     async def _precopy_to(self, target: str, items: list) -> None:
         expires = self.role.settings.lease_timeout_s
-        call = Precopy([PrecopyPage(rid, self._held.get(rid, 0), pages.shape[0]) for rid, pages in items], expires)
+        call = Precopy(
+            [PrecopyPage(rid, self._held.get(rid, 0), pages.shape[0]) for rid, pages in items], expires
+        )
         try:
             answer: MigrationLeases = await (await self._peer(target)).ask(call, timeout=expires)
-            await asyncio.gather(*(self.role.data.send(lease_target(lease), [pages.numpy()], timeout_s=expires)
-                                   for lease, (_, pages) in zip(answer.leases, items, strict=True)))
+            await asyncio.gather(
+                *(
+                    self.role.data.send(lease_target(lease), [pages.numpy()], timeout_s=expires)
+                    for lease, (_, pages) in zip(answer.leases, items, strict=True)
+                )
+            )
         except DsiError as exc:
             log.warning("%s: pre-copy to %s failed: %s", self.role.name, target, exc)
             for rid, _ in items:  # copy these from scratch elsewhere? keep it simple: move them whole there
@@ -181,19 +195,43 @@ class Migration:
         migrants = []
         for rid, s in items:
             meta = self.role.live.get(rid)
-            migrants.append(Migrant(rid, s.prompt, s.output, s.logprobs, s.params, s.seed, s.consumer_start,
-                                    s.num_computed, s.num_cached, s.replay_start, self._held.get(rid, 0),
-                                    s.pages.shape[0], meta.traffic_class if meta else "chatbot",
-                                    meta.cached_tokens if meta else 0))
+            migrants.append(
+                Migrant(
+                    rid,
+                    s.prompt,
+                    s.output,
+                    s.logprobs,
+                    s.params,
+                    s.seed,
+                    s.consumer_start,
+                    s.num_computed,
+                    s.num_cached,
+                    s.replay_start,
+                    self._held.get(rid, 0),
+                    s.pages.shape[0],
+                    meta.traffic_class if meta else "chatbot",
+                    meta.cached_tokens if meta else 0,
+                )
+            )
         try:
-            answer: MigrationLeases = await (await self._peer(target)).ask(MigrateIn(migrants, expires),
-                                                                          timeout=expires)
+            answer: MigrationLeases = await (await self._peer(target)).ask(
+                MigrateIn(migrants, expires), timeout=expires
+            )
             assert self.role.data is not None
-            await asyncio.gather(*(self.role.data.send(lease_target(lease), s.to_parts(), timeout_s=expires)
-                                   for lease, (_, s) in zip(answer.leases, items, strict=True)))
+            await asyncio.gather(
+                *(
+                    self.role.data.send(lease_target(lease), s.to_parts(), timeout_s=expires)
+                    for lease, (_, s) in zip(answer.leases, items, strict=True)
+                )
+            )
         except Exception as exc:
-            log.warning("%s: moving %d requests to %s failed (%s); they re-run", self.role.name, len(items),
-                        target, exc)
+            log.warning(
+                "%s: moving %d requests to %s failed (%s); they re-run",
+                self.role.name,
+                len(items),
+                target,
+                exc,
+            )
             for rid, _ in items:
                 self._settle(rid, "")
             return
@@ -219,4 +257,3 @@ class Migration:
 
     async def _peer(self, address: str) -> Peer:
         return await self.role.peer(address, 5.0)
-

@@ -75,7 +75,9 @@ class ApiKeys:
     @staticmethod
     def acquire(caller: Caller) -> None:
         if caller.in_flight >= caller.entry.max_concurrency:
-            raise TooManyRequests(f"{caller.entry.name}: {caller.entry.max_concurrency} requests already in flight")
+            raise TooManyRequests(
+                f"{caller.entry.name}: {caller.entry.max_concurrency} requests already in flight"
+            )
         caller.in_flight += 1
 
     @staticmethod

@@ -82,12 +82,22 @@ class _Instance:
 
 
 class InstancePool:
-    def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, role: str = "decode",
-                 keys: CurveKeys | None = None, refresh_s: float = 1.0, peer_id: str = "entrypoint",
-                 unlisted_grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        controller: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        role: str = "decode",
+        keys: CurveKeys | None = None,
+        refresh_s: float = 1.0,
+        peer_id: str = "entrypoint",
+        unlisted_grace_s: float = 10.0,
+    ) -> None:
         self._ctx, self._keys, self.role, self._peer_id = ctx, keys, role, peer_id
         self._unlisted_grace_s = unlisted_grace_s  # seconds an instance missing from the table still serves
-        self._controller = Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
+        self._controller = Peer(
+            controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0
+        )
         self._instances: dict[str, _Instance] = {}
         self._refresh_s = refresh_s
         self._refreshed = 0.0
@@ -124,8 +134,15 @@ class InstancePool:
             if inst is None or inst.info.address != info.address:
                 if inst is not None:
                     await inst.peer.close()
-                peer = Peer(info.address, self._ctx, types=ALL, peer_id=self._peer_id, role="entrypoint",
-                            keys=self._keys, timeout=60.0)
+                peer = Peer(
+                    info.address,
+                    self._ctx,
+                    types=ALL,
+                    peer_id=self._peer_id,
+                    role="entrypoint",
+                    keys=self._keys,
+                    timeout=60.0,
+                )
                 peer_task = asyncio.get_running_loop().create_task(peer.connect())
                 peer_task.add_done_callback(lambda t: t.exception())  # failures surface on use
                 inst = self._instances[info.instance_id] = _Instance(info, peer)
@@ -158,12 +175,18 @@ class InstancePool:
 
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         """The least loaded serving instance whose ``key`` is not in ``exclude``."""
-        ready = [inst for inst in self._instances.values()
-                 if self._takes_work(inst) and inst.key not in exclude]
+        ready = [
+            inst for inst in self._instances.values() if self._takes_work(inst) and inst.key not in exclude
+        ]
         if not ready:
             raise NoInstance(f"no serving {self.role} instance")
-        return min(ready, key=lambda inst: (inst.info.load.running + inst.info.load.queued + inst.sent,
-                                            inst.info.load.kv_tokens))
+        return min(
+            ready,
+            key=lambda inst: (
+                inst.info.load.running + inst.info.load.queued + inst.sent,
+                inst.info.load.kv_tokens,
+            ),
+        )
 
     def get(self, instance_id: str, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance | None:
         """The instance ``instance_id`` if it takes new work (as ``pick`` counts it) and its ``key``
@@ -178,18 +201,34 @@ class DecodePool:
     max_attempts = 4
     max_migrations = 8  # moves of one request by drains (each is a Resume, not a failure)
 
-    def __init__(self, controller: str, ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
-                 refresh_s: float = 1.0, peer_id: str = "entrypoint", item_timeout_s: float = 120.0,
-                 reroute_wait_s: float = 5.0, balancers: Sequence[str] = (), balancer_timeout_s: float = 0.02) -> None:
-        self.decode = InstancePool(controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id)
-        self.prefill = InstancePool(controller, ctx, role="prefill", keys=keys, refresh_s=refresh_s,
-                                    peer_id=peer_id)
+    def __init__(
+        self,
+        controller: str,
+        ctx: zmq.asyncio.Context,
+        *,
+        keys: CurveKeys | None = None,
+        refresh_s: float = 1.0,
+        peer_id: str = "entrypoint",
+        item_timeout_s: float = 120.0,
+        reroute_wait_s: float = 5.0,
+        balancers: Sequence[str] = (),
+        balancer_timeout_s: float = 0.02,
+    ) -> None:
+        self.decode = InstancePool(
+            controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id
+        )
+        self.prefill = InstancePool(
+            controller, ctx, role="prefill", keys=keys, refresh_s=refresh_s, peer_id=peer_id
+        )
         self.item_timeout_s = item_timeout_s
         self.reroute_wait_s = reroute_wait_s  # seconds a re-routed request waits for a ready decode
         self.retries = 0
         # Asked first for every route; None (no balancer configured) is today's local pick alone.
-        self.router = BalancerRouter(balancers, ctx, keys=keys, peer_id=peer_id,
-                                     bound_s=balancer_timeout_s) if balancers else None
+        self.router = (
+            BalancerRouter(balancers, ctx, keys=keys, peer_id=peer_id, bound_s=balancer_timeout_s)
+            if balancers
+            else None
+        )
         self.migrations = 0  # streams moved by a drain to another decode (or re-run when it named none)
 
     async def start(self) -> None:
@@ -216,8 +255,10 @@ class DecodePool:
         """The controller's lifecycle transition counter (every role's, carried in the instance
         table the decode pool fetched last), in the Prometheus text format."""
         lines = ["# TYPE dsi_instance_transitions_total counter"]
-        lines += [f'dsi_instance_transitions_total{{role="{t.role}",from="{t.before}",to="{t.after}"}} {t.count}'
-                  for t in self.decode.transitions]
+        lines += [
+            f'dsi_instance_transitions_total{{role="{t.role}",from="{t.before}",to="{t.after}"}} {t.count}'
+            for t in self.decode.transitions
+        ]
         return lines + (self.router.metric_lines() if self.router is not None else [])
 
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
@@ -244,7 +285,9 @@ class DecodePool:
             if moved is not None:  # live migration: the stream goes on there
                 inst, call, moved = moved, Resume(msg.request_id), None
             else:
-                inst, pre = await self._route(msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0)
+                inst, pre = await self._route(
+                    msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0
+                )
                 req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
                 call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
@@ -282,20 +325,35 @@ class DecodePool:
             if attempt == self.max_attempts:
                 raise reason
             self.retries += 1
-            log.warning("request %s: %s on %s after %d tokens; retrying elsewhere", msg.request_id, reason.code,
-                        failed, len(delivered.token_ids))
+            log.warning(
+                "request %s: %s on %s after %d tokens; retrying elsewhere",
+                msg.request_id,
+                reason.code,
+                failed,
+                len(delivered.token_ids),
+            )
             if len(bad_prefills) >= len(self.prefill.ready):
                 bad_prefills.clear()
 
-    async def _route(self, msg: Generate, bad_decodes: set[tuple[str, float]], bad_prefills: set[tuple[str, float]],
-                     wait: bool) -> tuple[_Instance, _Instance | None]:
+    async def _route(
+        self,
+        msg: Generate,
+        bad_decodes: set[tuple[str, float]],
+        bad_prefills: set[tuple[str, float]],
+        wait: bool,
+    ) -> tuple[_Instance, _Instance | None]:
         """The decode and (with prefill instances in the cluster) the prefill of one attempt: the
         balancer's choice, else the local least loaded one (see dsi.roles.entrypoint.router)."""
         need_prefill = bool(self.prefill.ready)
         pre_route: Route | str = ""
         dec_route: Route | str = ""
         if self.router is not None:
-            ask = Ask(len(msg.token_ids), msg.cached_tokens, {k[0] for k in bad_prefills}, {k[0] for k in bad_decodes})
+            ask = Ask(
+                len(msg.token_ids),
+                msg.cached_tokens,
+                {k[0] for k in bad_prefills},
+                {k[0] for k in bad_decodes},
+            )
             pre_route, dec_route = await self.router.route(ask, prefill=need_prefill)
         inst = self._routed(self.decode, dec_route, bad_decodes) or await self._pick_decode(bad_decodes, wait)
         pre = None
@@ -303,7 +361,9 @@ class DecodePool:
             pre = self._routed(self.prefill, pre_route, bad_prefills) or self.prefill.pick(bad_prefills)
         return inst, pre
 
-    def _routed(self, pool: InstancePool, route: Route | str, exclude: set[tuple[str, float]]) -> _Instance | None:
+    def _routed(
+        self, pool: InstancePool, route: Route | str, exclude: set[tuple[str, float]]
+    ) -> _Instance | None:
         """The instance a balancer's ``route`` names, if this gateway can use it; counts the route."""
         if self.router is None:
             return None
@@ -335,6 +395,9 @@ class DecodePool:
             except NoInstance:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise NoInstance(f"no serving decode instance to take the request over within "
-                                     f"{self.reroute_wait_s:g}s" if wait else "no serving decode instance") from None
+                    raise NoInstance(
+                        f"no serving decode instance to take the request over within {self.reroute_wait_s:g}s"
+                        if wait
+                        else "no serving decode instance"
+                    ) from None
                 await asyncio.sleep(min(0.1, left))

@@ -59,9 +59,16 @@ class Gateway:
     ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
     and its engine request with it (see dsi.roles.entrypoint.sse)."""
 
-    def __init__(self, pool: DecodePool, keys: ApiKeys, metrics: Metrics, preparer,
-                 prefix: PrefixLookup | None = None, keep: int | None = None,
-                 slow_reader_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        pool: DecodePool,
+        keys: ApiKeys,
+        metrics: Metrics,
+        preparer,
+        prefix: PrefixLookup | None = None,
+        keep: int | None = None,
+        slow_reader_timeout_s: float = 30.0,
+    ) -> None:
         self.pool = pool
         self.keys = keys
         self.metrics = metrics
@@ -76,7 +83,9 @@ class Gateway:
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
         # The streaming path is kept to few coroutine frames (handle -> _stream -> _run): every
         # token's resumption passes through each of them.
-        caller = self.keys.authenticate(request.headers.get("Authorization"), request.headers.get("x-api-key"))
+        caller = self.keys.authenticate(
+            request.headers.get("Authorization"), request.headers.get("x-api-key")
+        )
         if caller is None:
             return self._error(protocol, 401, "missing or invalid API key")
         try:
@@ -96,15 +105,18 @@ class Gateway:
             self.metrics.in_flight -= 1
             self.keys.release(caller)
 
-    async def _prepared(self, request: web.Request, protocol: str, caller: Caller
-                        ) -> tuple[Prepared, Generate] | web.Response:
+    async def _prepared(
+        self, request: web.Request, protocol: str, caller: Caller
+    ) -> tuple[Prepared, Generate] | web.Response:
         """The request and its engine message, or the error response that refuses it."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             return self._error(protocol, 413, exc.text or "request body too large")
         try:
-            prep = self.prepare(protocol, body, request.headers.get(TRAFFIC_CLASS_HEADER, caller.entry.traffic_class))
+            prep = self.prepare(
+                protocol, body, request.headers.get(TRAFFIC_CLASS_HEADER, caller.entry.traffic_class)
+            )
         except RequestError as exc:
             self.metrics.request_done(protocol, exc.status)
             self.metrics.error(f"http_{exc.status}")
@@ -113,8 +125,14 @@ class Gateway:
         salt = caller.entry.cache_salt
         cached = self._cached_tokens(prep.token_ids, salt, prep.hit_policy)
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
-        msg = Generate(prep.request_id, prep.token_ids, sampling, traffic_class=prep.traffic_class,
-                       cached_tokens=cached, hit_policy=prep.hit_policy)
+        msg = Generate(
+            prep.request_id,
+            prep.token_ids,
+            sampling,
+            traffic_class=prep.traffic_class,
+            cached_tokens=cached,
+            hit_policy=prep.hit_policy,
+        )
         return prep, msg
 
     def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
@@ -142,8 +160,9 @@ class Gateway:
         self.metrics.request_done(protocol, out.http_status)
         return web.json_response(out.body(), status=out.http_status)
 
-    async def _stream(self, request: web.Request, protocol: str, prep: Prepared, msg: Generate
-                      ) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, protocol: str, prep: Prepared, msg: Generate
+    ) -> web.StreamResponse:
         out = OutputStream(prep.options)
         try:
             self.pool.pick()  # fail before the 200 goes out when nothing can serve
@@ -212,4 +231,3 @@ class Gateway:
 
 def _engine_finish(reason: str) -> str:
     return reason if reason in ("stop", "length", "abort", "error") else "stop"
-

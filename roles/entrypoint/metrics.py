@@ -1,24 +1,24 @@
 """Gateway metrics in the Prometheus text format (counters and histograms with labels).
 
-    dsi_requests_total{protocol, status}       requests by protocol and HTTP status
-    dsi_errors_total{type}                     errors by type
-    dsi_prompt_tokens_total / dsi_generated_tokens_total
-    dsi_ttft_seconds (histogram)               time to first token
-    dsi_itl_seconds (histogram)                inter-token latency (per engine step's chunk)
-    dsi_requests_in_flight (gauge)
-    dsi_sse_buffer_peak_bytes (gauge)          the most bytes one stream's transport held unsent
-                                               (its client behind); bounded, see entrypoint.sse
-    dsi_prefix_lookup_tokens_total / dsi_prefix_hit_tokens_total   prompt tokens looked up in the
-                                               CHECK replica, and those it holds (hit ratio)
-    dsi_engine_cached_tokens_total             prompt tokens the engines reused from the store
-                                               (what usage reports; below the hits when a block
-                                               was corrupt or the store away)
-    + the lines of each ``sources`` callable: the replica's gauges (see PrefixLookup) and
-      dsi_instance_transitions_total{role, from, to}, the controller's lifecycle moves, which the
-      controller has no HTTP to serve: they travel in the InstanceTable the gateway fetches every
-      refresh (see DecodePool.metric_lines), so they lag the controller by up to one refresh
-      and, with balancers configured, the routes they gave or the local picks made instead, and
-      the balancer's buckets and load spread (see dsi.roles.entrypoint.router)
+dsi_requests_total{protocol, status}       requests by protocol and HTTP status
+dsi_errors_total{type}                     errors by type
+dsi_prompt_tokens_total / dsi_generated_tokens_total
+dsi_ttft_seconds (histogram)               time to first token
+dsi_itl_seconds (histogram)                inter-token latency (per engine step's chunk)
+dsi_requests_in_flight (gauge)
+dsi_sse_buffer_peak_bytes (gauge)          the most bytes one stream's transport held unsent
+                                           (its client behind); bounded, see entrypoint.sse
+dsi_prefix_lookup_tokens_total / dsi_prefix_hit_tokens_total   prompt tokens looked up in the
+                                           CHECK replica, and those it holds (hit ratio)
+dsi_engine_cached_tokens_total             prompt tokens the engines reused from the store
+                                           (what usage reports; below the hits when a block
+                                           was corrupt or the store away)
++ the lines of each ``sources`` callable: the replica's gauges (see PrefixLookup) and
+  dsi_instance_transitions_total{role, from, to}, the controller's lifecycle moves, which the
+  controller has no HTTP to serve: they travel in the InstanceTable the gateway fetches every
+  refresh (see DecodePool.metric_lines), so they lag the controller by up to one refresh
+  and, with balancers configured, the routes they gave or the local picks made instead, and
+  the balancer's buckets and load spread (see dsi.roles.entrypoint.router)
 """
 
 from __future__ import annotations
@@ -76,20 +76,32 @@ class Metrics:
 
     def render(self) -> str:
         lines = ["# TYPE dsi_requests_total counter"]
-        lines += [f'dsi_requests_total{{protocol="{p}",status="{s}"}} {n}' for (p, s), n in sorted(self.requests.items())]
+        lines += [
+            f'dsi_requests_total{{protocol="{p}",status="{s}"}} {n}'
+            for (p, s), n in sorted(self.requests.items())
+        ]
         lines.append("# TYPE dsi_errors_total counter")
         lines += [f'dsi_errors_total{{type="{t}"}} {n}' for t, n in sorted(self.errors.items())]
-        lines += ["# TYPE dsi_prompt_tokens_total counter", f"dsi_prompt_tokens_total {self.prompt_tokens}",
-                  "# TYPE dsi_generated_tokens_total counter", f"dsi_generated_tokens_total {self.generated_tokens}",
-                  "# TYPE dsi_requests_in_flight gauge", f"dsi_requests_in_flight {self.in_flight}",
-                  "# TYPE dsi_sse_buffer_peak_bytes gauge", f"dsi_sse_buffer_peak_bytes {self.sse_buffer_peak_bytes}",
-                  "# TYPE dsi_ttft_seconds histogram", *self.ttft.lines("dsi_ttft_seconds"),
-                  "# TYPE dsi_itl_seconds histogram", *self.itl.lines("dsi_itl_seconds"),
-                  "# TYPE dsi_prefix_lookup_tokens_total counter",
-                  f"dsi_prefix_lookup_tokens_total {self.prefix_lookup_tokens}",
-                  "# TYPE dsi_prefix_hit_tokens_total counter", f"dsi_prefix_hit_tokens_total {self.prefix_hit_tokens}",
-                  "# TYPE dsi_engine_cached_tokens_total counter",
-                  f"dsi_engine_cached_tokens_total {self.engine_cached_tokens}"]
+        lines += [
+            "# TYPE dsi_prompt_tokens_total counter",
+            f"dsi_prompt_tokens_total {self.prompt_tokens}",
+            "# TYPE dsi_generated_tokens_total counter",
+            f"dsi_generated_tokens_total {self.generated_tokens}",
+            "# TYPE dsi_requests_in_flight gauge",
+            f"dsi_requests_in_flight {self.in_flight}",
+            "# TYPE dsi_sse_buffer_peak_bytes gauge",
+            f"dsi_sse_buffer_peak_bytes {self.sse_buffer_peak_bytes}",
+            "# TYPE dsi_ttft_seconds histogram",
+            *self.ttft.lines("dsi_ttft_seconds"),
+            "# TYPE dsi_itl_seconds histogram",
+            *self.itl.lines("dsi_itl_seconds"),
+            "# TYPE dsi_prefix_lookup_tokens_total counter",
+            f"dsi_prefix_lookup_tokens_total {self.prefix_lookup_tokens}",
+            "# TYPE dsi_prefix_hit_tokens_total counter",
+            f"dsi_prefix_hit_tokens_total {self.prefix_hit_tokens}",
+            "# TYPE dsi_engine_cached_tokens_total counter",
+            f"dsi_engine_cached_tokens_total {self.engine_cached_tokens}",
+        ]
         for source in self.sources:
             lines += source()
         return "\n".join(lines) + "\n"

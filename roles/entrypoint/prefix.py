@@ -36,16 +36,29 @@ log = logging.getLogger(__name__)
 class PrefixLookup:
     """``refresh_s``: how often the controller is asked where the kvstore is."""
 
-    def __init__(self, chain: HashChain, controller: str | None, ctx: zmq.asyncio.Context, *,
-                 address: str | None = None, keys: CurveKeys | None = None, peer_id: str = "entrypoint",
-                 refresh_s: float = 2.0, silence_s: float = 5.0, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        chain: HashChain,
+        controller: str | None,
+        ctx: zmq.asyncio.Context,
+        *,
+        address: str | None = None,
+        keys: CurveKeys | None = None,
+        peer_id: str = "entrypoint",
+        refresh_s: float = 2.0,
+        silence_s: float = 5.0,
+        timeout: float = 5.0,
+    ) -> None:
         self.chain = chain
         self.replica: CheckReplica | None = None
         self._fixed = address
         self._ctx, self._peer_id = ctx, peer_id
         self._refresh_s, self._silence_s, self._timeout = refresh_s, silence_s, timeout
-        self._controller = (Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys,
-                                 timeout=2.0) if controller is not None and address is None else None)
+        self._controller = (
+            Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
+            if controller is not None and address is None
+            else None
+        )
         self._address: str | None = None
         self._task: asyncio.Task | None = None
 
@@ -83,13 +96,18 @@ class PrefixLookup:
     def metric_lines(self) -> list[str]:
         """The replica's gauges in the Prometheus text format."""
         state = self.replica.state if self.replica is not None else None
-        values = {"blocks": len(state.keys) if state else 0, "seq": state.seq if state else 0,
-                  "synced": int(state.synced) if state else 0}
+        values = {
+            "blocks": len(state.keys) if state else 0,
+            "seq": state.seq if state else 0,
+            "synced": int(state.synced) if state else 0,
+        }
         lines = []
         for name, value in values.items():
             lines += [f"# TYPE dsi_kv_replica_{name} gauge", f"dsi_kv_replica_{name} {value}"]
-        lines += ["# TYPE dsi_kv_replica_resyncs_total counter",
-                  f"dsi_kv_replica_resyncs_total {state.resyncs if state else 0}"]
+        lines += [
+            "# TYPE dsi_kv_replica_resyncs_total counter",
+            f"dsi_kv_replica_resyncs_total {state.resyncs if state else 0}",
+        ]
         return lines
 
     # ---- internals ---------------------------------------------------------------------------
@@ -110,8 +128,13 @@ class PrefixLookup:
 
     async def _follow(self, address: str) -> None:
         """Replace the replica with one of the kvstore at ``address`` (kept only once it synced)."""
-        replica = CheckReplica(address, self._ctx, timeout=self._timeout, silence_s=self._silence_s,
-                               peer_id=f"{self._peer_id}.replica")
+        replica = CheckReplica(
+            address,
+            self._ctx,
+            timeout=self._timeout,
+            silence_s=self._silence_s,
+            peer_id=f"{self._peer_id}.replica",
+        )
         try:
             await replica.start(self._timeout)
         except (DsiError, TimeoutError, zmq.ZMQError) as exc:

@@ -36,26 +36,53 @@ class Preparer:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise RequestError(400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
-                               code="invalid_request_body") from None
+            raise RequestError(
+                400,
+                f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}",
+                code="invalid_request_body",
+            ) from None
         req = self.recipe.prepare(protocol, text)
         ids = list(req.prompt_token_ids)
         room = self.max_context - len(ids)
         if room <= 0:
-            raise RequestError(400, f"the prompt has {len(ids)} tokens; the model's context is {self.max_context}",
-                               param="messages", code="context_length_exceeded")
+            raise RequestError(
+                400,
+                f"the prompt has {len(ids)} tokens; the model's context is {self.max_context}",
+                param="messages",
+                code="context_length_exceeded",
+            )
         request_id = _ID_PREFIX[protocol] + secrets.token_hex(12)
         prefill = self._prefill(req)
-        sampling = msgspec.structs.replace(req.sampling_params(), max_tokens=min(req.max_tokens, room),
-                                           structured=_structured(req, bool(prefill)))
+        sampling = msgspec.structs.replace(
+            req.sampling_params(),
+            max_tokens=min(req.max_tokens, room),
+            structured=_structured(req, bool(prefill)),
+        )
         options = OutputOptions(
-            protocol=protocol, model=req.model, request_id=request_id, created=int(time.time()),
-            thinking=req.thinking, starts_in_reasoning=req.ends_in_thinking, model_version=req.model_version.value,
-            tool_names=tuple(t.name for t in req.conversation.active_tools), stop=req.stop,
-            include_usage=req.include_usage, prompt_tokens=len(ids), response_fields=req.echo,
-            prefill_ids=tuple(prefill), logprobs=req.logprobs)
-        return Prepared(request_id, ids, sampling, options, req.stream, _traffic_class(req, traffic_class),
-                        _hit_policy(req, self.hit_policy))
+            protocol=protocol,
+            model=req.model,
+            request_id=request_id,
+            created=int(time.time()),
+            thinking=req.thinking,
+            starts_in_reasoning=req.ends_in_thinking,
+            model_version=req.model_version.value,
+            tool_names=tuple(t.name for t in req.conversation.active_tools),
+            stop=req.stop,
+            include_usage=req.include_usage,
+            prompt_tokens=len(ids),
+            response_fields=req.echo,
+            prefill_ids=tuple(prefill),
+            logprobs=req.logprobs,
+        )
+        return Prepared(
+            request_id,
+            ids,
+            sampling,
+            options,
+            req.stream,
+            _traffic_class(req, traffic_class),
+            _hit_policy(req, self.hit_policy),
+        )
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:
         """The tool-call opener the renderer put at the end of the prompt, as ids."""
@@ -70,8 +97,12 @@ def _traffic_class(req: ResolvedRequest, default: str) -> str:
     chosen = req.metadata["traffic_class"] if in_body else default  # type: ignore[index]
     if chosen not in TRAFFIC_CLASSES:
         where = "metadata.traffic_class" if in_body else "the x-dsi-traffic-class header"
-        raise RequestError(400, f"{where}: {chosen!r} is not one of {', '.join(TRAFFIC_CLASSES)}",
-                           param="metadata.traffic_class" if in_body else None, code="invalid_traffic_class")
+        raise RequestError(
+            400,
+            f"{where}: {chosen!r} is not one of {', '.join(TRAFFIC_CLASSES)}",
+            param="metadata.traffic_class" if in_body else None,
+            code="invalid_traffic_class",
+        )
     return chosen
 
 
@@ -79,8 +110,12 @@ def _hit_policy(req: ResolvedRequest, default: HitPolicy) -> HitPolicy:
     """``metadata.hit_policy`` of the request, else the cluster's."""
     chosen = (req.metadata or {}).get("hit_policy", default)
     if chosen not in HIT_POLICIES:
-        raise RequestError(400, f"metadata.hit_policy: {chosen!r} is not one of {', '.join(HIT_POLICIES)}",
-                           param="metadata.hit_policy", code="invalid_hit_policy")
+        raise RequestError(
+            400,
+            f"metadata.hit_policy: {chosen!r} is not one of {', '.join(HIT_POLICIES)}",
+            param="metadata.hit_policy",
+            code="invalid_hit_policy",
+        )
     return chosen
 
 
@@ -93,10 +128,17 @@ def _opener_ids(recipe: Recipe) -> list[int]:
 def _structured(req: ResolvedRequest, opener_in_prompt: bool) -> StructuredSpec | None:
     after_think = req.ends_in_thinking
     if req.tool_choice == "required" and req.conversation.active_tools:
-        tools = [{"name": t.name, "parameters": t.parameters if t.parameters is not None else {"type": "object"}}
-                 for t in req.conversation.active_tools]
-        return StructuredSpec.tool_call(tools, req.forced_tool or "required", parallel=req.parallel_tool_calls,
-                                        opener_in_prompt=opener_in_prompt, after_think=after_think)
+        tools = [
+            {"name": t.name, "parameters": t.parameters if t.parameters is not None else {"type": "object"}}
+            for t in req.conversation.active_tools
+        ]
+        return StructuredSpec.tool_call(
+            tools,
+            req.forced_tool or "required",
+            parallel=req.parallel_tool_calls,
+            opener_in_prompt=opener_in_prompt,
+            after_think=after_think,
+        )
     fmt = req.response_format
     if fmt.kind == "json_object":
         return StructuredSpec.json_object(after_think=after_think)
@@ -104,6 +146,7 @@ def _structured(req: ResolvedRequest, opener_in_prompt: bool) -> StructuredSpec 
         return StructuredSpec.for_regex(fmt.regex or "", after_think=after_think)
     if fmt.kind == "json_schema":
         schema = fmt.schema if fmt.schema is not None else {}
-        return StructuredSpec.json_schema(schema if isinstance(schema, dict) else json.loads(schema),
-                                          after_think=after_think)
+        return StructuredSpec.json_schema(
+            schema if isinstance(schema, dict) else json.loads(schema), after_think=after_think
+        )
     return None

@@ -59,22 +59,31 @@ class Delivered:
             self._compare(ids[:n])
         if self._checked < len(self.token_ids):  # still catching up
             if chunk.finish in ("stop", "length"):
-                raise RecoveryDiverged(f"the re-run ended after {self._checked} tokens; the client already has "
-                                       f"{len(self.token_ids)}")
-            return msgspec.structs.replace(chunk, token_ids=[], logprobs=[], top_logprobs=[]) if chunk.finish else None
+                raise RecoveryDiverged(
+                    f"the re-run ended after {self._checked} tokens; the client already has "
+                    f"{len(self.token_ids)}"
+                )
+            return (
+                msgspec.structs.replace(chunk, token_ids=[], logprobs=[], top_logprobs=[])
+                if chunk.finish
+                else None
+            )
         if n > 0:
             if n == len(ids) and not chunk.finish:
                 return None
-            chunk = msgspec.structs.replace(chunk, token_ids=ids[n:], logprobs=chunk.logprobs[n:],
-                                            top_logprobs=chunk.top_logprobs[n:])
+            chunk = msgspec.structs.replace(
+                chunk, token_ids=ids[n:], logprobs=chunk.logprobs[n:], top_logprobs=chunk.top_logprobs[n:]
+            )
         self.token_ids += chunk.token_ids
         self._checked = len(self.token_ids)
         return chunk
 
     def _compare(self, ids: list[int]) -> None:
         start = self._checked
-        for i, (got, had) in enumerate(zip(ids, self.token_ids[start:start + len(ids)], strict=True)):
+        for i, (got, had) in enumerate(zip(ids, self.token_ids[start : start + len(ids)], strict=True)):
             if got != had:
-                raise RecoveryDiverged(f"the re-run produced token {got} at position {start + i} where the client "
-                                       f"already has {had}")
+                raise RecoveryDiverged(
+                    f"the re-run produced token {got} at position {start + i} where the client "
+                    f"already has {had}"
+                )
         self._checked += len(ids)

@@ -62,12 +62,22 @@ class Ask:
 class BalancerRouter:
     """``bound_s``: the longest a request waits for a balancer (seconds)."""
 
-    def __init__(self, addresses: Sequence[str], ctx: zmq.asyncio.Context, *, keys: CurveKeys | None = None,
-                 peer_id: str = "entrypoint", bound_s: float = 0.02, retry_after_s: float = 1.0,
-                 status_every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        ctx: zmq.asyncio.Context,
+        *,
+        keys: CurveKeys | None = None,
+        peer_id: str = "entrypoint",
+        bound_s: float = 0.02,
+        retry_after_s: float = 1.0,
+        status_every_s: float = 1.0,
+    ) -> None:
         self.bound_s, self.retry_after_s, self.status_every_s = bound_s, retry_after_s, status_every_s
-        self._peers = [Peer(a, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
-                       for a in addresses]
+        self._peers = [
+            Peer(a, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
+            for a in addresses
+        ]
         self._down_until = [0.0] * len(self._peers)
         self._tasks: list[asyncio.Task] = []
         self.routes: Counter[tuple[str, str]] = Counter()  # (role, source)
@@ -101,12 +111,24 @@ class BalancerRouter:
             return ("down" if prefill else ""), "down"
         peer = self._peers[index]
         started = time.perf_counter()
-        calls = [peer.ask(RouteQuery("decode", kv_tokens=ask.prompt_tokens, exclude=sorted(ask.exclude_decode)),
-                          timeout=self.bound_s)]
+        calls = [
+            peer.ask(
+                RouteQuery("decode", kv_tokens=ask.prompt_tokens, exclude=sorted(ask.exclude_decode)),
+                timeout=self.bound_s,
+            )
+        ]
         if prefill:
-            calls.append(peer.ask(RouteQuery("prefill", uncached_tokens=ask.prompt_tokens - ask.cached_tokens,
-                                             exclude=sorted(ask.exclude_prefill), cached_tokens=ask.cached_tokens),
-                                  timeout=self.bound_s))
+            calls.append(
+                peer.ask(
+                    RouteQuery(
+                        "prefill",
+                        uncached_tokens=ask.prompt_tokens - ask.cached_tokens,
+                        exclude=sorted(ask.exclude_prefill),
+                        cached_tokens=ask.cached_tokens,
+                    ),
+                    timeout=self.bound_s,
+                )
+            )
         answers = await asyncio.gather(*calls, return_exceptions=True)
         self.latency.observe(time.perf_counter() - started)
         return (self._take(index, answers[1]) if prefill else ""), self._take(index, answers[0])
@@ -154,7 +176,9 @@ class BalancerRouter:
 
     def metric_lines(self) -> list[str]:
         lines = ["# TYPE dsi_route_total counter"]
-        lines += [f'dsi_route_total{{role="{r}",source="{s}"}} {n}' for (r, s), n in sorted(self.routes.items())]
+        lines += [
+            f'dsi_route_total{{role="{r}",source="{s}"}} {n}' for (r, s), n in sorted(self.routes.items())
+        ]
         lines.append("# TYPE dsi_route_fallbacks_total counter")
         lines += [f'dsi_route_fallbacks_total{{reason="{r}"}} {n}' for r, n in sorted(self.fallbacks.items())]
         lines += ["# TYPE dsi_route_seconds histogram", *self.latency.lines("dsi_route_seconds")]
@@ -167,13 +191,22 @@ def state_lines(state: BalancerState) -> list[str]:
     """A balancer's view in the Prometheus text format."""
     name = state.balancer_id
     out = ["# TYPE dsi_balancer_bucket_engines gauge"]
-    out += [f'dsi_balancer_bucket_engines{{balancer="{name}",bucket="{b.bucket}"}} {len(b.engines)}'
-            for b in state.buckets]
+    out += [
+        f'dsi_balancer_bucket_engines{{balancer="{name}",bucket="{b.bucket}"}} {len(b.engines)}'
+        for b in state.buckets
+    ]
     out.append("# TYPE dsi_balancer_bucket_queued_tokens gauge")
-    out += [f'dsi_balancer_bucket_queued_tokens{{balancer="{name}",bucket="{b.bucket}"}} {b.queued_tokens}'
-            for b in state.buckets]
+    out += [
+        f'dsi_balancer_bucket_queued_tokens{{balancer="{name}",bucket="{b.bucket}"}} {b.queued_tokens}'
+        for b in state.buckets
+    ]
     out.append("# TYPE dsi_balancer_bucket_share gauge")
-    out += [f'dsi_balancer_bucket_share{{balancer="{name}",bucket="{b.bucket}"}} {b.share}' for b in state.buckets]
+    out += [
+        f'dsi_balancer_bucket_share{{balancer="{name}",bucket="{b.bucket}"}} {b.share}' for b in state.buckets
+    ]
     out.append("# TYPE dsi_balancer_load_spread gauge")
-    out += [f'dsi_balancer_load_spread{{balancer="{name}",role="{r}"}} {v}' for r, v in sorted(state.spread.items())]
+    out += [
+        f'dsi_balancer_load_spread{{balancer="{name}",role="{r}"}} {v}'
+        for r, v in sorted(state.spread.items())
+    ]
     return out

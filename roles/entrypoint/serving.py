@@ -54,19 +54,35 @@ class GatewayServing:
         node, opts = self.node, self.options
         self._ctx = zmq.asyncio.Context()
         keys = client_keys(node.security)
-        self._pool = pool = DecodePool(node.cluster.controller, self._ctx, keys=keys, peer_id=self.name,
-                          reroute_wait_s=opts.reroute_wait_s, balancers=node.balancer_addresses,
-                          balancer_timeout_s=opts.balancer_timeout_s)
+        self._pool = pool = DecodePool(
+            node.cluster.controller,
+            self._ctx,
+            keys=keys,
+            peer_id=self.name,
+            reroute_wait_s=opts.reroute_wait_s,
+            balancers=node.balancer_addresses,
+            balancer_timeout_s=opts.balancer_timeout_s,
+        )
         await pool.start()
         shape = get_config(node.model.config)
         # The engine's page hashes: the chain of its model config under cluster.root_seed.
-        self._prefix = prefix = PrefixLookup(HashChain.of(shape, node.cluster.root_seed), node.cluster.controller, self._ctx,
-                              keys=keys, peer_id=self.name)
+        self._prefix = prefix = PrefixLookup(
+            HashChain.of(shape, node.cluster.root_seed),
+            node.cluster.controller,
+            self._ctx,
+            keys=keys,
+            peer_id=self.name,
+        )
         await prefix.start()
-        self.gateway = Gateway(pool, ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key), Metrics(),
-                               Preparer(Recipe({node.model.name: ModelVersion.V4}), shape.max_context,
-                                        node.kvcache.hit_policy),
-                               prefix, keep=shape.keep, slow_reader_timeout_s=opts.slow_reader_timeout_s)
+        self.gateway = Gateway(
+            pool,
+            ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key),
+            Metrics(),
+            Preparer(Recipe({node.model.name: ModelVersion.V4}), shape.max_context, node.kvcache.hit_policy),
+            prefix,
+            keep=shape.keep,
+            slow_reader_timeout_s=opts.slow_reader_timeout_s,
+        )
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
         # With one worker the port stays exclusive, so a second gateway on it is an error.
         self._runner = await start_http(app, opts.http_host, opts.http_port, reuse_port=opts.http_workers > 1)

@@ -34,8 +34,11 @@ import contextlib
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 class ClientGone(Exception):
@@ -55,11 +58,27 @@ class SseStream:
     the high-water mark (bytes).
     """
 
-    __slots__ = ("_chunked", "_high", "_loop", "_pending", "_pending_bytes", "_started", "_transport", "_writer",
-                 "peak_buffered", "resp", "stall_timeout_s")
+    __slots__ = (
+        "_chunked",
+        "_high",
+        "_loop",
+        "_pending",
+        "_pending_bytes",
+        "_started",
+        "_transport",
+        "_writer",
+        "peak_buffered",
+        "resp",
+        "stall_timeout_s",
+    )
 
-    def __init__(self, resp: web.StreamResponse, writer: AbstractStreamWriter,
-                 transport: asyncio.Transport | None, stall_timeout_s: float) -> None:
+    def __init__(
+        self,
+        resp: web.StreamResponse,
+        writer: AbstractStreamWriter,
+        transport: asyncio.Transport | None,
+        stall_timeout_s: float,
+    ) -> None:
         self.resp = resp
         self.stall_timeout_s = stall_timeout_s
         self.peak_buffered = 0

@@ -74,7 +74,9 @@ class HttpWorkers:
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), _START_WAIT_S)
         except TimeoutError:
-            raise WorkerStartError(f"HTTP worker {name} did not listen within {_START_WAIT_S:.0f} s") from None
+            raise WorkerStartError(
+                f"HTTP worker {name} did not listen within {_START_WAIT_S:.0f} s"
+            ) from None
         if line != _READY:
             raise WorkerStartError(f"HTTP worker {name} exited before it listened (exit {await proc.wait()})")
 

@@ -93,8 +93,13 @@ class KvstoreActor(RoleActor):
         self._quiet_since = loop.time()
         self.spawn(self._keep_publishing(), name=f"{self.name}.publish")
         self.spawn(self._sweep_forever(), name=f"{self.name}.sweep")
-        log.info("%s: %d blocks in %s, deltas on %s", self.name, len(self.store.index), opts.store_dir,
-                 self._pub.address)
+        log.info(
+            "%s: %d blocks in %s, deltas on %s",
+            self.name,
+            len(self.store.index),
+            opts.store_dir,
+            self._pub.address,
+        )
         await super().on_start()
 
     async def on_stop(self) -> None:
@@ -129,8 +134,10 @@ class KvstoreActor(RoleActor):
                 buf = HostBuffer(msg.shm_name)
                 dests = shm_dests(buf, plan, msg.shm_offset, msg.stride)
             else:
-                dests = [memoryview(bytearray(int(size))) if slot >= 0 else None
-                         for slot, size in zip(plan.slots.tolist(), plan.where.size.tolist(), strict=True)]
+                dests = [
+                    memoryview(bytearray(int(size))) if slot >= 0 else None
+                    for slot, size in zip(plan.slots.tolist(), plan.where.size.tolist(), strict=True)
+                ]
         except (OSError, ValueError):
             store.read_abort(plan)
             if buf is not None:
@@ -176,10 +183,21 @@ class KvstoreActor(RoleActor):
         store, reads = self._ready()
         m, index = store.metrics, store.index
         return StoreStats(
-            blocks=len(index), bytes=store.live_bytes, hits=m.hits, misses=m.misses, corrupt=m.corrupt,
-            missing=m.missing, puts=m.puts, stored=m.stored, expired=index.expired, evicted=index.evicted,
-            segments=store.segments, compacted_segments=m.compacted_segments,
-            reads_in_flight=reads.in_flight, seq=self.seq)
+            blocks=len(index),
+            bytes=store.live_bytes,
+            hits=m.hits,
+            misses=m.misses,
+            corrupt=m.corrupt,
+            missing=m.missing,
+            puts=m.puts,
+            stored=m.stored,
+            expired=index.expired,
+            evicted=index.evicted,
+            segments=store.segments,
+            compacted_segments=m.compacted_segments,
+            reads_in_flight=reads.in_flight,
+            seq=self.seq,
+        )
 
     @handles
     def index_info(self, msg: GetIndexInfo) -> IndexInfo:
@@ -195,15 +213,20 @@ class KvstoreActor(RoleActor):
         step = SNAPSHOT_CHUNK_KEYS * 16
         yield SnapshotChunk(epoch, seq, keys[:step], total)
         for start in range(step, len(keys), step):
-            yield SnapshotChunk(epoch, seq, keys[start:start + step], total)
+            yield SnapshotChunk(epoch, seq, keys[start : start + step], total)
 
     # ---- internals ---------------------------------------------------------------------------
     def _open_store(self) -> BlockStore:
         opts = self.options
-        return BlockStore(opts.store_dir, capacity=opts.capacity_blocks,
-                          ttls_s={"agent": opts.ttl_agent_s, "chatbot": opts.ttl_chatbot_s},
-                          clock=self.clock, segment_bytes=opts.segment_bytes, fsync=opts.fsync,
-                          compact_below=opts.compact_below)
+        return BlockStore(
+            opts.store_dir,
+            capacity=opts.capacity_blocks,
+            ttls_s={"agent": opts.ttl_agent_s, "chatbot": opts.ttl_chatbot_s},
+            clock=self.clock,
+            segment_bytes=opts.segment_bytes,
+            fsync=opts.fsync,
+            compact_below=opts.compact_below,
+        )
 
     def _ready(self) -> tuple[BlockStore, ReadPool]:
         if self.store is None or self._reads is None:
@@ -267,4 +290,4 @@ class KvstoreActor(RoleActor):
 
 def _split(keys) -> list[bytes]:
     raw = keys.tobytes()
-    return [raw[i:i + 16] for i in range(0, len(raw), 16)]
+    return [raw[i : i + 16] for i in range(0, len(raw), 16)]

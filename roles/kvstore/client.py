@@ -116,10 +116,21 @@ class KvstoreClient:
     run at once (each holds one shm buffer); ``max_queued_blocks`` bounds ``put_background``.
     """
 
-    def __init__(self, controller: str | None, ctx: zmq.asyncio.Context, *, address: str | None = None,
-                 keys: CurveKeys | None = None, peer_id: str = "kvstore-client", timeout_s: float = 5.0,
-                 match_timeout_s: float = 1.0, retry_s: float = 1.0, max_fetches: int = 4,
-                 max_queued_blocks: int = 4096, max_batch_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        controller: str | None,
+        ctx: zmq.asyncio.Context,
+        *,
+        address: str | None = None,
+        keys: CurveKeys | None = None,
+        peer_id: str = "kvstore-client",
+        timeout_s: float = 5.0,
+        match_timeout_s: float = 1.0,
+        retry_s: float = 1.0,
+        max_fetches: int = 4,
+        max_queued_blocks: int = 4096,
+        max_batch_bytes: int = 64 << 20,
+    ) -> None:
         if controller is None and address is None:
             raise ValueError("a KvstoreClient needs a controller or a kvstore address")
         self.stats = ClientStats()
@@ -128,8 +139,11 @@ class KvstoreClient:
         self._ctx, self._keys, self._peer_id = ctx, keys, peer_id
         self._fixed = address
         self._address: str | None = None
-        self._controller = (Peer(controller, ctx, types=ALL, peer_id=peer_id, keys=keys, timeout=2.0)
-                            if controller is not None and address is None else None)
+        self._controller = (
+            Peer(controller, ctx, types=ALL, peer_id=peer_id, keys=keys, timeout=2.0)
+            if controller is not None and address is None
+            else None
+        )
         self._peer: Peer | None = None
         self._shm = ShmPool(keep_free=max_fetches)
         self._fetch_slots = asyncio.Semaphore(max_fetches)
@@ -157,7 +171,9 @@ class KvstoreClient:
             await self._resolve()
             if self._peer is None:  # roles start together: keep asking until the kvstore registers
                 self._spawn(self._find_first())
-        self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="kvstore-client.put")
+        self._writer = asyncio.get_running_loop().create_task(
+            self._write_forever(), name="kvstore-client.put"
+        )
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -200,8 +216,9 @@ class KvstoreClient:
         async with self._fetch_slots:
             buf = self._shm.acquire(len(hashes) * block_bytes)
             try:
-                read: BlocksRead = await peer.ask(GetBlocks(list(hashes), buf.name, 0, block_bytes),
-                                                  timeout=self.timeout_s)
+                read: BlocksRead = await peer.ask(
+                    GetBlocks(list(hashes), buf.name, 0, block_bytes), timeout=self.timeout_s
+                )
             except DsiError as exc:
                 self._shm.discard(buf)
                 self.stats.fetch_errors += 1
@@ -216,10 +233,12 @@ class KvstoreClient:
         if n == 0:
             self._shm.release(buf)
             return FetchedBlocks.empty(block_bytes)
-        blocks = buf.numpy()[:n * block_bytes].reshape(n, block_bytes)
+        blocks = buf.numpy()[: n * block_bytes].reshape(n, block_bytes)
         return FetchedBlocks(blocks, lambda: self._shm.release(buf))
 
-    async def put(self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot") -> Stored:
+    async def put(
+        self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot"
+    ) -> Stored:
         """Persist blocks (bytes-like, numpy arrays or CPU tensors) in batches of at most 4,096 blocks and ``max_batch_bytes``;
         the counts of what was acknowledged (a failed batch ends the put)."""
         if len(hashes) != len(blocks):
@@ -264,7 +283,9 @@ class KvstoreClient:
             except DsiError as exc:
                 log.debug("kvstore client: announce failed: %s", exc)
 
-    def put_background(self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot") -> bool:
+    def put_background(
+        self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot"
+    ) -> bool:
         """Queue a put and return at once; False (and ``dropped`` counted) when the queue is full.
         While the kvstore is unknown or away the queue waits for it (a restart loses nothing that
         fits in the queue); a put that fails once sent is dropped and counted.
@@ -342,8 +363,12 @@ class KvstoreClient:
             await self._resolve()
 
     async def _switch(self, address: str) -> None:
-        old, self._peer = self._peer, Peer(address, self._ctx, types=ALL, peer_id=self._peer_id,
-                                            keys=self._keys, timeout=self.timeout_s)
+        old, self._peer = (
+            self._peer,
+            Peer(
+                address, self._ctx, types=ALL, peer_id=self._peer_id, keys=self._keys, timeout=self.timeout_s
+            ),
+        )
         self._address = address
         self._down_until = 0.0
         self._spawn(self._peer.connect())  # a kvstore not up yet: the Peer says Hello when it is
@@ -375,7 +400,9 @@ def leading_run(read: BlocksRead, block_bytes: int) -> int:
     return min(len(read.found), len(read.sizes))
 
 
-def batches(sizes: Sequence[int], max_bytes: int, max_blocks: int = MAX_BATCH_BLOCKS) -> list[tuple[int, int]]:
+def batches(
+    sizes: Sequence[int], max_bytes: int, max_blocks: int = MAX_BATCH_BLOCKS
+) -> list[tuple[int, int]]:
     """``[start, end)`` ranges of consecutive blocks, each within ``max_blocks`` and ``max_bytes``
     (a single larger block goes alone)."""
     out: list[tuple[int, int]] = []
@@ -388,4 +415,3 @@ def batches(sizes: Sequence[int], max_bytes: int, max_blocks: int = MAX_BATCH_BL
     if start < len(sizes):
         out.append((start, len(sizes)))
     return out
-

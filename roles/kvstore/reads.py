@@ -69,5 +69,5 @@ def shm_dests(buf: HostBuffer, plan: ReadPlan, offset: int, stride: int) -> list
             raise ValueError(f"block {i} has {sizes[i]} B, more than the stride of {stride} B")
         else:
             start = offset + i * stride
-            dests.append(buf.view[start:start + sizes[i]])
+            dests.append(buf.view[start : start + sizes[i]])
     return dests

@@ -109,8 +109,9 @@ class PrefillActor(EngineRole):
             cached = await self._cached_prefix(req, policy, hashes, fetched)
             if cached is not None and not cached.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
-            stream = self.service.generate(rid, list(req.token_ids), req.sampling,
-                                           prefill_only=True, cached=cached)
+            stream = self.service.generate(
+                rid, list(req.token_ids), req.sampling, prefill_only=True, cached=cached
+            )
             async with contextlib.aclosing(stream):
                 outputs = [o async for o in stream]
             arrival.settle()
@@ -125,9 +126,19 @@ class PrefillActor(EngineRole):
         replay = stats.replay_tokens if stats is not None else 0
         hit = HitChoice(cached.num_tokens, cached.exact) if cached is not None else NO_HIT
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
-            return Prefilled(lease.lease_id, list(last.output), list(last.logprobs or []), 0, 0, 0,
-                             cached_tokens=cached.num_tokens if cached is not None else 0, replay_tokens=replay,
-                             finish=last.finish_reason or "stop", top_logprobs=top, hit=hit)
+            return Prefilled(
+                lease.lease_id,
+                list(last.output),
+                list(last.logprobs or []),
+                0,
+                0,
+                0,
+                cached_tokens=cached.num_tokens if cached is not None else 0,
+                replay_tokens=replay,
+                finish=last.finish_reason or "stop",
+                top_logprobs=top,
+                hit=hit,
+            )
         # Shielded: a caller that goes away now must not leave the prefilled request (and its
         # pages) behind in the engine; the exported copy is dropped with this task.
         state = await asyncio.shield(self.service.export(rid))
@@ -138,21 +149,36 @@ class PrefillActor(EngineRole):
             self.counters.failed_handoffs += 1
             raise
         self.counters.handoffs += 1
-        return Prefilled(lease.lease_id, list(state.output), list(state.logprobs), state.seed, state.consumer_start,
-                         state.num_computed, cached_tokens=state.num_cached, replay_tokens=replay,
-                         replay_start=state.replay_start, top_logprobs=top, hit=hit)
+        return Prefilled(
+            lease.lease_id,
+            list(state.output),
+            list(state.logprobs),
+            state.seed,
+            state.consumer_start,
+            state.num_computed,
+            cached_tokens=state.num_cached,
+            replay_tokens=replay,
+            replay_start=state.replay_start,
+            top_logprobs=top,
+            hit=hit,
+        )
 
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt the policy (or the pinned hit) can use (at least
         its last token is always computed)."""
         shape, bs = self.shape, self.shape.block_size
-        limit = req.pin_hit.tokens if req.pin_hit is not None else fetch_limit(policy, len(req.token_ids),
-                                                                                shape.keep, bs)
+        limit = (
+            req.pin_hit.tokens
+            if req.pin_hit is not None
+            else fetch_limit(policy, len(req.token_ids), shape.keep, bs)
+        )
         usable = limit // bs
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
-            packed = self.shape.hash_chain.hashes(req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt)
+            packed = self.shape.hash_chain.hashes(
+                req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt
+            )
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         hashes = unpack(packed)
@@ -162,8 +188,9 @@ class PrefillActor(EngineRole):
             return hashes, None
         return hashes, fetched
 
-    async def _cached_prefix(self, req: Generate, policy: HitPolicy, hashes: list[bytes],
-                             fetched: FetchedBlocks | None) -> CachedPrefix | None:
+    async def _cached_prefix(
+        self, req: Generate, policy: HitPolicy, hashes: list[bytes], fetched: FetchedBlocks | None
+    ) -> CachedPrefix | None:
         """The hit as the engine takes it (see dsi.engine.hit_policy): exact when the SWA state at
         its end can be pulled from the host that made it (the hit may shrink to where an exact hit
         is possible), else what the policy allows: the whole run of blocks with bounded replay, or
@@ -185,14 +212,16 @@ class PrefillActor(EngineRole):
         pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
         if hit.exact:
             self.counters.states_pulled += 1
-            return CachedPrefix(hit.tokens, pages[:hit.tokens // bs], rings)
-        return CachedPrefix(hit.tokens, pages[:hit.tokens // bs])
+            return CachedPrefix(hit.tokens, pages[: hit.tokens // bs], rings)
+        return CachedPrefix(hit.tokens, pages[: hit.tokens // bs])
 
     def _pinned(self, pin: HitChoice, stored: int, state_held: bool) -> HitChoice:
         hit = pinned_hit(pin, stored, state_held)
         if hit is None:
-            raise HitUnavailable(f"{self.name}: the re-run is pinned to a bounded-replay hit of {pin.tokens} "
-                                 f"tokens, and the store now holds {stored} of them")
+            raise HitUnavailable(
+                f"{self.name}: the re-run is pinned to a bounded-replay hit of {pin.tokens} "
+                f"tokens, and the store now holds {stored} of them"
+            )
         return hit
 
     async def _pull_state(self, block_hash: bytes, boundary: int) -> torch.Tensor | None:
@@ -210,7 +239,9 @@ class PrefillActor(EngineRole):
         try:
             peer = await self.peer(owner, self.state_pull_timeout_s)
             lease = self.lease(inbound, 0, self.state_pull_timeout_s)
-            pulled: StatePulled = await peer.ask(PullState(block_hash, lease), timeout=self.state_pull_timeout_s)
+            pulled: StatePulled = await peer.ask(
+                PullState(block_hash, lease), timeout=self.state_pull_timeout_s
+            )
             if pulled.boundary != boundary:
                 return None
             buf = await inbound.wait()

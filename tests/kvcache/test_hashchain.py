@@ -54,7 +54,9 @@ def test_salt_model_seed_and_extras_separate_chains():
     base = HashChain(root_seed=0, model="m", version="1", block_size=BS).hashes(ids)
     assert HashChain(root_seed=1, model="m", version="1", block_size=BS).hashes(ids) != base
     assert HashChain(root_seed=0, model="m", version="2", block_size=BS).hashes(ids) != base
-    assert HashChain(root_seed=0, model="m", version="1", block_size=BS).hashes(ids, cache_salt="tenant") != base
+    assert (
+        HashChain(root_seed=0, model="m", version="1", block_size=BS).hashes(ids, cache_salt="tenant") != base
+    )
     with_image = unpack(HashChain(0, "m", "1", block_size=BS).hashes(ids, extras={1: b"image-hash"}))
     assert with_image[0] == unpack(base)[0] and with_image[1] != unpack(base)[1]
 
@@ -70,7 +72,6 @@ def test_packing_helpers_check_lengths():
         pack([b"short"])
     with pytest.raises(ValueError):
         HashChain(root_seed=-1, block_size=BS)
-
 
 
 def test_the_block_size_is_the_model_configs():

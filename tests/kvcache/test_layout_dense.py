@@ -10,8 +10,9 @@ from dsi.kvcache.state_slots import StateSlots
 from dsi.model.config import TINY
 from dsi.model.llama import LlamaConfig
 
-SMOL = LlamaConfig("smol", vocab_size=49152, hidden=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
-                   intermediate=1536)
+SMOL = LlamaConfig(
+    "smol", vocab_size=49152, hidden=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536
+)
 
 
 def test_page_holds_k_and_v_of_every_layer():

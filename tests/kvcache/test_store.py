@@ -57,8 +57,8 @@ def test_put_get_match_and_dedupe(tmp_path, clock):
 def test_hits_survive_a_restart(tmp_path, clock):
     store = open_store(tmp_path, clock, fsync="always")
     hashes, data = chain(40), payloads(40)  # 3000 B blocks in 64 KiB segments: several segments
-    store.put(hashes[:20 * 16], data[:20], "agent")
-    store.put(hashes[20 * 16:], data[20:], "chatbot")
+    store.put(hashes[: 20 * 16], data[:20], "agent")
+    store.put(hashes[20 * 16 :], data[20:], "chatbot")
     store.close()
     assert len(segment_ids(tmp_path)) > 1
     again = open_store(tmp_path, clock)
@@ -150,11 +150,13 @@ def test_a_flipped_header_ends_its_segment_on_rebuild(tmp_path, clock):
 
 
 def test_a_read_in_flight_survives_compaction_of_its_segment(tmp_path, clock):
-    store = open_store(tmp_path, clock, capacity=12, segment_bytes=8 * (3000 + HEADER_BYTES), compact_below=0.6)
+    store = open_store(
+        tmp_path, clock, capacity=12, segment_bytes=8 * (3000 + HEADER_BYTES), compact_below=0.6
+    )
     first, second = chain(12, seed=1), chain(12, seed=2)
     store.put(first, payloads(12, seed=1))
-    plan = store.read_plan(first[8 * 16:9 * 16])  # block 8 lies in the segment about to be compacted
-    store.put(second[:6 * 16], payloads(6, seed=2))
+    plan = store.read_plan(first[8 * 16 : 9 * 16])  # block 8 lies in the segment about to be compacted
+    store.put(second[: 6 * 16], payloads(6, seed=2))
     store.compact()
     assert store.metrics.compacted_segments >= 1
     dest = memoryview(bytearray(3000))
@@ -165,16 +167,18 @@ def test_a_read_in_flight_survives_compaction_of_its_segment(tmp_path, clock):
 
 def test_compaction_rewrites_mostly_dead_segments(tmp_path, clock):
     # 8 blocks per segment; evicting the tail of the first chain leaves its second segment half dead.
-    store = open_store(tmp_path, clock, capacity=12, segment_bytes=8 * (3000 + HEADER_BYTES), compact_below=0.6)
+    store = open_store(
+        tmp_path, clock, capacity=12, segment_bytes=8 * (3000 + HEADER_BYTES), compact_below=0.6
+    )
     first, second = chain(12, seed=1), chain(12, seed=2)
     store.put(first, payloads(12, seed=1), "agent")
-    store.put(second[:6 * 16], payloads(6, seed=2), "chatbot")  # evicts 6 of the first chain
+    store.put(second[: 6 * 16], payloads(6, seed=2), "chatbot")  # evicts 6 of the first chain
     before = set(segment_ids(tmp_path))
     delta = store.compact()
     assert len(delta.removed) == 0
     assert store.metrics.compacted_segments >= 1 and not before <= set(segment_ids(tmp_path))
-    assert store.get(first[:6 * 16]) == payloads(12, seed=1)[:6]
-    assert store.get(second[:6 * 16]) == payloads(6, seed=2)
+    assert store.get(first[: 6 * 16]) == payloads(12, seed=1)[:6]
+    assert store.get(second[: 6 * 16]) == payloads(6, seed=2)
     store.close()
     # Evicted blocks still on disk come back on a rebuild, and the capacity evicts them again.
     again = open_store(tmp_path, clock, capacity=12)

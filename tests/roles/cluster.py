@@ -29,8 +29,14 @@ from dsi.transport.client import Peer
 from tests.dsi.cli.procs import SHARED_MODEL_DIR, Proc, Procs, local_config, python_module
 
 
-def cluster_config(tmp_path: Path, *, backend: str = "tcp", lease_timeout_s: float = 30.0,
-                   keep: tuple[str, ...] = (), hit_policy: str = "bounded") -> Path:
+def cluster_config(
+    tmp_path: Path,
+    *,
+    backend: str = "tcp",
+    lease_timeout_s: float = 30.0,
+    keep: tuple[str, ...] = (),
+    hit_policy: str = "bounded",
+) -> Path:
     path = local_config(tmp_path, keep=keep, interval_s=0.5)
     text = path.read_text()
     text = re.sub(r'(?m)^hit_policy = "[a-z]*"', f'hit_policy = "{hit_policy}"', text)
@@ -112,10 +118,12 @@ class Client:
             await asyncio.sleep(0.1)
         raise AssertionError(f"instances not ready: {self.pool.decode.ready} {self.pool.prefill.ready}")
 
-    async def generate(self, request_id: str, prompt: list[int], max_tokens: int,
-                       hit_policy: HitPolicy | None = None) -> list[int]:
-        msg = Generate(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                       hit_policy=hit_policy)
+    async def generate(
+        self, request_id: str, prompt: list[int], max_tokens: int, hit_policy: HitPolicy | None = None
+    ) -> list[int]:
+        msg = Generate(
+            request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), hit_policy=hit_policy
+        )
         tokens: list[int] = []
         finish = ""
         async for chunk in self.pool.generate(msg):
@@ -127,19 +135,25 @@ class Client:
     async def stats(self, role_id: str) -> EngineStats:
         peer = self._peers.get(role_id)
         if peer is None:
-            peer = self._peers[role_id] = Peer(self.cluster.addresses[role_id], self.ctx, types=ALL, timeout=10)
+            peer = self._peers[role_id] = Peer(
+                self.cluster.addresses[role_id], self.ctx, types=ALL, timeout=10
+            )
             await peer.connect()
         return await peer.ask(GetEngineStats())
 
 
-def reference_outputs(prompts: list[list[int]], max_tokens: int, sampling: SamplingParams | None = None
-                      ) -> list[list[int]]:
+def reference_outputs(
+    prompts: list[list[int]], max_tokens: int, sampling: SamplingParams | None = None
+) -> list[list[int]]:
     """Outputs of one in-process engine (the semantics every deployment must reproduce): greedy,
     or ``sampling`` (its max_tokens replaced)."""
     cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
     engine = Engine(cfg, w, EngineConfig(async_scheduling=False))
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0) if sampling is None else \
-        msgspec.structs.replace(sampling, max_tokens=max_tokens)
+    params = (
+        SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        if sampling is None
+        else msgspec.structs.replace(sampling, max_tokens=max_tokens)
+    )
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     done = {o.request_id: o.output for o in engine.run_until_done() if o.finished}

@@ -33,10 +33,17 @@ def chat_bodies(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     words = [5 + int(1_680 * (i / (n - 1)) ** 1.5) for i in range(n)]  # about 1.15 tokens per word
     rng.shuffle(words)
-    return [{"model": "dsi-tiny", "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS,
-             "thinking": {"type": "disabled"},
-             "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(k))}]}
-            for k in words]
+    return [
+        {
+            "model": "dsi-tiny",
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": MAX_TOKENS,
+            "thinking": {"type": "disabled"},
+            "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(k))}],
+        }
+        for k in words
+    ]
 
 
 def alone_outputs(prompts: list[list[int]]) -> list[list[int]]:
@@ -68,8 +75,10 @@ async def test_64_prompts_alone_together_and_through_the_cluster(procs, tmp_path
     together = reference_outputs([p.token_ids for p in prepared], max_tokens=MAX_TOKENS)
     assert together == alone
 
-    config = cluster_config(tmp_path, keep=("controller-0", "entrypoint-0", "kvstore-0", "prefill-0", "prefill-1",
-                                            "decode-0", "decode-1"))
+    config = cluster_config(
+        tmp_path,
+        keep=("controller-0", "entrypoint-0", "kvstore-0", "prefill-0", "prefill-1", "decode-0", "decode-1"),
+    )
     Cluster(config, procs).start()
     http = re.search(r'http = "([^"]+)"', config.read_text()).group(1)  # type: ignore[union-attr]
     async with aiohttp.ClientSession() as session:

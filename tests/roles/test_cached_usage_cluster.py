@@ -20,8 +20,12 @@ pytestmark = pytest.mark.slow
 
 ROLES = ("controller-0", "kvstore-0", "prefill-0", "decode-0", "entrypoint-0")
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks
-BODY = {"model": "dsi-tiny", "messages": [{"role": "user", "content": LONG}], "max_tokens": 2,
-        "reasoning_effort": "none"}
+BODY = {
+    "model": "dsi-tiny",
+    "messages": [{"role": "user", "content": LONG}],
+    "max_tokens": 2,
+    "reasoning_effort": "none",
+}
 
 
 async def metric(http: aiohttp.ClientSession, base: str, name: str) -> float:
@@ -65,7 +69,9 @@ async def test_usage_reports_the_engines_reuse_when_the_prediction_is_stale(tmp_
 
             await until(serving)
             assert await cached_in_usage(http, base, stream=False) == 0  # cold: nothing stored yet
-            await until(lambda: _at_least(metric(http, base, "dsi_kv_replica_blocks"), 4))  # the prompt's 4 pages
+            await until(
+                lambda: _at_least(metric(http, base, "dsi_kv_replica_blocks"), 4)
+            )  # the prompt's 4 pages
 
             # The store is there: the engine reuses the hit, and usage says how much.
             predicted = await metric(http, base, "dsi_prefix_hit_tokens_total")

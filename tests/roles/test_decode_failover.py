@@ -30,8 +30,10 @@ UNPINNED = 40  # tokens of the control request that shows the pin mattered (gree
 
 
 def add_decode(config: Path, role_id: str) -> None:
-    config.write_text(config.read_text() + f'\n[[roles]]\nkind = "decode"\nid = "{role_id}"\n'
-                                           f'bind = "tcp://127.0.0.1:{free_port()}"\n')
+    config.write_text(
+        config.read_text() + f'\n[[roles]]\nkind = "decode"\nid = "{role_id}"\n'
+        f'bind = "tcp://127.0.0.1:{free_port()}"\n'
+    )
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -42,8 +44,14 @@ def prompt(seed: int, n: int) -> list[int]:
 class Stream:
     """One request through the router, running in the background; its tokens as they arrive."""
 
-    def __init__(self, client: Client, request_id: str, token_ids: list[int], sampling: SamplingParams = GREEDY,
-                 hit_policy: HitPolicy | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        request_id: str,
+        token_ids: list[int],
+        sampling: SamplingParams = GREEDY,
+        hit_policy: HitPolicy | None = None,
+    ) -> None:
         self.tokens: list[int] = []
         self.finish = ""
         msg = Generate(request_id, token_ids, sampling, hit_policy=hit_policy)
@@ -82,8 +90,10 @@ async def test_greedy_and_seeded_streams_across_killed_decodes_are_the_undisturb
     decodes = ("decode-0", "decode-1", "decode-2")
     seeded = SamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.8, seed=1234)
     prompts = [prompt(1, 300), prompt(2, 450)]
-    expected = [reference_outputs(prompts[:1], GREEDY.max_tokens)[0],
-                reference_outputs(prompts[1:], seeded.max_tokens, seeded)[0]]
+    expected = [
+        reference_outputs(prompts[:1], GREEDY.max_tokens)[0],
+        reference_outputs(prompts[1:], seeded.max_tokens, seeded)[0],
+    ]
     async with Client(cluster) as client:
         streams = [Stream(client, "greedy", prompts[0]), Stream(client, "seeded", prompts[1], seeded)]
         for s in streams:
@@ -100,9 +110,13 @@ async def test_greedy_and_seeded_streams_across_killed_decodes_are_the_undisturb
     assert 1 <= len(killed) <= 2
 
 
-async def test_a_first_run_without_a_hit_is_rerun_without_one_though_its_pages_reached_the_store(procs, tmp_path):
-    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0",
-                                                      "decode-1")), procs)
+async def test_a_first_run_without_a_hit_is_rerun_without_one_though_its_pages_reached_the_store(
+    procs, tmp_path
+):
+    cluster = Cluster(
+        cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0", "decode-1")),
+        procs,
+    )
     cluster.start()
     p = prompt(3, 600)  # 4 full pages: a later run takes a bounded hit of 512 (no state at 384)
     expected = reference_outputs([p], GREEDY.max_tokens)[0]
@@ -120,9 +134,13 @@ async def test_a_first_run_without_a_hit_is_rerun_without_one_though_its_pages_r
     assert unpinned != expected[:UNPINNED]  # which answers otherwise: a re-run without the pin would splice
 
 
-async def test_a_first_run_with_an_exact_hit_is_rerun_hit_free_when_the_state_died_with_its_decode(procs, tmp_path):
-    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0",
-                                                      "decode-1")), procs)
+async def test_a_first_run_with_an_exact_hit_is_rerun_hit_free_when_the_state_died_with_its_decode(
+    procs, tmp_path
+):
+    cluster = Cluster(
+        cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0", "decode-1")),
+        procs,
+    )
     cluster.start("controller-0", "kvstore-0", "prefill-0", "decode-0")  # decode-1 comes later
     first = prompt(9, 600)
     async with Client(cluster) as client:
@@ -142,14 +160,19 @@ async def test_a_first_run_with_an_exact_hit_is_rerun_hit_free_when_the_state_di
         fresh = await client.stats("prefill-0")
     assert (exact.states_pulled, exact.cached_tokens) == (1, 5 * BS)  # the first run: exact 640
     assert (rerun.prefills, rerun.cached_tokens) == (3, 5 * BS)  # the re-run: no hit (no state to pull)
-    assert fresh.cached_tokens - rerun.cached_tokens == 7 * BS and fresh.replay_tokens > 0  # unpinned: bounded
+    assert (
+        fresh.cached_tokens - rerun.cached_tokens == 7 * BS and fresh.replay_tokens > 0
+    )  # unpinned: bounded
     assert unpinned != expected[:UNPINNED]
 
 
 async def test_a_first_run_with_a_bounded_hit_is_rerun_with_the_same_hit_though_the_store_now_holds_more(
-        procs, tmp_path):
-    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0",
-                                                      "decode-1")), procs)
+    procs, tmp_path
+):
+    cluster = Cluster(
+        cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0", "decode-1")),
+        procs,
+    )
     cluster.start()
     q = prompt(11, 400)  # its run stores 3 pages and keeps SWA states at 384 only
     p = q[:300] + prompt(12, 300)  # shares 2 pages with q: a bounded hit of 256 (no state at 256)
@@ -177,9 +200,13 @@ async def test_a_first_run_with_a_bounded_hit_is_rerun_with_the_same_hit_though_
     assert unpinned != expected[:UNPINNED]
 
 
-async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after_the_tokens_sent(procs, tmp_path):
-    cluster = Cluster(cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0",
-                                                      "decode-1")), procs)
+async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after_the_tokens_sent(
+    procs, tmp_path
+):
+    cluster = Cluster(
+        cluster_config(tmp_path, keep=("controller-0", "kvstore-0", "prefill-0", "decode-0", "decode-1")),
+        procs,
+    )
     cluster.start()
     q = prompt(11, 400)
     p = q[:300] + prompt(12, 300)  # a bounded hit of 256 (see the test above)
@@ -196,4 +223,4 @@ async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after
         survivors = ("prefill-0", *(d for d in ("decode-0", "decode-1") if d != holder))
         await assert_no_leaks(client, survivors)
     _, expected = in_process(q, 2, p, GREEDY.max_tokens, hit=2 * BS)
-    assert 4 <= len(s.tokens) < len(expected) and s.tokens == expected[:len(s.tokens)]  # sent: a prefix
+    assert 4 <= len(s.tokens) < len(expected) and s.tokens == expected[: len(s.tokens)]  # sent: a prefix

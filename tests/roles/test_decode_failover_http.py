@@ -46,7 +46,9 @@ def other_weights(directory: Path) -> Path:
 def start_with_other_weights(cluster: Cluster, procs: Procs, role_id: str, tmp_path: Path) -> None:
     """Start one role of the cluster's config, reading its weights from another directory."""
     config = tmp_path / "other-weights.toml"
-    config.write_text(cluster.config.read_text().replace(str(SHARED_MODEL_DIR), str(other_weights(tmp_path / "w2"))))
+    config.write_text(
+        cluster.config.read_text().replace(str(SHARED_MODEL_DIR), str(other_weights(tmp_path / "w2")))
+    )
     proc = procs.start(role_id, python_module("dsi.cli.role", "--config", str(config), "--role", role_id))
     assert proc.wait_ready() == f"READY {role_id}"
     cluster.running[role_id] = proc
@@ -62,8 +64,9 @@ async def until_decodes(http: aiohttp.ClientSession, base: str, n: int) -> None:
     raise AssertionError(f"the gateway sees {health}")
 
 
-async def stream_and_kill(http: aiohttp.ClientSession, url: str, body: dict, kill, after: int = 3
-                          ) -> tuple[str, float]:
+async def stream_and_kill(
+    http: aiohttp.ClientSession, url: str, body: dict, kill, after: int = 3
+) -> tuple[str, float]:
     """The whole SSE text of one request; ``kill()`` runs once ``after`` deltas arrived. Also the
     seconds from the kill to the end of the stream."""
     lines, deltas_seen, killed_at = [], 0, None
@@ -81,22 +84,33 @@ async def stream_and_kill(http: aiohttp.ClientSession, url: str, body: dict, kil
 
 def expected_content(body: dict) -> str:
     """The undisturbed stream's text: the recipe over one in-process engine's greedy ids."""
-    prep = Preparer(Recipe({"dsi-tiny": ModelVersion.V4}), get_config("tiny").max_context)("chat", json.dumps(body)
-                                                                                           .encode(), "chatbot")
+    prep = Preparer(Recipe({"dsi-tiny": ModelVersion.V4}), get_config("tiny").max_context)(
+        "chat", json.dumps(body).encode(), "chatbot"
+    )
     out = OutputStream(prep.options)
     return deltas("".join(out.feed(reference_outputs([prep.token_ids], MAX_TOKENS)[0])))[0]
 
 
-async def test_a_diverging_rerun_ends_the_stream_with_an_error_and_no_decode_left_ends_it_in_time(procs, tmp_path):
-    config = cluster_config(tmp_path, keep=("controller-0", "entrypoint-0", "prefill-0", "decode-0", "decode-1"))
+async def test_a_diverging_rerun_ends_the_stream_with_an_error_and_no_decode_left_ends_it_in_time(
+    procs, tmp_path
+):
+    config = cluster_config(
+        tmp_path, keep=("controller-0", "entrypoint-0", "prefill-0", "decode-0", "decode-1")
+    )
     text = re.sub(r'(?m)^(http = "[^"]+")$', rf"\1\nreroute_wait_s = {REROUTE_WAIT_S}", config.read_text())
     config.write_text(text)
     base = "http://" + re.search(r'http = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
     cluster = Cluster(config, procs)
     cluster.start("controller-0", "entrypoint-0", "prefill-0", "decode-0")
     start_with_other_weights(cluster, procs, "decode-1", tmp_path)
-    chat = {"model": "dsi-tiny", "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS,
-            "thinking": {"type": "disabled"}, "messages": [{"role": "user", "content": TEXT}]}
+    chat = {
+        "model": "dsi-tiny",
+        "stream": True,
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": TEXT}],
+    }
     expected = expected_content(chat)
     async with Client(cluster) as client, aiohttp.ClientSession() as http:
         await until_decodes(http, base, 2)
@@ -109,17 +123,27 @@ async def test_a_diverging_rerun_ends_the_stream_with_an_error_and_no_decode_lef
         content, _, finish = deltas(sse)
         last = json.loads(sse.strip().splitlines()[-1].removeprefix("data: "))
         assert "recovery_diverged" in last["error"]["message"], sse[-2000:]
-        assert content and expected.startswith(content) and len(content) < len(expected)  # a prefix, no splice
+        assert (
+            content and expected.startswith(content) and len(content) < len(expected)
+        )  # a prefix, no splice
         assert finish == [] and "[DONE]" not in sse
 
-        messages = {"model": "dsi-tiny", "stream": True, "max_tokens": MAX_TOKENS, "temperature": 0,
-                    "messages": [{"role": "user", "content": TEXT}]}
+        messages = {
+            "model": "dsi-tiny",
+            "stream": True,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": TEXT}],
+        }
 
         async def kill_decode_1() -> None:
             cluster.kill("decode-1")  # no decode is left
 
         sse, waited = await stream_and_kill(http, f"{base}/v1/messages", messages, kill_decode_1)
         name, data = sse.strip().split("\n\n")[-1].splitlines()
-        assert name == "event: error" and "no_instance" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        assert (
+            name == "event: error"
+            and "no_instance" in json.loads(data.removeprefix("data: "))["error"]["message"]
+        )
         assert "message_stop" not in sse
         assert REROUTE_WAIT_S - 0.1 <= waited < REROUTE_WAIT_S + 3.0

@@ -26,8 +26,13 @@ async def assert_no_leaks(client: Client, roles: tuple[str, ...]) -> None:
     """Every engine's pages, slots, leases and receive regions are back to baseline."""
     for _ in range(100):
         stats = {r: await client.stats(r) for r in roles}
-        if all(s.free_blocks == s.total_blocks and s.free_slots == s.total_slots and s.leases == 0
-               and s.regions == 0 for s in stats.values()):
+        if all(
+            s.free_blocks == s.total_blocks
+            and s.free_slots == s.total_slots
+            and s.leases == 0
+            and s.regions == 0
+            for s in stats.values()
+        ):
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"memory not returned: {stats}")
@@ -89,8 +94,9 @@ async def test_killed_decode_is_rerouted_and_the_stream_completes(procs, tmp_pat
 
 
 async def test_stalled_prefill_lease_expires_and_the_request_moves_on(procs, tmp_path):
-    config = cluster_config(tmp_path, lease_timeout_s=3.0,
-                            keep=("controller-0", "prefill-0", "prefill-1", "decode-0"))
+    config = cluster_config(
+        tmp_path, lease_timeout_s=3.0, keep=("controller-0", "prefill-0", "prefill-1", "decode-0")
+    )
     cluster = Cluster(config, procs)
     cluster.start()
     batch = prompts(4, seed=4, lo=100, hi=400)
@@ -99,7 +105,8 @@ async def test_stalled_prefill_lease_expires_and_the_request_moves_on(procs, tmp
         cluster.kill("prefill-0", signal.SIGSTOP)  # alive for the controller for a while, but silent
         try:
             got = await asyncio.wait_for(
-                asyncio.gather(*(client.generate(f"s{i}", p, 6) for i, p in enumerate(batch))), 60)
+                asyncio.gather(*(client.generate(f"s{i}", p, 6) for i, p in enumerate(batch))), 60
+            )
         finally:
             cluster.kill("prefill-0", signal.SIGCONT)
         assert got == expected
@@ -120,7 +127,9 @@ async def test_a_client_that_goes_away_cancels_prefill_and_decode(procs, tmp_pat
         await asyncio.gather(task, return_exceptions=True)
         await assert_no_leaks(client, ("prefill-0", "decode-0"))
         # Gone while decoding.
-        stream = client.pool.generate(Generate("gone-late", long_prompt, SamplingParams(max_tokens=400, temperature=0)))
+        stream = client.pool.generate(
+            Generate("gone-late", long_prompt, SamplingParams(max_tokens=400, temperature=0))
+        )
         await stream.__anext__()
         await stream.aclose()
         await assert_no_leaks(client, ("prefill-0", "decode-0"))

@@ -20,15 +20,37 @@ from tests.roles.cluster import Client, Cluster, cluster_config, reference_outpu
 
 pytestmark = pytest.mark.slow
 
-WORDS = ("alpha", "ledger", "quantum", "river", "garden", "compile", "orbit", "spice", "tensor", "harbor", "日本", "数据")
+WORDS = (
+    "alpha",
+    "ledger",
+    "quantum",
+    "river",
+    "garden",
+    "compile",
+    "orbit",
+    "spice",
+    "tensor",
+    "harbor",
+    "日本",
+    "数据",
+)
 
 
 def bodies(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    return [{"model": "dsi-tiny", "stream": True, "temperature": 0, "max_tokens": 10,
-             "thinking": {"type": "disabled"},  # thinking mode samples at temperature 1 whatever is asked
-             "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80)))}]}
-            for _ in range(n)]
+    return [
+        {
+            "model": "dsi-tiny",
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": 10,
+            "thinking": {"type": "disabled"},  # thinking mode samples at temperature 1 whatever is asked
+            "messages": [
+                {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80)))}
+            ],
+        }
+        for _ in range(n)
+    ]
 
 
 def deltas(sse: str) -> tuple[str, str, list[str]]:
@@ -60,8 +82,9 @@ def expected_streams(requests: list[dict]) -> list[tuple[str, str, list[str]]]:
 
 
 async def test_64_http_streams_match_one_engine(procs, tmp_path):
-    config = cluster_config(tmp_path, keep=("controller-0", "entrypoint-0", "prefill-0", "prefill-1", "decode-0",
-                                            "decode-1"))
+    config = cluster_config(
+        tmp_path, keep=("controller-0", "entrypoint-0", "prefill-0", "prefill-1", "decode-0", "decode-1")
+    )
     cluster = Cluster(config, procs)
     cluster.start()
     http = re.search(r'http = "([^"]+)"', config.read_text()).group(1)  # type: ignore[union-attr]

@@ -50,16 +50,28 @@ bind = "tcp://{net}.2:7110"
 """)
         started = []
         for ns, role_id in ((ns_a, "controller-0"), (ns_a, "decode-0"), (ns_b, "prefill-0")):
-            argv = ["ip", "netns", "exec", ns, *python_module("dsi.cli.role", "--config", str(config), "--role",
-                                                               role_id)]
+            argv = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                *python_module("dsi.cli.role", "--config", str(config), "--role", role_id),
+            ]
             started.append((role_id, procs.start(role_id, argv)))
         for role_id, proc in started:
             assert proc.wait_ready() == f"READY {role_id}"
         batch = prompts(8, seed=5, lo=1, hi=500)
         (tmp_path / "prompts.json").write_text(json.dumps(batch))
-        client = procs.start("client", ["ip", "netns", "exec", ns_a, *python_module(
-            "tests.roles.disagg_client", controller, str(tmp_path / "prompts.json"), "10")])
+        client = procs.start(
+            "client",
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns_a,
+                *python_module("tests.roles.disagg_client", controller, str(tmp_path / "prompts.json"), "10"),
+            ],
+        )
         got = json.loads(client.read_line(timeout=120))
         assert client.wait(30) == 0
         assert got == reference_outputs(batch, max_tokens=10)
-

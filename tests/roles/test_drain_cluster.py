@@ -86,10 +86,16 @@ async def test_a_drained_decode_moves_32_streams_with_their_kv_and_exits(procs, 
         with pytest.raises(IllegalTransition, match="not draining"):
             await ask_controller(controller, None, Undrain("decode-1"), 10.0)
         # the commands themselves (their own event loop, in a thread)
-        assert await asyncio.to_thread(main, ["drain", "decode-1", "--grace", "30", "--json",
-                                              "--controller", controller]) == 0
+        assert (
+            await asyncio.to_thread(
+                main, ["drain", "decode-1", "--grace", "30", "--json", "--controller", controller]
+            )
+            == 0
+        )
         assert json.loads(capsys.readouterr().out)["state"] == "draining"
-        assert await asyncio.to_thread(main, ["undrain", "decode-1", "--json", "--controller", controller]) == 0
+        assert (
+            await asyncio.to_thread(main, ["undrain", "decode-1", "--json", "--controller", controller]) == 0
+        )
         assert json.loads(capsys.readouterr().out)["state"] == "serving"
         assert await asyncio.to_thread(main, ["undrain", "decode-9", "--controller", controller]) == 1
         assert "unknown instance" in capsys.readouterr().err

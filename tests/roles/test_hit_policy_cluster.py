@@ -17,9 +17,14 @@ ROLES = ("controller-0", "kvstore-0", "prefill-0", "prefill-1", "decode-0", "dec
 TOKENS = 12
 
 
-async def _all(client: Client, tag: str, prompts: list[list[int]], policy: str | None = None) -> list[list[int]]:
-    return list(await asyncio.gather(*(client.generate(f"{tag}{i}", p, TOKENS, hit_policy=policy)
-                                       for i, p in enumerate(prompts))))
+async def _all(
+    client: Client, tag: str, prompts: list[list[int]], policy: str | None = None
+) -> list[list[int]]:
+    return list(
+        await asyncio.gather(
+            *(client.generate(f"{tag}{i}", p, TOKENS, hit_policy=policy) for i, p in enumerate(prompts))
+        )
+    )
 
 
 async def test_exact_answers_a_repeated_prompt_identically_bounded_may_not(procs, tmp_path):

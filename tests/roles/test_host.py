@@ -12,7 +12,7 @@ from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances, Load
 from dsi.roles.host import RoleHost, RoleStartError, advertised
 from dsi.transport.client import Peer
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 INTERVAL = 0.1
 

@@ -23,9 +23,13 @@ async def test_a_poke_reports_now_and_a_down_balancer_gets_nothing():
     await server.start()
     queued = itertools.count()
     down = f"tcp://127.0.0.1:{free_port()}"  # nobody listens here
-    reporter = LoadReporter("prefill-0", [server.address, down],
-                            lambda: LoadReport("prefill-0", "prefill", 1.0, queued_tokens=next(queued)), ctx,
-                            interval_s=600.0)  # no periodic report within the test: only pokes send
+    reporter = LoadReporter(
+        "prefill-0",
+        [server.address, down],
+        lambda: LoadReport("prefill-0", "prefill", 1.0, queued_tokens=next(queued)),
+        ctx,
+        interval_s=600.0,
+    )  # no periodic report within the test: only pokes send
     await reporter.start()
     try:
         await until(lambda: reporter._peers[0].connected)

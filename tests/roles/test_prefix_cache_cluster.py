@@ -26,8 +26,9 @@ ROLES = ("controller-0", "kvstore-0", "prefill-0", "decode-0")
 BS = 128
 
 
-def in_process(first: list[int], first_max: int, second: list[int], second_max: int, hit: int
-               ) -> tuple[list[int], list[int]]:
+def in_process(
+    first: list[int], first_max: int, second: list[int], second_max: int, hit: int
+) -> tuple[list[int], list[int]]:
     """One engine runs ``first`` cold and keeps its full pages; a second engine runs ``second``
     with the first ``hit`` tokens loaded from those pages (the engine's hit semantics)."""
     cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
@@ -111,7 +112,7 @@ async def test_a_corrupted_block_is_a_miss_and_the_request_still_succeeds(procs,
     assert segments, list(Path(tmp_path, "run").rglob("*"))
     data = bytearray(segments[0].read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
     segments[0].write_bytes(bytes(data))
     cluster.start("kvstore-0")
     second = first[:600] + [5] * 100

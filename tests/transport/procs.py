@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python + numpy import is slow there

@@ -12,4 +12,12 @@ from dsi.transport.kv.inbound import Inbound, PlaneStats
 from dsi.transport.kv.plane import DataPlane
 from dsi.transport.kv.target import KvTarget
 
-__all__ = ["DataPlane", "Inbound", "KvTarget", "PlaneStats", "TransferFailed", "TransferTimeout", "make_data_plane"]
+__all__ = [
+    "DataPlane",
+    "Inbound",
+    "KvTarget",
+    "PlaneStats",
+    "TransferFailed",
+    "TransferTimeout",
+    "make_data_plane",
+]

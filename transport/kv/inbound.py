@@ -72,7 +72,9 @@ class Inbound:
     def release(self) -> None:
         """Free the region (idempotent); before completion this cancels the transfer."""
         if self.state in (State.PENDING, State.WRITING):
-            self._table.fail(self, Cancelled(f"transfer {self.target.transfer_id} released before completion"))
+            self._table.fail(
+                self, Cancelled(f"transfer {self.target.transfer_id} released before completion")
+            )
         else:
             self.free_region()
 
@@ -111,8 +113,9 @@ class ReceiveTable:
         self._live: set[Inbound] = set()  # not yet freed
         self._quarantined: dict[str, Inbound] = {}  # failed while a sender may still write
 
-    def expect(self, make_target: Callable[[Region], KvTarget], transfer_id: str, nbytes: int,
-               timeout_s: float) -> Inbound:
+    def expect(
+        self, make_target: Callable[[Region], KvTarget], transfer_id: str, nbytes: int, timeout_s: float
+    ) -> Inbound:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, not {nbytes}")
         if transfer_id in self._open:
@@ -138,7 +141,9 @@ class ReceiveTable:
         if inbound is None:
             raise TransferFailed(f"unknown or expired transfer id {transfer_id!r}")
         if inbound.target.nbytes != nbytes:
-            error = TransferFailed(f"transfer {transfer_id!r}: {nbytes} bytes sent, {inbound.target.nbytes} expected")
+            error = TransferFailed(
+                f"transfer {transfer_id!r}: {nbytes} bytes sent, {inbound.target.nbytes} expected"
+            )
             self.fail(inbound, error)
             raise error
         if inbound.state is State.WRITING and inbound.holder != holder:

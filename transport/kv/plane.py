@@ -80,8 +80,9 @@ class DataPlane(abc.ABC):
         self._counters.failed += 1
         if isinstance(error, TimeoutError):
             self._counters.timed_out += 1
-            raise TransferTimeout(f"transfer {target.transfer_id!r} to {target.address}: "
-                                  f"{waited_for} in {timeout_s}s") from None
+            raise TransferTimeout(
+                f"transfer {target.transfer_id!r} to {target.address}: {waited_for} in {timeout_s}s"
+            ) from None
 
     def _check_target(self, target: KvTarget) -> None:
         if target.backend != self.backend:

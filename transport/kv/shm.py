@@ -54,8 +54,15 @@ def _slab(nbytes: int) -> HostBuffer:
 class ShmDataPlane(DataPlane):
     backend = "shm"
 
-    def __init__(self, host: str = "127.0.0.1", *, chunk_bytes: int = SLICE_BYTES, slab_bytes: int = SLAB_BYTES,
-                 ctx: zmq.Context | None = None, grace_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        chunk_bytes: int = SLICE_BYTES,
+        slab_bytes: int = SLAB_BYTES,
+        ctx: zmq.Context | None = None,
+        grace_s: float = 5.0,
+    ) -> None:
         super().__init__(ReceiveTable(RegionPool(_slab, slab_bytes), PlaneStats(), grace_s))
         self.host = host
         self.slice_bytes = chunk_bytes
@@ -125,7 +132,9 @@ class ShmDataPlane(DataPlane):
                 self._mapped.popitem(last=False)[1].close()
         self._mapped.move_to_end(where.name)
         if where.offset < 0 or where.offset + nbytes > mapping.nbytes:
-            raise TransferFailed(f"receive region {where.name!r}+{where.offset} is smaller than {nbytes} bytes")
+            raise TransferFailed(
+                f"receive region {where.name!r}+{where.offset} is smaller than {nbytes} bytes"
+            )
         return mapping.view[where.offset : where.offset + nbytes]
 
     async def _copy(self, views: list[memoryview], region: memoryview) -> None:

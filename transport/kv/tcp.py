@@ -38,8 +38,15 @@ SLAB_BYTES = 256 << 20  # receive pool slab
 class TcpDataPlane(DataPlane):
     backend = "tcp"
 
-    def __init__(self, host: str = "127.0.0.1", *, chunk_bytes: int = CHUNK_BYTES, window: int = WINDOW,
-                 slab_bytes: int = SLAB_BYTES, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+        window: int = WINDOW,
+        slab_bytes: int = SLAB_BYTES,
+        ctx: zmq.Context | None = None,
+    ) -> None:
         # grace 0: only this process writes a tcp region, so a failed one is free at once
         super().__init__(ReceiveTable(RegionPool(AnonymousSlab, slab_bytes), PlaneStats(), grace_s=0.0))
         self.host = host
@@ -78,7 +85,9 @@ class TcpDataPlane(DataPlane):
             out.close()
         self._sent(target)
 
-    async def _stream(self, out: Outgoing, target: KvTarget, plan: list[tuple[int, list[memoryview]]]) -> None:
+    async def _stream(
+        self, out: Outgoing, target: KvTarget, plan: list[tuple[int, list[memoryview]]]
+    ) -> None:
         """Send the chunks, at most ``window`` unacknowledged; return on the receiver's final ack."""
         next_chunk = acked = 0
         while True:
@@ -102,7 +111,9 @@ class TcpDataPlane(DataPlane):
                 self._table.fail(inbound, TransferFailed(f"transfer {msg.transfer_id!r}: the sender aborted"))
             return
         if not isinstance(msg, wire.Chunk):
-            self._listener.refuse(rid, msg.transfer_id, TransferFailed("the tcp data plane takes chunks only"))
+            self._listener.refuse(
+                rid, msg.transfer_id, TransferFailed("the tcp data plane takes chunks only")
+            )
             return
         try:
             inbound = self._table.begin(msg.transfer_id, msg.total, rid)

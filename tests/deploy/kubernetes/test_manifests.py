@@ -50,8 +50,11 @@ def test_kustomization_lists_every_manifest():
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     files = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
     assert sorted(kustomization["resources"]) == sorted(files)
-    assert {obj["metadata"].get("namespace", kustomization["namespace"]) for obj in objects()
-            if obj["kind"] != "Namespace"} == {kustomization["namespace"]}
+    assert {
+        obj["metadata"].get("namespace", kustomization["namespace"])
+        for obj in objects()
+        if obj["kind"] != "Namespace"
+    } == {kustomization["namespace"]}
 
 
 def test_one_statefulset_per_role_kind_named_and_labelled_as_the_provisioner_expects():
@@ -112,11 +115,20 @@ def test_only_the_controller_has_an_api_token_and_its_role_allows_the_provisione
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "dsi"}]
     assert account in named("ServiceAccount")
     rules = named("Role")[binding["roleRef"]["name"]]["rules"]
-    allowed = {(group, res, verb) for r in rules for group in r["apiGroups"]
-               for res in r["resources"] for verb in r["verbs"]}
+    allowed = {
+        (group, res, verb)
+        for r in rules
+        for group in r["apiGroups"]
+        for res in r["resources"]
+        for verb in r["verbs"]
+    }
     # KubernetesProvisioner: GET and PUT .../statefulsets/NAME/scale, GET pods/NAME and the pod list.
-    assert {("apps", "statefulsets/scale", "get"), ("apps", "statefulsets/scale", "update"),
-            ("", "pods", "get"), ("", "pods", "list")} <= allowed
+    assert {
+        ("apps", "statefulsets/scale", "get"),
+        ("apps", "statefulsets/scale", "update"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+    } <= allowed
 
 
 @pytest.mark.parametrize("pod", ["dsi-decode-1", "dsi-controller-0", "dsi-kvstore-0"])
@@ -132,7 +144,9 @@ def test_a_pod_command_runs_the_role_of_its_name_bound_to_its_ip(tmp_path, pod):
     stub.write_text('#!/bin/sh\necho "$@"\n')
     stub.chmod(0o755)
     env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "POD_NAME": pod, "POD_IP": "10.244.1.7"}
-    out = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=True, timeout=10)
+    out = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=True, timeout=10
+    )
     argv = out.stdout.split()
     role_id = pod.removeprefix("dsi-")
     assert argv == ["--config", str(tmp_path / "rendered.toml"), "--role", role_id]

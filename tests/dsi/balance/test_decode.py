@@ -12,17 +12,33 @@ CFG = DecodeBalancerConfig()
 
 
 def _d(name, running=0, kv=0, state="serving", slots=64, capacity=1_000_000):
-    return InstanceLoad(id=name, role="decode", state=state, running_requests=running, kv_tokens=kv,
-                        max_requests=slots, kv_capacity_tokens=capacity)
+    return InstanceLoad(
+        id=name,
+        role="decode",
+        state=state,
+        running_requests=running,
+        kv_tokens=kv,
+        max_requests=slots,
+        kv_capacity_tokens=capacity,
+    )
 
 
 def _idle(n, **kw):
     return [_d(f"d{i}", **kw) for i in range(n)]
 
 
-@pytest.mark.parametrize(("field", "value"), [("window", 0), ("min_samples", 300), ("long_min_tokens", 0),
-                                              ("band_ratio", 0.5), ("request_kv_tokens", -1),
-                                              ("hysteresis", 1.0), ("overload", 0.0)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("window", 0),
+        ("min_samples", 300),
+        ("long_min_tokens", 0),
+        ("band_ratio", 0.5),
+        ("request_kv_tokens", -1),
+        ("hysteresis", 1.0),
+        ("overload", 0.0),
+    ],
+)
 def test_config_refuses_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         DecodeBalancerConfig(**{field: value})
@@ -132,20 +148,34 @@ def test_every_eligible_instance_overloaded_then_the_lowest_score():
 
 
 instance = st.builds(
-    lambda i, running, kv, state, slots, capacity: _d(f"d{i}", min(running, slots), min(kv, capacity), state,
-                                                       slots, capacity),
-    st.integers(0, 9), st.integers(0, 16), st.integers(0, 100_000), st.sampled_from(["serving", "draining"]),
-    st.integers(1, 16), st.integers(1_000, 100_000))
+    lambda i, running, kv, state, slots, capacity: _d(
+        f"d{i}", min(running, slots), min(kv, capacity), state, slots, capacity
+    ),
+    st.integers(0, 9),
+    st.integers(0, 16),
+    st.integers(0, 100_000),
+    st.sampled_from(["serving", "draining"]),
+    st.integers(1, 16),
+    st.integers(1_000, 100_000),
+)
 
 
 @settings(max_examples=300)
-@given(st.lists(instance, min_size=1, max_size=6, unique_by=lambda i: i.id), st.integers(1, 60_000),
-       st.integers(1, 60_000), st.sets(st.integers(0, 9)), st.floats(0.05, 1.0))
+@given(
+    st.lists(instance, min_size=1, max_size=6, unique_by=lambda i: i.id),
+    st.integers(1, 60_000),
+    st.integers(1, 60_000),
+    st.sets(st.integers(0, 9)),
+    st.floats(0.05, 1.0),
+)
 def test_a_placement_overloads_only_when_every_choice_would(pool, kv, threshold, long_ids, overload):
     cfg = DecodeBalancerConfig(overload=overload)
     bands = DecodeBands(threshold, tuple(sorted(f"d{i}" for i in long_ids)), 0.5)
-    eligible = [i for i in pool if i.serving and i.running_requests < i.max_requests
-                and i.kv_tokens + kv <= i.kv_capacity_tokens]
+    eligible = [
+        i
+        for i in pool
+        if i.serving and i.running_requests < i.max_requests and i.kv_tokens + kv <= i.kv_capacity_tokens
+    ]
     if not eligible:
         with pytest.raises(NoInstance):
             choose(kv, pool, bands, cfg)
@@ -159,8 +189,12 @@ def test_a_placement_overloads_only_when_every_choice_would(pool, kv, threshold,
 
 
 @settings(max_examples=200)
-@given(st.lists(st.integers(1, 300_000), min_size=1, max_size=120), st.integers(2, 6), st.integers(0, 2),
-       st.floats(0.3, 1.0))
+@given(
+    st.lists(st.integers(1, 300_000), min_size=1, max_size=120),
+    st.integers(2, 6),
+    st.integers(0, 2),
+    st.floats(0.3, 1.0),
+)
 def test_no_instance_overloaded_while_another_idles(lengths, n, draining, overload):
     """Arrivals only (requests never leave), equal capacities: after every placement, no serving
     instance is overloaded while another serving instance holds nothing. (A departure can empty
@@ -171,8 +205,10 @@ def test_no_instance_overloaded_while_another_idles(lengths, n, draining, overlo
     gone = {f"d{n + i}" for i in range(draining)}
 
     def pool():
-        return [_d(name, r, kv, "draining" if name in gone else "serving", 16, 1_000_000)
-                for name, (r, kv) in state.items()]
+        return [
+            _d(name, r, kv, "draining" if name in gone else "serving", 16, 1_000_000)
+            for name, (r, kv) in state.items()
+        ]
 
     for k in lengths:
         try:
@@ -182,6 +218,9 @@ def test_no_instance_overloaded_while_another_idles(lengths, n, draining, overlo
         r, kv = state[d.instance]
         state[d.instance] = (r + 1, kv + k)
         live = [i for i in pool() if i.serving]
-        overloaded = [i for i in live if i.running_requests >= 2
-                      and max(i.running_requests / 16, i.kv_tokens / 1_000_000) > overload]
+        overloaded = [
+            i
+            for i in live
+            if i.running_requests >= 2 and max(i.running_requests / 16, i.kv_tokens / 1_000_000) > overload
+        ]
         assert not (overloaded and any(i.running_requests == 0 for i in live))

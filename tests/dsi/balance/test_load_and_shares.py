@@ -74,6 +74,8 @@ def test_moved_is_strictly_more_than_the_threshold():
 
 
 def test_policies_import_without_torch_or_asyncio():
-    code = "import sys, dsi.balance; print(sorted(m for m in ('torch', 'asyncio', 'zmq') if m in sys.modules))"
+    code = (
+        "import sys, dsi.balance; print(sorted(m for m in ('torch', 'asyncio', 'zmq') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

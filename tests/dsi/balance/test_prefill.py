@@ -26,16 +26,32 @@ def _feed(balancer, engines, now, tokens, count):
 
 
 def test_bucket_edges_exactly_16k_is_in_the_second_bucket():
-    assert [CFG.bucket_of(u) for u in (1, 16_383, 16_384, 65_535, 65_536, 262_143, 262_144, 10**7)] == \
-        [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [CFG.bucket_of(u) for u in (1, 16_383, 16_384, 65_535, 65_536, 262_143, 262_144, 10**7)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
     two = PrefillBalancerConfig(edges=(1_000,))
     assert (two.buckets, two.bucket_of(999), two.bucket_of(1_000)) == (2, 0, 1)
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("edges", (), "edges"), ("edges", (64, 16), "edges"), ("edges", (0, 16), "edges"),
-    ("rebalance_s", 0.0, "rebalance_s"), ("half_life_s", -1.0, "half_life_s"),
-    ("hysteresis", 1.0, "hysteresis"), ("min_share", -0.1, "min_share")])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("edges", (), "edges"),
+        ("edges", (64, 16), "edges"),
+        ("edges", (0, 16), "edges"),
+        ("rebalance_s", 0.0, "rebalance_s"),
+        ("half_life_s", -1.0, "half_life_s"),
+        ("hysteresis", 1.0, "hysteresis"),
+        ("min_share", -0.1, "min_share"),
+    ],
+)
 def test_config_refuses_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
         PrefillBalancerConfig(**{field: value})

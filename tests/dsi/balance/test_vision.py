@@ -10,7 +10,12 @@ def _e(name, pixels=0, running=0, state="serving"):
 
 
 def test_least_queued_pixels_then_fewer_requests_then_id():
-    pool = [_e("e0", 3_000_000), _e("e1", 1_000_000, 4), _e("e2", 1_000_000, 2), _e("e3", 0, state="draining")]
+    pool = [
+        _e("e0", 3_000_000),
+        _e("e1", 1_000_000, 4),
+        _e("e2", 1_000_000, 2),
+        _e("e3", 0, state="draining"),
+    ]
     d = route_vision(786_432, pool)
     assert (d.instance, d.queued_pixels) == ("e2", 1_000_000)
     assert route_vision(1, [_e("e1"), _e("e0")]).instance == "e0"

@@ -54,7 +54,9 @@ def test_every_decode_request_finishes_with_its_tokens():
 
 
 def test_decode_bench_cli_prints_json(capsys):
-    args = _parser().parse_args(["bench", "decode-lb", "--json", "--instances", "2", "--long", "1", "--short", "4"])
+    args = _parser().parse_args(
+        ["bench", "decode-lb", "--json", "--instances", "2", "--long", "1", "--short", "4"]
+    )
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["instances"] == 2 and set(figures["policies"]) == set(DECODE_POLICIES)

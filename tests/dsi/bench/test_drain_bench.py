@@ -12,8 +12,26 @@ from dsi.model.config import TINY
 
 
 def test_the_drain_bench_prints_both_approaches_side_by_side(capsys):
-    assert main(["bench", "drain", "--requests", "2", "--min-context", "300", "--max-context", "300",
-                 "--grace", "0.2", "--max-tokens", "160", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "drain",
+                "--requests",
+                "2",
+                "--min-context",
+                "300",
+                "--max-context",
+                "300",
+                "--grace",
+                "0.2",
+                "--max-tokens",
+                "160",
+                "--json",
+            ]
+        )
+        == 0
+    )
     # enough tokens that no request finishes within the grace period, even on a fast machine
     figures = json.loads(capsys.readouterr().out)
     assert figures["requests"] == 2

@@ -15,9 +15,24 @@ from dsi.bench.kvstore import format_table
 from dsi.bench.trace_hits import TraceRequest, block_tokens, replay
 from dsi.kvcache.hashchain import HashChain, keys_of
 
-KVSTORE_FIGURES = ("match_ms_1m", "hash_ns_per_token", "sha256_ns_per_token", "write_ratio", "read_ratio",
-                   "read_ratio_warm", "raw_read_1thread_mib_s", "index_bytes_per_block")
-TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+KVSTORE_FIGURES = (
+    "match_ms_1m",
+    "hash_ns_per_token",
+    "sha256_ns_per_token",
+    "write_ratio",
+    "read_ratio",
+    "read_ratio_warm",
+    "raw_read_1thread_mib_s",
+    "index_bytes_per_block",
+)
+TRACE = (
+    Path(__file__).resolve().parents[3]
+    / ".."
+    / "shared"
+    / "data"
+    / "traces"
+    / "mooncake_conversation_trace.jsonl"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,8 +42,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_kvstore_bench_prints_every_figure(capsys, tmp_path):
-    args = _parser().parse_args(["bench", "kvstore", "--json", "--index-blocks", "20000", "--io-mib", "4",
-                                 "--repeats", "1", "--read-workers", "3", "--dir", str(tmp_path)])
+    args = _parser().parse_args(
+        [
+            "bench",
+            "kvstore",
+            "--json",
+            "--index-blocks",
+            "20000",
+            "--io-mib",
+            "4",
+            "--repeats",
+            "1",
+            "--read-workers",
+            "3",
+            "--dir",
+            str(tmp_path),
+        ]
+    )
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
     for name in KVSTORE_FIGURES:
@@ -108,7 +138,12 @@ def test_trace_hits_cli_on_the_first_requests(capsys):
     caps = figures["capacities"]
     assert list(caps) == ["unbounded", "10pct", "1pct"] and caps["unbounded"]["pages"] == 0
     for c in caps.values():
-        for key in ("shared_hit_rate", "local4_hit_rate", "local16_hit_rate", "shared_hit_rate_no_state_pulled"):
+        for key in (
+            "shared_hit_rate",
+            "local4_hit_rate",
+            "local16_hit_rate",
+            "shared_hit_rate_no_state_pulled",
+        ):
             assert 0 <= c[key] < 1, (key, c)
     # unbounded, a cache that holds a subset of the pages at all times never hits more: a local
     # cache holds a subset of the shared store (local16's a subset of local4's under round-robin),
@@ -116,4 +151,9 @@ def test_trace_hits_cli_on_the_first_requests(capsys):
     c = caps["unbounded"]
     assert c["local16_hit_rate"] <= c["local4_hit_rate"] <= c["shared_hit_rate"]
     assert c["shared_hit_rate_no_state_pulled"] <= c["shared_hit_rate"]
-    assert 0 < caps["1pct"]["shared_hit_rate"] <= caps["10pct"]["shared_hit_rate"] <= caps["unbounded"]["shared_hit_rate"]
+    assert (
+        0
+        < caps["1pct"]["shared_hit_rate"]
+        <= caps["10pct"]["shared_hit_rate"]
+        <= caps["unbounded"]["shared_hit_rate"]
+    )

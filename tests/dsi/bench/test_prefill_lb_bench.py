@@ -74,8 +74,9 @@ def test_one_engine_serves_first_come_first_served():
 
 def test_prefill_bench_cli_prints_json(tmp_path, capsys):
     trace = _trace(tmp_path / "t.jsonl", _rows(30))
-    args = _parser().parse_args(["bench", "prefill-lb", "--json", "--trace", str(trace), "--engines", "2",
-                                 "--limit", "20"])
+    args = _parser().parse_args(
+        ["bench", "prefill-lb", "--json", "--trace", str(trace), "--engines", "2", "--limit", "20"]
+    )
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["requests"] == 20 and figures["engines"] == 2

@@ -39,7 +39,9 @@ def test_no_capacity_spans_are_the_times_without_a_serving_decode_not_a_partial_
     watch.update([info("decode-0"), info("decode-1", "dead", 2), info("prefill-0", pid=3)], kinds, 1.0)
     watch.update([info("prefill-0", pid=3)], kinds, 2.0)  # a restarted controller that heard one role yet
     assert watch.spans(3.0) == []
-    watch.update([info("decode-0", "dead"), info("decode-1", "dead", 2), info("prefill-0", pid=3)], kinds, 4.0)
+    watch.update(
+        [info("decode-0", "dead"), info("decode-1", "dead", 2), info("prefill-0", pid=3)], kinds, 4.0
+    )
     watch.update([info("decode-0", pid=9), info("prefill-0", pid=3)], kinds, 6.0)
     assert watch.spans(7.0) == [(4.0, 6.0)]
     assert watch.pids == {"decode-0": 9, "decode-1": 2, "prefill-0": 3} and watch.seen == {1, 2, 3, 9}

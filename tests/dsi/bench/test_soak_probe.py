@@ -26,9 +26,16 @@ def test_figures_of_this_process_count_its_fds_and_the_shm_it_created(tmp_path):
 
 def test_a_gone_process_has_no_figures_and_its_shm_files_are_orphans():
     child = subprocess.run(
-        [sys.executable, "-c", "import os; from dsi.kvcache.shm import HostBuffer; "
-         "b = HostBuffer.create(8192, prefix='dsi-soaktest'); b.numpy()[:] = 1; print(os.getpid())"],
-        capture_output=True, text=True, check=True)  # exits without unlinking: as if killed
+        [
+            sys.executable,
+            "-c",
+            "import os; from dsi.kvcache.shm import HostBuffer; "
+            "b = HostBuffer.create(8192, prefix='dsi-soaktest'); b.numpy()[:] = 1; print(os.getpid())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )  # exits without unlinking: as if killed
     pid = int(child.stdout)
     try:
         assert not alive(pid) and figures(pid, {}) is None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dsi.kvcache.shm import remove_files_of
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"

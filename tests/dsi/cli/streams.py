@@ -36,11 +36,23 @@ class Seen:
         return "".join(self.content), "".join(self.reasoning), self.finish
 
 
-def chat_body(text: str, max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
-              hit_policy: str | None = None) -> dict:
-    body: dict = {"model": "dsi-tiny", "stream": True, "max_tokens": max_tokens, "temperature": temperature,
-                  "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": text}],
-                  "thinking": {"type": "disabled"}}  # thinking mode would sample at temperature 1.0
+def chat_body(
+    text: str,
+    max_tokens: int,
+    *,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    hit_policy: str | None = None,
+) -> dict:
+    body: dict = {
+        "model": "dsi-tiny",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": text}],
+        "thinking": {"type": "disabled"},
+    }  # thinking mode would sample at temperature 1.0
     if seed is not None:
         body["seed"] = seed
     if hit_policy is not None:
@@ -48,7 +60,9 @@ def chat_body(text: str, max_tokens: int, *, temperature: float = 0.0, seed: int
     return body
 
 
-async def _one(http: aiohttp.ClientSession, url: str, body: dict, seen: Seen, progress: asyncio.Event) -> None:
+async def _one(
+    http: aiohttp.ClientSession, url: str, body: dict, seen: Seen, progress: asyncio.Event
+) -> None:
     async with http.post(url, json=body) as resp:
         seen.status = resp.status
         if resp.status != 200:
@@ -81,13 +95,21 @@ def _event(event: dict, seen: Seen) -> None:
             seen.finish.append(choice["finish_reason"])
 
 
-async def _streams(url: str, bodies: Sequence[dict], when: Callable[[list[Seen]], bool] | None,
-                   action: Callable[[], None] | None, timeout_s: float) -> tuple[list[Seen], bool]:
+async def _streams(
+    url: str,
+    bodies: Sequence[dict],
+    when: Callable[[list[Seen]], bool] | None,
+    action: Callable[[], None] | None,
+    timeout_s: float,
+) -> tuple[list[Seen], bool]:
     seen = [Seen() for _ in bodies]
     progress = asyncio.Event()
     acted = False
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
-        tasks = [asyncio.create_task(_one(http, url, body, s, progress)) for body, s in zip(bodies, seen, strict=True)]
+        tasks = [
+            asyncio.create_task(_one(http, url, body, s, progress))
+            for body, s in zip(bodies, seen, strict=True)
+        ]
         while not all(t.done() for t in tasks):
             if action is not None and not acted and when is not None and when(seen):
                 action()
@@ -101,8 +123,13 @@ async def _streams(url: str, bodies: Sequence[dict], when: Callable[[list[Seen]]
     return seen, acted
 
 
-def run_streams(port: int, bodies: Sequence[dict], when: Callable[[list[Seen]], bool] | None = None,
-                action: Callable[[], None] | None = None, timeout_s: float = 120.0) -> tuple[list[Seen], bool]:
+def run_streams(
+    port: int,
+    bodies: Sequence[dict],
+    when: Callable[[list[Seen]], bool] | None = None,
+    action: Callable[[], None] | None = None,
+    timeout_s: float = 120.0,
+) -> tuple[list[Seen], bool]:
     """Every body as a streamed chat completion on the gateway at 127.0.0.1:`port`; `action` runs
     once, as soon as `when(progress)` holds. The streams, and whether the action ran."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"

@@ -57,7 +57,9 @@ def status(config: Path) -> dict[str, Any]:
 def controller_now(config: Path) -> tuple[InstanceTable, ScaleStatus]:
     """The instances and the autoscaler's state, asked in this process (cheaper than `dsi status`)."""
     address = load_config(config).cluster.controller
-    return asyncio.run(fetch_instances(address, None, 10.0)), asyncio.run(ask_scale(address, None, 10.0, GetScale()))
+    return asyncio.run(fetch_instances(address, None, 10.0)), asyncio.run(
+        ask_scale(address, None, 10.0, GetScale())
+    )
 
 
 def decode_now(config: Path) -> ScaleRole:
@@ -71,8 +73,14 @@ def load(port: int, streams: int) -> Iterator[None]:
     stop = threading.Event()
 
     def client(i: int) -> None:
-        body = json.dumps({"model": "dsi-tiny", "max_tokens": 48, "stream": True,
-                           "messages": [{"role": "user", "content": f"count to ten, client {i}"}]})
+        body = json.dumps(
+            {
+                "model": "dsi-tiny",
+                "max_tokens": 48,
+                "stream": True,
+                "messages": [{"role": "user", "content": f"count to ten, client {i}"}],
+            }
+        )
         while not stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
             try:
@@ -102,14 +110,17 @@ def test_serve_refuses_a_scale_past_the_declared_instances(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert err.startswith("dsi serve: ") and err.endswith(
         "autoscale.decode.max_instances: 5 decode instances may run, but the config declares 4 [[roles]] "
-        "of kind 'decode'\n")
+        "of kind 'decode'\n"
+    )
 
 
 @pytest.mark.slow
 def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: Path):
     config = autoscale_config(tmp_path)
     port = free_port()
-    server = procs.start("serve", python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port)))
+    server = procs.start(
+        "serve", python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port))
+    )
     assert server.read_line() == f"dsi serve: gateway http://127.0.0.1:{port} (4 instances)"
     table, _ = controller_now(config)
     procs.adopt(info.pid for info in table.instances if info.state not in ENDED)
@@ -123,7 +134,9 @@ def test_a_load_ramp_scales_decode_from_1_to_3_and_back(procs: Procs, tmp_path: 
         wait_until(lambda: decode_now(config).serving == 3, timeout=120, every=1.0)
         table, up = controller_now(config)
         procs.adopt(info.pid for info in table.instances if info.state not in ENDED)
-    wait_until(lambda: (role := decode_now(config)).serving == 1 and role.draining == 0, timeout=120, every=1.0)
+    wait_until(
+        lambda: (role := decode_now(config)).serving == 1 and role.draining == 0, timeout=120, every=1.0
+    )
     down = status(config)
     procs.adopt(info["pid"] for info in down["instances"] if info["state"] not in ENDED)
 

@@ -44,7 +44,19 @@ MAX_TOKENS = 32
 HEARTBEAT_TIMEOUT_S = 2.0
 REROUTE_WAIT_S = 3.0
 REPLACED_WITHIN_S = 30.0
-WORDS = ["river", "stone", "lamp", "orbit", "cedar", "violet", "engine", "harbor", "quartz", "meadow", "signal"]
+WORDS = [
+    "river",
+    "stone",
+    "lamp",
+    "orbit",
+    "cedar",
+    "violet",
+    "engine",
+    "harbor",
+    "quartz",
+    "meadow",
+    "signal",
+]
 
 
 def prompt(i: int, words: int = 160) -> str:
@@ -55,7 +67,8 @@ def prompt(i: int, words: int = 160) -> str:
 
 # "exact": a prefix hit never changes the output, so every run is comparable with the first.
 BODIES = [chat_body(prompt(i), MAX_TOKENS, hit_policy="exact") for i in range(12)] + [
-    chat_body(prompt(100 + i), MAX_TOKENS, temperature=0.8, seed=1000 + i, hit_policy="exact") for i in range(4)
+    chat_body(prompt(100 + i), MAX_TOKENS, temperature=0.8, seed=1000 + i, hit_policy="exact")
+    for i in range(4)
 ]
 
 
@@ -115,8 +128,11 @@ class Served:
         def kill() -> None:
             os.kill(pid, sig)
             if sig == signal.SIGKILL:
-                self.killed.append(Killed(role_id, pid, role_id.rsplit("-", 1)[0], count,
-                                          time.monotonic() + REPLACED_WITHIN_S))
+                self.killed.append(
+                    Killed(
+                        role_id, pid, role_id.rsplit("-", 1)[0], count, time.monotonic() + REPLACED_WITHIN_S
+                    )
+                )
 
         return kill
 
@@ -124,7 +140,9 @@ class Served:
         """Wait until every killed role serves under a new pid with its kind at full count; then
         ``dsi status`` must show it so. The table."""
         for k in self.killed:
-            wait_until(lambda k=k: _back(k, self.table()), timeout=max(0.0, k.deadline - time.monotonic()), every=0.3)
+            wait_until(
+                lambda k=k: _back(k, self.table()), timeout=max(0.0, k.deadline - time.monotonic()), every=0.3
+            )
         listed = self.listed()
         for k in self.killed:
             assert _back(k, listed), f"dsi status does not show {k.role_id} back: {listed}"
@@ -137,7 +155,10 @@ def _back(k: Killed, table: dict[str, dict] | None) -> bool:
         return False
     info = table.get(k.role_id)
     fresh = info is not None and info["pid"] != k.pid and info["state"] == "serving"
-    return fresh and len([i for i, x in table.items() if i.startswith(k.kind) and x["state"] == "serving"]) == k.count
+    return (
+        fresh
+        and len([i for i, x in table.items() if i.startswith(k.kind) and x["state"] == "serving"]) == k.count
+    )
 
 
 def processes_of(config: Path) -> set[int]:
@@ -171,19 +192,24 @@ def served(tmp_path_factory):
     # here needs streams mid-way on the instance it stops. Kills with a balancer run in the soak.
     ids = [i for i in config_ids(LOCAL_TOML) if not i.startswith("balancer")]
     config = local_config(tmp, keep=ids, interval_s=0.5)
-    text = re.sub(r"(?m)^heartbeat_timeout_s = .*$", f"heartbeat_timeout_s = {HEARTBEAT_TIMEOUT_S}", config.read_text())
+    text = re.sub(
+        r"(?m)^heartbeat_timeout_s = .*$", f"heartbeat_timeout_s = {HEARTBEAT_TIMEOUT_S}", config.read_text()
+    )
     config.write_text(re.sub(r'(?m)^(http = "[^"]+")$', rf"\1\nreroute_wait_s = {REROUTE_WAIT_S}", text))
     port = free_port()
     with Procs(tmp) as procs:
-        server = procs.start("serve", python_module("dsi.cli.main", "serve", "--config", str(config),
-                                                    "--port", str(port)))
+        server = procs.start(
+            "serve", python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port))
+        )
         assert server.read_line().startswith("dsi serve: gateway")
         cluster = Served(config, port, server, procs)
         cluster.listed()
         streams, _ = run_streams(port, BODIES)
         assert all(s.error is None and s.done and s.finish for s in streams)
         cluster.reference = [s.outcome for s in streams]
-        assert len({r[0] + r[1] for r in cluster.reference}) == len(BODIES)  # distinct prompts, distinct answers
+        assert len({r[0] + r[1] for r in cluster.reference}) == len(
+            BODIES
+        )  # distinct prompts, distinct answers
         yield cluster
 
 
@@ -196,8 +222,9 @@ def test_a_killed_decode_is_replaced_and_its_greedy_and_seeded_streams_are_the_u
 
 
 def test_a_killed_prefill_has_its_requests_rerouted_to_the_other(served):
-    streams, killed = run_streams(served.port, BODIES, lambda s: all(x.opened for x in s),
-                                  served.killer("prefill-0", 2))
+    streams, killed = run_streams(
+        served.port, BODIES, lambda s: all(x.opened for x in s), served.killer("prefill-0", 2)
+    )
     assert killed
     assert_undisturbed(served, streams)
     assert "prefill_lost on prefill-0" in served.log()  # some were in it, and went to prefill-1
@@ -221,12 +248,19 @@ def test_a_killed_controller_leaves_the_streams_alone_and_its_replacement_rebuil
     assert_undisturbed(served, streams)
     served.assert_back()
     # every other instance re-registers with the new controller within a heartbeat or two
-    wait_until(lambda: (t := served.table()) is not None and sorted(t) == sorted(before)
-               and {x["state"] for x in t.values()} == {"serving"}, timeout=10)
+    wait_until(
+        lambda: (
+            (t := served.table()) is not None
+            and sorted(t) == sorted(before)
+            and {x["state"] for x in t.values()} == {"serving"}
+        ),
+        timeout=10,
+    )
     after = served.listed()
     assert sorted(after) == sorted(before)
     assert {i: x["pid"] for i, x in after.items() if i != "controller-0"} == {
-        i: x["pid"] for i, x in before.items() if i != "controller-0"}
+        i: x["pid"] for i, x in before.items() if i != "controller-0"
+    }
     assert {x["state"] for x in after.values()} == {"serving"}
 
 
@@ -240,7 +274,9 @@ def test_a_silent_decode_is_marked_dead_and_its_streams_are_the_undisturbed_ones
     after = len(re.findall(r"peer_lost on decode-0 after [1-9]", served.log()))
     assert after > before, "no stream was mid-way on decode-0"
     table = served.table()
-    assert table is not None and table["decode-0"]["state"] == "dead" and table["decode-1"]["state"] == "serving"
+    assert (
+        table is not None and table["decode-0"]["state"] == "dead" and table["decode-1"]["state"] == "serving"
+    )
 
 
 def test_with_every_decode_silent_the_streams_end_with_a_clean_error_in_bounded_time(served):

@@ -48,7 +48,12 @@ def test_json_is_plain_objects():
     assert data["controller"] == "controller-0"
     [info] = data["instances"]
     assert info["load"] == {"running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0, "uncached_tokens": 0}
-    assert (info["instance_id"], info["state"], info["suspect"], info["pid"]) == ("prefill-0", "serving", True, 4321)
+    assert (info["instance_id"], info["state"], info["suspect"], info["pid"]) == (
+        "prefill-0",
+        "serving",
+        True,
+        4321,
+    )
     assert data["transitions"] == [{"role": "prefill", "from": "ready", "to": "serving", "count": 2}]
 
 

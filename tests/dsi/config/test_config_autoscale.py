@@ -43,13 +43,27 @@ def test_without_the_section_nothing_is_scaled():
     ("section", "key", "reason"),
     [
         ({"intervall_s": 1.0}, "autoscale.intervall_s", "unknown key; allowed keys: decode, drain_timeout_s"),
-        ({"decode": {"max_instances": 2, "capacity": 1.0, "pool": 1}}, "autoscale.decode.pool", "unknown key"),
+        (
+            {"decode": {"max_instances": 2, "capacity": 1.0, "pool": 1}},
+            "autoscale.decode.pool",
+            "unknown key",
+        ),
         ({"decode": {"max_instances": 2}}, "autoscale.decode.capacity", "missing required key"),
-        ({"decode": {"min_instances": 3, "max_instances": 2, "capacity": 1.0}}, "autoscale.decode.max_instances",
-         "must be >= min_instances (3), got 2"),
-        ({"decode": {"max_instances": 2, "ready_pool": 3, "capacity": 1.0}}, "autoscale.decode.ready_pool",
-         "must be <= max_instances (2), got 3"),
-        ({"decode": {"max_instances": 2, "capacity": 0}}, "autoscale.decode.capacity", "must be > 0.0, got 0.0"),
+        (
+            {"decode": {"min_instances": 3, "max_instances": 2, "capacity": 1.0}},
+            "autoscale.decode.max_instances",
+            "must be >= min_instances (3), got 2",
+        ),
+        (
+            {"decode": {"max_instances": 2, "ready_pool": 3, "capacity": 1.0}},
+            "autoscale.decode.ready_pool",
+            "must be <= max_instances (2), got 3",
+        ),
+        (
+            {"decode": {"max_instances": 2, "capacity": 0}},
+            "autoscale.decode.capacity",
+            "must be > 0.0, got 0.0",
+        ),
         ({"quota_threshold": 1.5}, "autoscale.quota_threshold", "must be <= 1.0, got 1.5"),
     ],
 )
@@ -63,6 +77,9 @@ def test_bad_values_name_the_file_and_key(section, key, reason):
 def test_a_role_may_not_scale_past_the_instances_the_config_declares():
     cfg = parse_config(with_autoscale({"decode": {"max_instances": 3, "capacity": 1.0}}), "node.toml")
     assert cfg.autoscale is not None
-    with pytest.raises(ConfigError, match=r"node.toml: autoscale.decode.max_instances: 3 decode instances may run, "
-                                          r"but the config declares 2 \[\[roles\]\] of kind 'decode'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"node.toml: autoscale.decode.max_instances: 3 decode instances may run, "
+        r"but the config declares 2 \[\[roles\]\] of kind 'decode'",
+    ):
         check_declared(cfg.autoscale, {"decode": 2}, "node.toml")

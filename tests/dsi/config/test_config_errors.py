@@ -95,7 +95,12 @@ CASES = [
         "roles[2].max_running",
         "must be > 0",
     ),
-    ("zero-http-workers", edit(ENTRY_HTTP, ENTRY_HTTP + "\nhttp_workers = 0"), "roles[1].http_workers", "must be > 0"),
+    (
+        "zero-http-workers",
+        edit(ENTRY_HTTP, ENTRY_HTTP + "\nhttp_workers = 0"),
+        "roles[1].http_workers",
+        "must be > 0",
+    ),
     (
         "http-workers-on-a-prefill",
         edit(PREFILL_BIND, PREFILL_BIND + "\nhttp_workers = 2"),
@@ -104,11 +109,31 @@ CASES = [
     ),
     ("bad-log-format", BASE + '\n[logging]\nformat = "xml"\n', "logging.format", "'text', 'json'"),
     ("bad-backend", BASE + '\n[data_plane]\nbackend = "udp"\n', "data_plane.backend", "'tcp', 'shm', 'rdma'"),
-    ("bad-hit-policy", BASE + '\n[kvcache]\nhit_policy = "fast"\n', "kvcache.hit_policy", "'bounded', 'exact'"),
+    (
+        "bad-hit-policy",
+        BASE + '\n[kvcache]\nhit_policy = "fast"\n',
+        "kvcache.hit_policy",
+        "'bounded', 'exact'",
+    ),
     ("hit-policy-not-a-string", BASE + "\n[kvcache]\nhit_policy = 1\n", "kvcache.hit_policy", "got 1"),
-    ("unknown-kvcache-key", BASE + '\n[kvcache]\npolicy = "exact"\n', "kvcache.policy", "allowed keys: hit_policy"),
-    ("bad-scheduling", BASE + '\n[engine]\nscheduling = "fast"\n', "engine.scheduling", "'auto', 'async', 'sync'"),
-    ("invariant-not-a-bool", BASE + '\n[engine]\nbatch_invariant = "yes"\n', "engine.batch_invariant", "expected a boolean"),
+    (
+        "unknown-kvcache-key",
+        BASE + '\n[kvcache]\npolicy = "exact"\n',
+        "kvcache.policy",
+        "allowed keys: hit_policy",
+    ),
+    (
+        "bad-scheduling",
+        BASE + '\n[engine]\nscheduling = "fast"\n',
+        "engine.scheduling",
+        "'auto', 'async', 'sync'",
+    ),
+    (
+        "invariant-not-a-bool",
+        BASE + '\n[engine]\nbatch_invariant = "yes"\n',
+        "engine.batch_invariant",
+        "expected a boolean",
+    ),
     (
         "bad-role-kind",
         edit('kind = "prefill"', 'kind = "router"'),
@@ -139,7 +164,10 @@ CASES = [
     ("balancer-policy-gone", BASE + BALANCER + 'policy = "prefill"\n', "roles[3].policy", "unknown key"),
     (
         "bad-balancer-endpoint",
-        edit('controller = "tcp://127.0.0.1:7100"\n', 'controller = "tcp://127.0.0.1:7100"\nbalancers = ["tcp://*:7140"]\n'),
+        edit(
+            'controller = "tcp://127.0.0.1:7100"\n',
+            'controller = "tcp://127.0.0.1:7100"\nbalancers = ["tcp://*:7140"]\n',
+        ),
         "cluster.balancers",
         "wildcard",
     ),

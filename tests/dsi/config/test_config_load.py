@@ -163,6 +163,8 @@ def test_config_error_formats_and_pickles() -> None:
 def test_the_engine_section_is_read(tmp_path: Path) -> None:
     from dsi.config.sections import EngineSection
 
-    cfg = parse_config({**MINIMAL, "engine": {"batch_invariant": False, "scheduling": "async"}}, tmp_path / "n.toml")
+    cfg = parse_config(
+        {**MINIMAL, "engine": {"batch_invariant": False, "scheduling": "async"}}, tmp_path / "n.toml"
+    )
     assert cfg.engine == EngineSection(batch_invariant=False, scheduling="async")
     assert load_config(REPO / "configs" / "local.toml").engine == EngineSection()

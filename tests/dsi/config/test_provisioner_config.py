@@ -35,7 +35,10 @@ def test_kubernetes_without_a_table_takes_the_in_cluster_defaults(tmp_path):
 
 
 def test_kubernetes_options_are_read(tmp_path):
-    cfg = load_config(write(tmp_path, """
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
 [provisioner]
 kind = "kubernetes"
 [provisioner.kubernetes]
@@ -44,30 +47,57 @@ statefulset_prefix = "v4-"
 api_url = "https://10.0.0.1:6443/"
 token_file = "secrets/token"
 ready_timeout_s = 30
-"""))
+""",
+        )
+    )
     opts = cfg.provisioner.kubernetes
     assert opts is not None
-    assert (opts.namespace, opts.statefulset_prefix, opts.api_url) == ("serving", "v4-", "https://10.0.0.1:6443")
+    assert (opts.namespace, opts.statefulset_prefix, opts.api_url) == (
+        "serving",
+        "v4-",
+        "https://10.0.0.1:6443",
+    )
     assert opts.token_file == tmp_path / "secrets" / "token"
     assert (opts.ca_file, opts.ready_timeout_s) == (None, 30.0)
 
 
-@pytest.mark.parametrize(("extra", "key", "reason"), [
-    ('[provisioner]\nkind = "nomad"\n', "provisioner.kind", "must be one of 'local', 'kubernetes'"),
-    ('[provisioner]\nkind = "kubernetes"\nnamespace = "dsi"\n', "provisioner.namespace", "unknown key"),
-    ('[provisioner.kubernetes]\nnamespace = "dsi"\n', "provisioner.kubernetes",
-     'only allowed with kind = "kubernetes"'),
-    ('[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\nnamepsace = "dsi"\n',
-     "provisioner.kubernetes.namepsace", "unknown key"),
-    ('[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\nnamespace = "DSI"\n',
-     "provisioner.kubernetes.namespace", "lowercase letters"),
-    ('[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\napi_url = "10.0.0.1:6443"\n',
-     "provisioner.kubernetes.api_url", "http:// or https://"),
-    ('[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\napi_url = "https://k/api"\n',
-     "provisioner.kubernetes.api_url", "without a path"),
-    ('[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\npoll_interval_s = 0\n',
-     "provisioner.kubernetes.poll_interval_s", "must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("extra", "key", "reason"),
+    [
+        ('[provisioner]\nkind = "nomad"\n', "provisioner.kind", "must be one of 'local', 'kubernetes'"),
+        ('[provisioner]\nkind = "kubernetes"\nnamespace = "dsi"\n', "provisioner.namespace", "unknown key"),
+        (
+            '[provisioner.kubernetes]\nnamespace = "dsi"\n',
+            "provisioner.kubernetes",
+            'only allowed with kind = "kubernetes"',
+        ),
+        (
+            '[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\nnamepsace = "dsi"\n',
+            "provisioner.kubernetes.namepsace",
+            "unknown key",
+        ),
+        (
+            '[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\nnamespace = "DSI"\n',
+            "provisioner.kubernetes.namespace",
+            "lowercase letters",
+        ),
+        (
+            '[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\napi_url = "10.0.0.1:6443"\n',
+            "provisioner.kubernetes.api_url",
+            "http:// or https://",
+        ),
+        (
+            '[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\napi_url = "https://k/api"\n',
+            "provisioner.kubernetes.api_url",
+            "without a path",
+        ),
+        (
+            '[provisioner]\nkind = "kubernetes"\n[provisioner.kubernetes]\npoll_interval_s = 0\n',
+            "provisioner.kubernetes.poll_interval_s",
+            "must be > 0",
+        ),
+    ],
+)
 def test_bad_values_name_the_file_and_key(tmp_path, extra, key, reason):
     path = write(tmp_path, extra)
     with pytest.raises(ConfigError) as err:

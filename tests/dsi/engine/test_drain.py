@@ -49,9 +49,18 @@ async def test_many_handoffs_between_two_services_match_one_engine(tiny):
         state = await prefill.export(rid)
         buf = bytearray(b"".join(bytes(p) for p in state.to_parts()))
         reservation = await decode.reserve(state.pages.shape[0])
-        moved = RequestState.from_buffer(decode.shape.state_layout(state.pages.shape[0]), buf, rid, prompt,
-                                         state.output, GREEDY, state.seed, state.consumer_start, state.num_computed,
-                                         state.logprobs)
+        moved = RequestState.from_buffer(
+            decode.shape.state_layout(state.pages.shape[0]),
+            buf,
+            rid,
+            prompt,
+            state.output,
+            GREEDY,
+            state.seed,
+            state.consumer_start,
+            state.num_computed,
+            state.logprobs,
+        )
         tokens = list(state.output)
         async for out in decode.import_request(moved, reservation):
             tokens += out.new_tokens

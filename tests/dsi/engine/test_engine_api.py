@@ -43,21 +43,24 @@ def test_different_seeds_differ(tiny):
     assert len({tuple(o.output) for o in outs.values()}) > 1
 
 
-@pytest.mark.parametrize(("prompt", "params", "match"), [
-    ([], SamplingParams(), "empty"),
-    ([5, 129_280], SamplingParams(), "token ids"),
-    ([5, -1], SamplingParams(), "token ids"),
-    ([5, 1.5], SamplingParams(), "token ids"),
-    ([5], SamplingParams(max_tokens=0), "max_tokens"),
-    ([5], SamplingParams(max_tokens=-3), "max_tokens"),
-    ([5], SamplingParams(temperature=math.nan), "temperature"),
-    ([5], SamplingParams(temperature=-0.1), "temperature"),
-    ([5], SamplingParams(top_p=0), "top_p"),
-    ([5], SamplingParams(top_k=-1), "top_k"),
-    ([5], SamplingParams(min_p=2), "min_p"),
-    ([5], SamplingParams(top_logprobs=99), "top_logprobs"),
-    ([5] * 16_384, SamplingParams(), "context limit"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], SamplingParams(), "empty"),
+        ([5, 129_280], SamplingParams(), "token ids"),
+        ([5, -1], SamplingParams(), "token ids"),
+        ([5, 1.5], SamplingParams(), "token ids"),
+        ([5], SamplingParams(max_tokens=0), "max_tokens"),
+        ([5], SamplingParams(max_tokens=-3), "max_tokens"),
+        ([5], SamplingParams(temperature=math.nan), "temperature"),
+        ([5], SamplingParams(temperature=-0.1), "temperature"),
+        ([5], SamplingParams(top_p=0), "top_p"),
+        ([5], SamplingParams(top_k=-1), "top_k"),
+        ([5], SamplingParams(min_p=2), "min_p"),
+        ([5], SamplingParams(top_logprobs=99), "top_logprobs"),
+        ([5] * 16_384, SamplingParams(), "context limit"),
+    ],
+)
 def test_bad_input_is_rejected_and_engine_keeps_serving(tiny, prompt, params, match):
     cfg, w = tiny
     engine = Engine(cfg, w)
@@ -91,7 +94,9 @@ def test_abort_frees_cache(tiny):
     engine.close()
 
 
-@pytest.mark.parametrize("params", [SamplingParams(max_tokens=10, temperature=0), SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(max_tokens=10, temperature=0), SEEDED], ids=["greedy", "seeded"]
+)
 def test_prefill_only_then_decode_only_matches_one_engine(tiny, params):
     cfg, w = tiny
     prompt = random_prompts([333], seed=21)[0]

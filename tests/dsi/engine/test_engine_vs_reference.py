@@ -14,8 +14,31 @@ from tests.dsi.engine.conftest import random_prompts
 
 _rng = random.Random(7)
 # 32 prompts from 1 to 2,000 tokens: around the window (128), keep (140) and page (128) edges.
-LENGTHS = [1, 2, 3, 7, 127, 128, 129, 133, 134, 139, 140, 141, 200, 255, 256, 257, 383, 500, 777, 1024, 1500, 2000,
-           *sorted(_rng.randrange(1, 2001) for _ in range(10))]
+LENGTHS = [
+    1,
+    2,
+    3,
+    7,
+    127,
+    128,
+    129,
+    133,
+    134,
+    139,
+    140,
+    141,
+    200,
+    255,
+    256,
+    257,
+    383,
+    500,
+    777,
+    1024,
+    1500,
+    2000,
+    *sorted(_rng.randrange(1, 2001) for _ in range(10)),
+]
 NEW = 5
 
 
@@ -26,7 +49,7 @@ def test_reference_fixture_checked_32_prompts(reference):
 def _reference_greedy(cfg, w, prompt, output, keep):
     """Teacher-forced reference: argmax at each generated position, one forward pass."""
     logits = reference_logits(cfg, w, prompt + output[:-1], len(prompt), keep, from_pos=len(prompt) - 1)
-    return logits[len(prompt) - 1:].argmax(-1).tolist()
+    return logits[len(prompt) - 1 :].argmax(-1).tolist()
 
 
 def _engine_greedy(cfg, w, prompts, config):
@@ -55,10 +78,14 @@ def reference(tiny, prompts):
     return outs
 
 
-@pytest.mark.parametrize("config", [
-    EngineConfig(async_scheduling=True, max_batch_tokens=97),
-    EngineConfig(async_scheduling=False, max_batch_tokens=640),
-], ids=["async-chunk97", "sync-chunk640"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(async_scheduling=True, max_batch_tokens=97),
+        EngineConfig(async_scheduling=False, max_batch_tokens=640),
+    ],
+    ids=["async-chunk97", "sync-chunk640"],
+)
 def test_batched_greedy_is_token_identical_to_reference(tiny, prompts, reference, config):
     cfg, w = tiny
     outs, _ = _engine_greedy(cfg, w, prompts, config)

@@ -36,13 +36,26 @@ def _prefill(cfg, w, prompt, params, cached=None):
 def _wire(state):
     """What a data plane delivers: one contiguous read-only buffer, plus the encoded header."""
     header = msgspec.msgpack.encode(state.layout())
-    return msgspec.msgpack.decode(header, type=StateLayout), bytes(b"".join(bytes(p) for p in state.to_parts()))
+    return msgspec.msgpack.decode(header, type=StateLayout), bytes(
+        b"".join(bytes(p) for p in state.to_parts())
+    )
 
 
 def _received(layout, buf, state):
-    return RequestState.from_buffer(layout, buf, state.request_id, state.prompt, state.output, state.params,
-                                    state.seed, state.consumer_start, state.num_computed, state.logprobs,
-                                    state.num_cached, state.replay_start)
+    return RequestState.from_buffer(
+        layout,
+        buf,
+        state.request_id,
+        state.prompt,
+        state.output,
+        state.params,
+        state.seed,
+        state.consumer_start,
+        state.num_computed,
+        state.logprobs,
+        state.num_cached,
+        state.replay_start,
+    )
 
 
 def test_reserve_and_release_return_every_page_and_slot(tiny):
@@ -73,10 +86,17 @@ def test_state_buffer_round_trip_is_zero_copy(tiny):
     layout, buf = _wire(state)
     for how in (layout, shape.state_layout(3)):  # the sender's header, or the receiving engine's shape
         got = _received(how, buf, state)
-        assert all(torch.equal(a, b) for a, b in zip((got.pages, got.rings, got.partial),
-                                                     (state.pages, state.rings, state.partial), strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(
+                (got.pages, got.rings, got.partial), (state.pages, state.rings, state.partial), strict=True
+            )
+        )
     parts = got.to_parts()
-    assert parts[0].obj is not None and bytes(parts[1]) == buf[parts[0].nbytes:parts[0].nbytes + parts[1].nbytes]
+    assert (
+        parts[0].obj is not None
+        and bytes(parts[1]) == buf[parts[0].nbytes : parts[0].nbytes + parts[1].nbytes]
+    )
     with pytest.raises(ValueError, match="its layout says"):
         _received(shape.state_layout(3), buf[:-4], state)
     engine.close()
@@ -112,7 +132,9 @@ def test_bad_imports_leave_the_reservation_to_the_caller(tiny):
     with pytest.raises(InvalidRequest, match="cannot hold 3 pages"):
         engine.import_request(state, small)
     engine.release(small)
-    wrong = RequestState(**{**{f: getattr(state, f) for f in RequestState.__slots__}, "rings": state.rings[:, :1]})
+    wrong = RequestState(
+        **{**{f: getattr(state, f) for f in RequestState.__slots__}, "rings": state.rings[:, :1]}
+    )
     res = engine.reserve(3)
     with pytest.raises(InvalidRequest, match="model shape"):
         engine.import_request(wrong, res)
@@ -151,7 +173,7 @@ def test_persisted_pages_serve_a_hit_in_another_engine(tiny):
     # Another process hashes the same prompt and finds the pages under the same keys.
     keys = HashChain.of(cfg).hashes(prompt[:640])
     by_hash = {p.block_hash: p.data for p in pages}
-    found = [by_hash[keys[i:i + 16]] for i in range(0, len(keys), 16)]
+    found = [by_hash[keys[i : i + 16]] for i in range(0, len(keys), 16)]
     second = Engine(cfg, w)
     second.add_request("r", prompt, GREEDY, cached=CachedPrefix(640, torch.stack(found)))
     out = _finished(second)["r"].output
@@ -188,7 +210,9 @@ def test_hit_prefill_then_decode_keeps_the_hit_semantics_even_when_preempted(tin
     # 8 pages: the imported request holds 6 and needs a 7th while the other one holds the rest.
     decode = Engine(cfg, w, EngineConfig(num_blocks=9, max_batch_tokens=128))
     decode.import_request(_received(*_wire(state), state))
-    decode.add_request("other", random_prompts([600], seed=68)[0], SamplingParams(max_tokens=40, temperature=0))
+    decode.add_request(
+        "other", random_prompts([600], seed=68)[0], SamplingParams(max_tokens=40, temperature=0)
+    )
     out = _finished(decode)["r"].output
     assert decode.stats.last_request("r").computed_prompt_tokens == 760 - 512  # preempted: replayed from R
     decode.close()

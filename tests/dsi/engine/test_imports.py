@@ -20,14 +20,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-FOLDERS = {"dsi": "dsi", "dsi.transport": "transport", "dsi.roles": "roles", "dsi.kvcache": "kvcache",
-           "dsi.kernels": "kernels"}  # import name -> folder (setup.py)
+FOLDERS = {
+    "dsi": "dsi",
+    "dsi.transport": "transport",
+    "dsi.roles": "roles",
+    "dsi.kvcache": "kvcache",
+    "dsi.kernels": "kernels",
+}  # import name -> folder (setup.py)
 ENGINE = "dsi.engine"
 # engine modules roles may import directly: torch-free values and pure policies
 ROLE_MODULES_OF_ENGINE = {"dsi.engine.params", "dsi.engine.hit_policy"}
 NOT_FOR_ROLES = {"Engine", "EngineStats"}  # public engine names that are internals to a role
-INTERNALS = {"scheduler", "runner", "pool", "slots", "stats", "leases", "requests", "cfg", "config", "hash_chain",
-             "full_pages", "ring_snapshots", "timings"}
+INTERNALS = {
+    "scheduler",
+    "runner",
+    "pool",
+    "slots",
+    "stats",
+    "leases",
+    "requests",
+    "cfg",
+    "config",
+    "hash_chain",
+    "full_pages",
+    "ring_snapshots",
+    "timings",
+}
 _ENGINE_NAMED = re.compile(r"(^|\.)_?engine$")
 _SERVICE_NAMED = re.compile(r"(^|\.)_?service$")
 
@@ -52,7 +70,9 @@ def sources(root: Path = ROOT) -> dict[str, str]:
 def lazy_homes(source: str) -> dict[str, str]:
     """A package's ``_HOMES = {"Name": "module"}`` (names it imports lazily from submodules)."""
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_HOMES" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_HOMES" for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     return {}
 
@@ -171,7 +191,9 @@ def role_violations(name: str, source: str, public: set[str]) -> list[str]:
             if node.module.startswith(ENGINE + ".") and node.module not in ROLE_MODULES_OF_ENGINE:
                 out.append(f"{line}: from {node.module} import ...")
             elif node.module == ENGINE:
-                out += [f"{line}: from dsi.engine import {a.name}" for a in node.names if a.name not in allowed]
+                out += [
+                    f"{line}: from dsi.engine import {a.name}" for a in node.names if a.name not in allowed
+                ]
         elif isinstance(node, ast.Attribute) and _reaches_in(ast.unparse(node.value), node.attr, allowed):
             out.append(f"{line}: {ast.unparse(node)}")
     return out
@@ -203,7 +225,12 @@ def test_no_import_cycle_passes_through_the_engine(tree):
 def test_roles_use_only_the_engines_door(tree):
     public = set(lazy_homes(tree[ENGINE]))
     assert {"EngineService", "EngineShape", "EngineLoad"} <= public
-    found = [v for name, src in tree.items() if name.startswith("dsi.roles.") for v in role_violations(name, src, public)]
+    found = [
+        v
+        for name, src in tree.items()
+        if name.startswith("dsi.roles.")
+        for v in role_violations(name, src, public)
+    ]
     assert not found, "roles reach past EngineService:\n" + "\n".join(found)
 
 
@@ -221,13 +248,16 @@ def test_a_cycle_hidden_behind_type_checking_is_found():
     graph = import_graph(srcs)
     assert graph["dsi.engine.admission"] == {"dsi.engine.transfer"}
     assert graph["dsi.model.reference"] == {"dsi.model.config"}
-    assert cycles_through(graph, ENGINE) == [["dsi.engine.admission", "dsi.engine.transfer", "dsi.engine.engine",
-                                              "dsi.engine.admission"]]
-    assert cycles_through(graph, "dsi.model") == [["dsi.model.config", "dsi.model.reference", "dsi.model.config"]]
+    assert cycles_through(graph, ENGINE) == [
+        ["dsi.engine.admission", "dsi.engine.transfer", "dsi.engine.engine", "dsi.engine.admission"]
+    ]
+    assert cycles_through(graph, "dsi.model") == [
+        ["dsi.model.config", "dsi.model.reference", "dsi.model.config"]
+    ]
 
 
 def test_reads_past_the_door_are_found():
-    old = '''
+    old = """
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine import CachedPrefix, Engine
 from dsi.engine.params import SamplingParams
@@ -245,17 +275,26 @@ class R:
 
     async def sneak(self):
         return await self.service.call(lambda e: e.scheduler), self.service._engine
-'''
+"""
     found = role_violations("dsi.roles.x", old, {"CachedPrefix", "Engine", "EngineService"})
     assert {v.split(": ", 1)[1] for v in found} == {
-        "from dsi.engine.engine import ...", "from dsi.engine import Engine", "import dsi.engine.scheduler",
-        "self.service.engine", "self.engine", "self.engine.scheduler", "engine.runner", "engine.stats", "engine.cfg", "self.service.call",
-        "self.service._engine"}
-    good = '''
+        "from dsi.engine.engine import ...",
+        "from dsi.engine import Engine",
+        "import dsi.engine.scheduler",
+        "self.service.engine",
+        "self.engine",
+        "self.engine.scheduler",
+        "engine.runner",
+        "engine.stats",
+        "engine.cfg",
+        "self.service.call",
+        "self.service._engine",
+    }
+    good = """
 from dsi.engine import CachedPrefix, EngineService
 from dsi.engine.params import SamplingParams
 
 def f(self):
     return self.service.shape.block_size, self.service.load.running, self.kvstore.stats, self.states.stats
-'''
+"""
     assert role_violations("dsi.roles.y", good, {"CachedPrefix", "EngineService"}) == []

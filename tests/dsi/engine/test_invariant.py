@@ -52,8 +52,9 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
 
     def chunk(s: int, e: int) -> torch.Tensor:
         lo = max(swa_start, s - window + 1)
-        return invariant.attend_chunk(q[s:e], q_rot[s:e], s, keys[lo:e], vals[lo:e], lo, swa_start, lat[:e],
-                                      pos[:e], window)
+        return invariant.attend_chunk(
+            q[s:e], q_rot[s:e], s, keys[lo:e], vals[lo:e], lo, swa_start, lat[:e], pos[:e], window
+        )
 
     whole = chunk(0, total)
     for s, e in [(0, 7), (100, 300), (255, 256), (256, 420), (399, 420)]:
@@ -66,11 +67,23 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
         for p in range(max(0, t - window + 1), t):
             ring[b, 0, p % cfg.ring], ring[b, 1, p % cfg.ring] = keys[p], vals[p]
     n = int(ts.max()) + 1
-    batch_lat = torch.stack([torch.cat([lat[:t + 1], torch.randn(n - t - 1, 64)]) for t in ts.tolist()])
+    batch_lat = torch.stack([torch.cat([lat[: t + 1], torch.randn(n - t - 1, 64)]) for t in ts.tolist()])
     valid = torch.arange(n)[None, :] <= ts[:, None]
     last = torch.arange(n)[None, :].expand(len(ts), n)
-    got = invariant.attend_decode(cfg, q[ts], q_rot[ts], keys[ts], vals[ts], ring, torch.arange(len(ts)), ts,
-                                  torch.full((len(ts),), swa_start), batch_lat, valid, last)
+    got = invariant.attend_decode(
+        cfg,
+        q[ts],
+        q_rot[ts],
+        keys[ts],
+        vals[ts],
+        ring,
+        torch.arange(len(ts)),
+        ts,
+        torch.full((len(ts),), swa_start),
+        batch_lat,
+        valid,
+        last,
+    )
     assert torch.equal(got, whole[ts])
 
 
@@ -96,8 +109,9 @@ def test_alone_together_chunked_and_preempted_give_the_same_bits(tiny, async_sch
     chunked, _ = _run(tiny, prompts, EngineConfig(async_scheduling=async_scheduling, max_batch_tokens=97))
     assert chunked == alone
     crossing = random_prompts([120, 121, 122, 123], seed=4)  # each needs a second page while decoding
-    squeezed, preemptions = _run(tiny, crossing, EngineConfig(async_scheduling=async_scheduling, num_blocks=6),
-                                 max_tokens=24)
+    squeezed, preemptions = _run(
+        tiny, crossing, EngineConfig(async_scheduling=async_scheduling, num_blocks=6), max_tokens=24
+    )
     assert preemptions > 0
     assert squeezed == [_run(tiny, [p], base, max_tokens=24)[0][0] for p in crossing]
 

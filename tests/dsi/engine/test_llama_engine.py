@@ -16,7 +16,9 @@ def smollm2(smollm2_dir):
 
 def _run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True))
+        engine.add_request(
+            str(i), p, SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
+        )
     outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
     return [outs[str(i)] for i in range(len(prompts))]
 
@@ -27,8 +29,17 @@ def test_greedy_tokens_equal_transformers(smollm2, smollm2_greedy, batch_invaria
     prompts, expected = smollm2_greedy
     prompts, expected = prompts[:count], expected[:count]
     # 24-token chunks: every prompt is prefilled over several steps, beside other requests' decodes.
-    engine = Engine(*smollm2, EngineConfig(num_blocks=12, num_slots=8, max_running=8, max_batch_tokens=24,
-                                           batch_invariant=batch_invariant, async_scheduling=False))
+    engine = Engine(
+        *smollm2,
+        EngineConfig(
+            num_blocks=12,
+            num_slots=8,
+            max_running=8,
+            max_batch_tokens=24,
+            batch_invariant=batch_invariant,
+            async_scheduling=False,
+        ),
+    )
     try:
         with one_torch_thread():
             got = _run(engine, prompts)
@@ -64,7 +75,9 @@ def test_a_prefix_hit_loads_pages_and_computes_only_the_rest(smollm2, smollm2_gr
     prompts, _ = smollm2_greedy
     prompt = [t for p in prompts[:6] for t in p][:150]  # > one 128-token block
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    config = EngineConfig(num_blocks=4, num_slots=1, max_running=1, async_scheduling=False, collect_full_pages=True)
+    config = EngineConfig(
+        num_blocks=4, num_slots=1, max_running=1, async_scheduling=False, collect_full_pages=True
+    )
     cold, warm = Engine(*smollm2, config), Engine(*smollm2, config)
     try:
         with one_torch_thread():
@@ -90,7 +103,11 @@ def test_rings_with_a_llama_hit_are_refused(smollm2):
     try:
         pages = engine.runner.pool.pages[1:2].clone()
         with pytest.raises(InvalidRequest, match="no SWA rings"):
-            engine.add_request("r", list(range(200)), SamplingParams(max_tokens=1),
-                               cached=CachedPrefix(128, pages, torch.zeros(0, 2, 128, 3, 64)))
+            engine.add_request(
+                "r",
+                list(range(200)),
+                SamplingParams(max_tokens=1),
+                cached=CachedPrefix(128, pages, torch.zeros(0, 2, 128, 3, 64)),
+            )
     finally:
         engine.close()

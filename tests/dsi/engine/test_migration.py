@@ -32,7 +32,9 @@ async def migrate(tiny, prompts, params, precopy: bool):
     src.start()
     dst.start()
     base = dst.load.free_pages, dst.load.free_slots
-    streams = [src.generate(str(i), prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))]
+    streams = [
+        src.generate(str(i), prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
+    ]
     firsts = [await anext(s) for s in streams]  # every request has run (prompt + one token)
     held, reservations = {}, {}
     for i in range(len(prompts)):
@@ -51,7 +53,7 @@ async def migrate(tiny, prompts, params, precopy: bool):
                 got += out.new_tokens
         state = states[str(i)]
         assert not isinstance(state, Exception)
-        assert got == state.output[:len(got)]  # what streamed is a prefix of what moved
+        assert got == state.output[: len(got)]  # what streamed is a prefix of what moved
         res = reservations[str(i)]
         await dst.grow_reservation(res, held[str(i)] + state.pages.shape[0])
         rest = [t async for out in dst.import_request(state, res, held[str(i)]) for t in out.new_tokens]

@@ -16,15 +16,28 @@ LENGTHS = [5, 60, 130, 300, 124, 122, 125, 123]
 # seldom repeats a token, and a positive penalty changes only an output that repeats: prompt 6
 # repeats itself without penalties; the other cases have a negative part that makes them
 # repeat, and a positive part that then matters.
-CASES = [(6, 2.0, 0.0), (6, 0.0, 1.0), (0, 1.5, -2.0), (1, 0.8, -1.5), (2, 0.0, -2.0), (0, -1.0, 0.0),
-         (3, 0.0, -1.5)]
+CASES = [
+    (6, 2.0, 0.0),
+    (6, 0.0, 1.0),
+    (0, 1.5, -2.0),
+    (1, 0.8, -1.5),
+    (2, 0.0, -2.0),
+    (0, -1.0, 0.0),
+    (3, 0.0, -1.5),
+]
 # Four prompts that need a second page while decoding: with 5 usable pages one is preempted.
 PREEMPTED = [(4, 0.0, -2.0), (5, 0.8, -1.5), (6, 1.5, -2.0), (7, 0.0, -2.0)]
 
 
 def _params(frequency, presence, **kw):
-    return SamplingParams(max_tokens=NEW, temperature=0, frequency_penalty=frequency, presence_penalty=presence,
-                          logprobs=True, **kw)
+    return SamplingParams(
+        max_tokens=NEW,
+        temperature=0,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        logprobs=True,
+        **kw,
+    )
 
 
 def _run(cfg, w, prompts, config, cases=CASES):
@@ -47,8 +60,9 @@ def reference(tiny, prompts):
     cfg, w = tiny
     out = []
     for k, f, p in CASES:
-        tokens, rows = reference_generate(cfg, w, prompts[k], NEW, cfg.keep, frequency_penalty=f,
-                                          presence_penalty=p)
+        tokens, rows = reference_generate(
+            cfg, w, prompts[k], NEW, cfg.keep, frequency_penalty=f, presence_penalty=p
+        )
         logprobs = [float(torch.log_softmax(row, -1)[t]) for row, t in zip(rows, tokens, strict=True)]
         out.append((tokens, logprobs))
     return out
@@ -65,11 +79,15 @@ def test_every_part_of_each_penalty_changes_the_output(tiny, prompts, reference)
             assert tokens != outs[len(CASES) + i].output
 
 
-@pytest.mark.parametrize("config", [
-    EngineConfig(async_scheduling=True),
-    EngineConfig(async_scheduling=False),
-    EngineConfig(async_scheduling=True, max_batch_tokens=64),
-], ids=["async", "sync", "async-chunk64"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(async_scheduling=True),
+        EngineConfig(async_scheduling=False),
+        EngineConfig(async_scheduling=True, max_batch_tokens=64),
+    ],
+    ids=["async", "sync", "async-chunk64"],
+)
 def test_greedy_with_penalties_equals_the_reference(tiny, prompts, reference, config):
     cfg, w = tiny
     outs, _ = _run(cfg, w, prompts, config)
@@ -85,8 +103,9 @@ def test_preempted_requests_keep_their_counts(tiny, prompts, async_scheduling):
     roomy, _ = _run(cfg, w, prompts, EngineConfig(async_scheduling=False), PREEMPTED + plain)
     assert all(a.output != b.output for a, b in zip(roomy[:4], roomy[4:], strict=True))
     roomy = roomy[:4]
-    tight, preemptions = _run(cfg, w, prompts, EngineConfig(num_blocks=6, async_scheduling=async_scheduling),
-                              PREEMPTED)
+    tight, preemptions = _run(
+        cfg, w, prompts, EngineConfig(num_blocks=6, async_scheduling=async_scheduling), PREEMPTED
+    )
     assert preemptions > 0
     assert [o.output for o in tight] == [o.output for o in roomy]
 
@@ -117,9 +136,14 @@ def test_counts_continue_across_export_and_import(tiny, prompts, reference, asyn
 
 def test_sampled_output_with_penalties_is_reproducible_per_seed(tiny, prompts):
     cfg, w = tiny
-    params = SamplingParams(max_tokens=NEW, temperature=0.8, seed=5, frequency_penalty=1.0, presence_penalty=0.5)
+    params = SamplingParams(
+        max_tokens=NEW, temperature=0.8, seed=5, frequency_penalty=1.0, presence_penalty=0.5
+    )
     outs = []
-    for config in (EngineConfig(async_scheduling=True), EngineConfig(async_scheduling=False, max_batch_tokens=64)):
+    for config in (
+        EngineConfig(async_scheduling=True),
+        EngineConfig(async_scheduling=False, max_batch_tokens=64),
+    ):
         engine = Engine(cfg, w, config)
         engine.add_request("other", prompts[3], SamplingParams(max_tokens=NEW, temperature=1.0))
         engine.add_request("r", prompts[1], params)

@@ -27,8 +27,10 @@ def cold_prefix(cfg, w, prompt, hit):
 
 def reference_with_hit(cfg, w, prompt, output, hit):
     """Teacher-forced reference_logits(hit=...): the argmax at each generated position."""
-    logits = reference_logits(cfg, w, prompt + output[:-1], len(prompt), cfg.keep, from_pos=len(prompt) - 1, hit=hit)
-    return logits[len(prompt) - 1:].argmax(-1).tolist()
+    logits = reference_logits(
+        cfg, w, prompt + output[:-1], len(prompt), cfg.keep, from_pos=len(prompt) - 1, hit=hit
+    )
+    return logits[len(prompt) - 1 :].argmax(-1).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +73,15 @@ def test_reference_generate_with_hit_agrees(tiny, cases, hit_outputs):
     assert reference_generate(cfg, w, prompt, NEW, cfg.keep, hit=hit)[0] == hit_outputs[0][2]
 
 
-@pytest.mark.parametrize("config", [
-    EngineConfig(async_scheduling=True, max_batch_tokens=97),
-    EngineConfig(async_scheduling=False, max_batch_tokens=97),
-    EngineConfig(async_scheduling=False, max_batch_tokens=640),
-], ids=["async-chunk97", "sync-chunk97", "sync-chunk640"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(async_scheduling=True, max_batch_tokens=97),
+        EngineConfig(async_scheduling=False, max_batch_tokens=97),
+        EngineConfig(async_scheduling=False, max_batch_tokens=640),
+    ],
+    ids=["async-chunk97", "sync-chunk97", "sync-chunk640"],
+)
 def test_chunked_and_batched_hits_match(tiny, cases, hit_outputs, config):
     cfg, w = tiny
     outs, _ = _run(cfg, w, cases, config, extra=random_prompts([150, 3, 400], seed=52))
@@ -89,14 +95,27 @@ def test_only_the_replay_window_and_the_uncached_tokens_are_computed(tiny, cases
     for i, (prompt, hit, _) in enumerate(cases):
         r = replay_start(hit, consumer_start(len(prompt), cfg.keep), cfg.window)
         st = engine.stats.last_request(str(i))
-        assert (st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens) == (hit, hit - r, len(prompt) - r)
+        assert (st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens) == (
+            hit,
+            hit - r,
+            len(prompt) - r,
+        )
         total_replay += hit - r
         total_computed += len(prompt) - r
-    assert engine.stats.replay_tokens == total_replay and engine.stats.computed_prompt_tokens == total_computed
+    assert (
+        engine.stats.replay_tokens == total_replay and engine.stats.computed_prompt_tokens == total_computed
+    )
     assert engine.stats.cached_tokens == sum(h for _, h in CASES)
     assert engine.stats.prompt_tokens == sum(n for n, _ in CASES)
     # Replay starts: 0, 0, 128, consumer_start 121 (odd), 512, 256.
-    assert [replay_start(h, consumer_start(n, cfg.keep), cfg.window) for n, h in CASES] == [0, 0, 128, 121, 512, 256]
+    assert [replay_start(h, consumer_start(n, cfg.keep), cfg.window) for n, h in CASES] == [
+        0,
+        0,
+        128,
+        121,
+        512,
+        256,
+    ]
 
 
 def test_preempted_hit_requests_keep_the_hit_semantics(tiny, cases, hit_outputs):
@@ -106,15 +125,18 @@ def test_preempted_hit_requests_keep_the_hit_semantics(tiny, cases, hit_outputs)
     assert outs == hit_outputs[0]
 
 
-@pytest.mark.parametrize(("make", "match"), [
-    (lambda e, p: CachedPrefix(100, torch.zeros(1, e.shape.page_elems)), "whole 128-token blocks"),
-    (lambda e, p: CachedPrefix(384, torch.zeros(3, e.shape.page_elems)), "leaves no prompt token"),
-    (lambda e, p: CachedPrefix(256, torch.zeros(1, e.shape.page_elems)), "float32"),
-    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems + 1)), "float32"),
-    (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems, dtype=torch.float64)), "float32"),
-    (lambda e, p: CachedPrefix(128, [[0.0]]), "float32"),
-    (lambda e, p: CachedPrefix(-128, torch.zeros(0, e.shape.page_elems)), "whole 128-token blocks"),
-])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda e, p: CachedPrefix(100, torch.zeros(1, e.shape.page_elems)), "whole 128-token blocks"),
+        (lambda e, p: CachedPrefix(384, torch.zeros(3, e.shape.page_elems)), "leaves no prompt token"),
+        (lambda e, p: CachedPrefix(256, torch.zeros(1, e.shape.page_elems)), "float32"),
+        (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems + 1)), "float32"),
+        (lambda e, p: CachedPrefix(128, torch.zeros(1, e.shape.page_elems, dtype=torch.float64)), "float32"),
+        (lambda e, p: CachedPrefix(128, [[0.0]]), "float32"),
+        (lambda e, p: CachedPrefix(-128, torch.zeros(0, e.shape.page_elems)), "whole 128-token blocks"),
+    ],
+)
 def test_bad_cached_prefix_is_rejected_and_engine_keeps_serving(tiny, make, match):
     cfg, w = tiny
     prompt = random_prompts([384], seed=53)[0]
@@ -133,7 +155,9 @@ def test_hit_logprobs_follow_the_hit_reference_not_the_cold_one(tiny, cases, cas
     cfg, w = tiny
     prompt, hit, cached = cases[case]
     engine = Engine(cfg, w, EngineConfig(max_batch_tokens=97))
-    engine.add_request("r", prompt, SamplingParams(max_tokens=NEW, temperature=0, logprobs=True), cached=cached)
+    engine.add_request(
+        "r", prompt, SamplingParams(max_tokens=NEW, temperature=0, logprobs=True), cached=cached
+    )
     out = next(o for o in engine.run_until_done() if o.finished)
     engine.close()
     tokens = prompt + out.output[:-1]

@@ -44,7 +44,9 @@ def run(cfg, w, requests, **config):
 def assert_hit_free(cfg, w, prompt, out):
     """Greedy tokens are the hit-free reference's argmax and logprobs agree to 1e-4."""
     tokens = prompt + out.output[:-1]
-    logits = reference_logits(cfg, w, tokens, len(prompt), cfg.keep, from_pos=len(prompt) - 1)[len(prompt) - 1:]
+    logits = reference_logits(cfg, w, tokens, len(prompt), cfg.keep, from_pos=len(prompt) - 1)[
+        len(prompt) - 1 :
+    ]
     assert logits.argmax(-1).tolist() == out.output
     ref = torch.log_softmax(logits, -1)[torch.arange(NEW), torch.tensor(out.output)]
     assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
@@ -88,7 +90,7 @@ def follow_ups(tiny, captured):
     tails = random_prompts([TAIL] * len(CAPTURES), seed=62)
     cases = []
     for (name, (tokens, pages, snap)), tail in zip(captured.items(), tails, strict=True):
-        prompt = tokens[:snap.boundary] + tail
+        prompt = tokens[: snap.boundary] + tail
         assert snap.boundary <= exact_hit_limit(len(prompt), cfg.keep, cfg.block_size)
         cases.append((name, prompt, exact_prefix(cfg, pages, snap)))
     cold, _ = run(cfg, w, [(p, None) for _, p, _ in cases])
@@ -99,14 +101,18 @@ def follow_ups(tiny, captured):
 def test_exact_hit_is_the_hit_free_run(tiny, follow_ups, async_scheduling):
     cfg, w = tiny
     cases, cold = follow_ups
-    outs, engine = run(cfg, w, [(p, c) for _, p, c in cases], async_scheduling=async_scheduling,
-                       max_batch_tokens=97)
+    outs, engine = run(
+        cfg, w, [(p, c) for _, p, c in cases], async_scheduling=async_scheduling, max_batch_tokens=97
+    )
     assert [o.output for o in outs] == cold
     for (name, prompt, cached), out in zip(cases, outs, strict=True):
         assert_hit_free(cfg, w, prompt, out)
         st = engine.stats.last_request(str(cases.index((name, prompt, cached))))
-        assert (st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens) == \
-            (cached.num_tokens, 0, len(prompt) - cached.num_tokens)
+        assert (st.cached_tokens, st.replay_tokens, st.computed_prompt_tokens) == (
+            cached.num_tokens,
+            0,
+            len(prompt) - cached.num_tokens,
+        )
     assert engine.stats.replay_tokens == 0
 
 
@@ -116,9 +122,11 @@ def test_preempted_exact_hits_stay_exact(tiny, follow_ups, async_scheduling):
     cases, _ = follow_ups
     # 510-token prompts: 4 pages, a 5th once decoding passes 512; 8 pages hold two such requests
     tails = random_prompts([510 - c.num_tokens for _, _, c in cases[:3]], seed=65)
-    requests = [(p[:c.num_tokens] + t, c) for (_, p, c), t in zip(cases[:3], tails, strict=True)]
+    requests = [(p[: c.num_tokens] + t, c) for (_, p, c), t in zip(cases[:3], tails, strict=True)]
     cold, _ = run(cfg, w, [(p, None) for p, _ in requests])
-    outs, engine = run(cfg, w, requests, num_blocks=9, max_batch_tokens=256, async_scheduling=async_scheduling)
+    outs, engine = run(
+        cfg, w, requests, num_blocks=9, max_batch_tokens=256, async_scheduling=async_scheduling
+    )
     assert engine.scheduler.preemptions > 0
     assert [o.output for o in outs] == [o.output for o in cold]
     assert engine.stats.replay_tokens == 0
@@ -141,17 +149,23 @@ def test_async_extra_slice_does_not_move_the_snapshot(tiny):
 def test_hit_past_consumer_start_is_rejected_and_engine_keeps_serving(tiny, captured):
     cfg, w = tiny
     tokens, pages, snap = captured["prefill-mid-chunk"]
-    prompt = tokens[:snap.boundary] + random_prompts([100], seed=64)[0]
+    prompt = tokens[: snap.boundary] + random_prompts([100], seed=64)[0]
     assert consumer_start(len(prompt), cfg.keep) < snap.boundary
     engine = Engine(cfg, w, EngineConfig(collect_ring_snapshots=True))
     engine.add_request("good", [7, 8, 9], SamplingParams(max_tokens=3, temperature=0))
     with pytest.raises(InvalidRequest, match="consumer_start"):
         engine.add_request("bad", prompt, GREEDY, cached=exact_prefix(cfg, pages, snap))
     with pytest.raises(InvalidRequest, match="rings must be float32"):
-        engine.add_request("bad", tokens[:snap.boundary] + [5] * TAIL, GREEDY,
-                           cached=CachedPrefix(snap.boundary, exact_prefix(cfg, pages, snap).pages, snap.rings[:2]))
+        engine.add_request(
+            "bad",
+            tokens[: snap.boundary] + [5] * TAIL,
+            GREEDY,
+            cached=CachedPrefix(snap.boundary, exact_prefix(cfg, pages, snap).pages, snap.rings[:2]),
+        )
     # the fallback: the same pages without rings replay the window before the hit
-    engine.add_request("replay", prompt, GREEDY, cached=CachedPrefix(snap.boundary, exact_prefix(cfg, pages, snap).pages))
+    engine.add_request(
+        "replay", prompt, GREEDY, cached=CachedPrefix(snap.boundary, exact_prefix(cfg, pages, snap).pages)
+    )
     outs = {o.request_id: o for o in engine.run_until_done() if o.finished}
     engine.close()
     assert sorted(outs) == ["good", "replay"] and engine.stats.replay_tokens > 0
@@ -164,7 +178,9 @@ def test_exact_hit_without_decoder_replay_is_rejected(tiny, captured):
     assert exact_hit_limit(1000, None, cfg.block_size) == 0
     engine = Engine(cfg, w, EngineConfig(replay=False))
     with pytest.raises(InvalidRequest, match="consumer_start"):
-        engine.add_request("bad", tokens[:snap.boundary] + [5] * TAIL, GREEDY, cached=exact_prefix(cfg, pages, snap))
+        engine.add_request(
+            "bad", tokens[: snap.boundary] + [5] * TAIL, GREEDY, cached=exact_prefix(cfg, pages, snap)
+        )
     engine.close()
 
 
@@ -215,7 +231,7 @@ def test_imported_exact_hit_preempted_recomputes_hit_free(tiny, follow_ups, asyn
     cfg, w = tiny
     cases, _ = follow_ups
     _, prompt, cached = cases[0]
-    prompt = prompt[:cached.num_tokens] + random_prompts([510 - cached.num_tokens], seed=66)[0]
+    prompt = prompt[: cached.num_tokens] + random_prompts([510 - cached.num_tokens], seed=66)[0]
     other = random_prompts([250], seed=67)[0]
     (cold, _), _ = run(cfg, w, [(prompt, None), (other, None)])
     prefill = Engine(cfg, w, EngineConfig(collect_ring_snapshots=True))

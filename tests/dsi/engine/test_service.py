@@ -78,8 +78,18 @@ async def test_prefill_service_hands_a_request_to_a_decode_service(tiny):
         base = await decode.call(lambda e: (e.runner.pool.num_free, e.runner.slots.num_free))
         res = await decode.reserve(3)
         buf = bytearray(b"".join(bytes(p) for p in state.to_parts()))
-        received = RequestState.from_buffer(decode.shape.state_layout(3), buf, "r", prompt, state.output, params,
-                                            state.seed, state.consumer_start, state.num_computed, state.logprobs)
+        received = RequestState.from_buffer(
+            decode.shape.state_layout(3),
+            buf,
+            "r",
+            prompt,
+            state.output,
+            params,
+            state.seed,
+            state.consumer_start,
+            state.num_computed,
+            state.logprobs,
+        )
         stream = decode.import_request(received, res)
         buf[:] = bytes(len(buf))  # the receive buffer is reused as soon as import_request returns
         outs = [o async for o in stream]
@@ -100,10 +110,17 @@ async def test_call_returns_results_and_errors_and_refused_imports_release(servi
     with pytest.raises(InvalidRequest, match="no cache"):
         await service.export("nobody")
     base = await service.call(lambda e: e.runner.pool.num_free)
-    await _collect(service, "dup", [5, 6, 7], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
-                   prefill_only=True)
+    await _collect(
+        service,
+        "dup",
+        [5, 6, 7],
+        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+        prefill_only=True,
+    )
     state = await service.export("dup")
-    service_gen = service.generate("dup", [1, 2, 3], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    service_gen = service.generate(
+        "dup", [1, 2, 3], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    )
     first = await service_gen.__anext__()  # "dup" is running: an import under the same id is refused
     res = await service.reserve(1)
     with pytest.raises(InvalidRequest, match="already in use"):
@@ -124,7 +141,9 @@ async def _collect_stream(stream):
 async def test_load_and_request_stats_come_through_the_service(service):
     assert service.load.free_pages == service.shape.num_pages and service.load.running == 0
     prompt = random_prompts([300], seed=34)[0]
-    first = await _collect(service, "p", prompt, SamplingParams(max_tokens=4, temperature=0), prefill_only=True)
+    first = await _collect(
+        service, "p", prompt, SamplingParams(max_tokens=4, temperature=0), prefill_only=True
+    )
     assert first[-1].finish_reason == "prefilled"
     assert service.request_stats("p").computed_prompt_tokens == 300  # held by the engine, not freed yet
     assert service.load.free_pages <= service.shape.num_pages - service.shape.blocks(300)
@@ -133,4 +152,9 @@ async def test_load_and_request_stats_come_through_the_service(service):
     assert service.request_stats("d").computed_prompt_tokens == 3  # its pages may be freed a step later
     assert service.request_stats("nobody") is None
     load = service.load
-    assert (load.running, load.prompt_tokens, load.computed_prompt_tokens, load.cached_tokens) == (0, 303, 303, 0)
+    assert (load.running, load.prompt_tokens, load.computed_prompt_tokens, load.cached_tokens) == (
+        0,
+        303,
+        303,
+        0,
+    )

@@ -36,7 +36,9 @@ def test_keep_follows_the_engines_replay_setting_and_the_block_size_the_model():
     small = dataclasses.replace(TINY, name="small", block_size=64)
     shape = EngineShape.of(small, num_blocks=4, num_slots=1)
     assert shape.block_size == shape.hash_chain.block_size == 64
-    assert EngineShape.of(FLASH, num_blocks=2, num_slots=1).page_bytes > EngineShape.of(TINY, num_blocks=2,
-                                                                                       num_slots=1).page_bytes
+    assert (
+        EngineShape.of(FLASH, num_blocks=2, num_slots=1).page_bytes
+        > EngineShape.of(TINY, num_blocks=2, num_slots=1).page_bytes
+    )
     with pytest.raises(ValueError):
         shape.state_layout(-1)

@@ -25,8 +25,11 @@ def _attention_by_position(cfg: ModelConfig, positions, swa_start: int, pooled: 
 
 def _prefill_by_position(cfg: ModelConfig, n: int, keep: int | None, hit: int) -> float:
     h, d = cfg.hidden, cfg.head_dim
-    dense = 2.0 * (h * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * d
-                   + h * cfg.n_experts + 3 * h * (cfg.top_k * cfg.expert_dim + cfg.shared_dim))
+    dense = 2.0 * (
+        h * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * d
+        + h * cfg.n_experts
+        + 3 * h * (cfg.top_k * cfg.expert_dim + cfg.shared_dim)
+    )
     start = consumer_start(n, keep)
     first = replay_start(hit, start, cfg.window)
     total = 2.0 * h * cfg.vocab_size + 2.0 * (n - first) * h * d
@@ -41,8 +44,9 @@ def _prefill_by_position(cfg: ModelConfig, n: int, keep: int | None, hit: int) -
 
 
 @pytest.mark.parametrize("cfg", [TINY, FLASH], ids=["tiny", "flash"])
-@pytest.mark.parametrize(("n", "hit"), [(1, 0), (2, 0), (129, 0), (141, 0), (300, 128), (1100, 1024),
-                                         (1100, 256), (2500, 0)])
+@pytest.mark.parametrize(
+    ("n", "hit"), [(1, 0), (2, 0), (129, 0), (141, 0), (300, 128), (1100, 1024), (1100, 256), (2500, 0)]
+)
 def test_closed_form_equals_the_count_by_position(cfg, n, hit):
     for keep in (None, cfg.keep):
         expect = _prefill_by_position(cfg, n, keep, hit)

@@ -48,8 +48,10 @@ def test_load_rejects_wrong_shapes(tmp_path):
 
 
 def test_bounded_replay_nearly_halves_long_prefill_flops():
-    ratios = [prefill_flops(FLASH, n, FLASH.keep).total / prefill_flops(FLASH, n, None).total
-              for n in (1024, 8192, 32768)]
+    ratios = [
+        prefill_flops(FLASH, n, FLASH.keep).total / prefill_flops(FLASH, n, None).total
+        for n in (1024, 8192, 32768)
+    ]
     assert ratios[0] > ratios[1] > ratios[2] > 0.49
     assert ratios[2] < 0.52
     assert prefill_flops(FLASH, 100, FLASH.keep).total == prefill_flops(FLASH, 100, None).total
@@ -58,12 +60,31 @@ def test_bounded_replay_nearly_halves_long_prefill_flops():
 def test_model_cli_init_info_and_generate(tmp_path):
     dsi = [sys.executable, "-m", "dsi.cli.main"]
     subprocess.run([*dsi, "model", "init", "--out", str(tmp_path / "m")], check=True, capture_output=True)
-    info = json.loads(subprocess.run([*dsi, "model", "info", "--config", "flash", "--json"], check=True,
-                                     capture_output=True, text=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            [*dsi, "model", "info", "--config", "flash", "--json"], check=True, capture_output=True, text=True
+        ).stdout
+    )
     assert info["block_bytes"] == 112_128
-    run = subprocess.run([*dsi, "generate", "--model", str(tmp_path / "m"), "--prompt", "Hello", "--max-tokens", "5",
-                          "--json"], check=True, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            *dsi,
+            "generate",
+            "--model",
+            str(tmp_path / "m"),
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "5",
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     out = json.loads(run.stdout)
     assert len(out["token_ids"]) == 5 and out["prompt_ids"][0] == 0 and out["finish_reason"] == "length"
-    bad = subprocess.run([*dsi, "generate", "--model", str(tmp_path), "--prompt", "x"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [*dsi, "generate", "--model", str(tmp_path), "--prompt", "x"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "not a model directory" in bad.stderr

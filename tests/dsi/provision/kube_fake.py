@@ -90,10 +90,14 @@ class FakeKube:
             return _status(404, f'statefulsets.apps "{name}" not found')
         if method == "PUT":
             if body["metadata"]["resourceVersion"] != str(self.versions[name]):
-                return _status(409, "the object has been modified; please apply your changes to the latest version")
+                return _status(
+                    409, "the object has been modified; please apply your changes to the latest version"
+                )
             self._resize(name, body["spec"]["replicas"])
-        scale = {"metadata": {"name": name, "namespace": NS, "resourceVersion": str(self.versions[name])},
-                 "spec": {"replicas": self.replicas[name]}}
+        scale = {
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": str(self.versions[name])},
+            "spec": {"replicas": self.replicas[name]},
+        }
         return web.json_response(scale)
 
     def _resize(self, name: str, n: int) -> None:
@@ -123,7 +127,9 @@ class FakeKube:
 
 def pod_json(name: str, pod: FakePod) -> dict[str, Any]:
     ready = pod.polls_to_ready == 0 and pod.waiting is None
-    state = {"waiting": {"reason": pod.waiting, "message": "back-off 10s"}} if pod.waiting else {"running": {}}
+    state = (
+        {"waiting": {"reason": pod.waiting, "message": "back-off 10s"}} if pod.waiting else {"running": {}}
+    )
     meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "dsi"}}
     if pod.polls_to_gone is not None:
         meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
@@ -132,8 +138,14 @@ def pod_json(name: str, pod: FakePod) -> dict[str, Any]:
         "status": {
             "phase": "Running",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": "role", "restartCount": pod.restarts, "state": state,
-                                   "lastState": {"terminated": {"exitCode": 1}} if pod.restarts else {}}],
+            "containerStatuses": [
+                {
+                    "name": "role",
+                    "restartCount": pod.restarts,
+                    "state": state,
+                    "lastState": {"terminated": {"exitCode": 1}} if pod.restarts else {},
+                }
+            ],
         },
     }
 

@@ -30,7 +30,9 @@ def test_local_is_the_default(tmp_path: Path):
 async def test_kubernetes_reaches_the_configured_api_with_the_token_file(tmp_path: Path):
     fake = await FakeKube(replicas={"v4-decode": 0}, ready_after=0).start()
     (tmp_path / "token").write_text("from-file\n")
-    (tmp_path / "node.toml").write_text(BASE + f"""
+    (tmp_path / "node.toml").write_text(
+        BASE
+        + f"""
 [provisioner]
 kind = "kubernetes"
 [provisioner.kubernetes]
@@ -39,7 +41,8 @@ statefulset_prefix = "v4-"
 api_url = "{fake.url}"
 token_file = "token"
 poll_interval_s = 0.01
-""")
+"""
+    )
     prov = make_provisioner(load_config(tmp_path / "node.toml"))
     try:
         assert isinstance(prov, KubernetesProvisioner)

@@ -41,8 +41,20 @@ class FakeController:
 
 
 def decode(wanted: int, stop: list[str]) -> ScaleStatus:
-    role = ScaleRole("decode", 1, 4, 1, serving=1, ready=1, starting=0, draining=len(stop), target=1,
-                     pool_target=1, wanted=wanted, stop=stop)
+    role = ScaleRole(
+        "decode",
+        1,
+        4,
+        1,
+        serving=1,
+        ready=1,
+        starting=0,
+        draining=len(stop),
+        target=1,
+        pool_target=1,
+        wanted=wanted,
+        stop=stop,
+    )
     return ScaleStatus(True, 1.0, 0.8, [role])
 
 

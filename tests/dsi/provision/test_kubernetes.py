@@ -64,8 +64,11 @@ async def test_start_scales_up_by_one_and_waits_until_the_pod_is_ready():
     async with kube(fake) as prov:
         inst = await prov.start("decode-0")
         assert fake.seen() == [
-            ("GET", DECODE), ("PUT", DECODE), ("GET", f"{PODS}/dsi-decode-0"),
-            ("GET", f"{PODS}/dsi-decode-0"), ("GET", f"{PODS}/dsi-decode-0"),
+            ("GET", DECODE),
+            ("PUT", DECODE),
+            ("GET", f"{PODS}/dsi-decode-0"),
+            ("GET", f"{PODS}/dsi-decode-0"),
+            ("GET", f"{PODS}/dsi-decode-0"),
         ]
         assert fake.calls[1].body == scale_body("dsi-decode", 1, 1)
         assert set(fake.tokens) == {"Bearer t0ken"}
@@ -97,7 +100,11 @@ async def test_a_conflict_reads_the_scale_again_and_writes_the_new_version():
     async with kube(fake) as prov:
         await prov.start("decode-0")
         assert fake.seen() == [
-            ("GET", DECODE), ("PUT", DECODE), ("GET", DECODE), ("PUT", DECODE), ("GET", f"{PODS}/dsi-decode-0"),
+            ("GET", DECODE),
+            ("PUT", DECODE),
+            ("GET", DECODE),
+            ("PUT", DECODE),
+            ("GET", f"{PODS}/dsi-decode-0"),
         ]
         assert fake.calls[3].body == scale_body("dsi-decode", 1, 1)
         assert fake.replicas == {"dsi-decode": 1}
@@ -153,13 +160,21 @@ async def test_stop_takes_only_the_highest_ordinal_and_waits_until_its_pod_is_go
         assert calls(fake) == [("GET", DECODE)]
         await prov.stop("decode-1")
         assert calls(fake)[1:] == [
-            ("GET", DECODE), ("PUT", DECODE), ("GET", f"{PODS}/dsi-decode-1"),
-            ("GET", f"{PODS}/dsi-decode-1"), ("GET", f"{PODS}/dsi-decode-1"),
+            ("GET", DECODE),
+            ("PUT", DECODE),
+            ("GET", f"{PODS}/dsi-decode-1"),
+            ("GET", f"{PODS}/dsi-decode-1"),
+            ("GET", f"{PODS}/dsi-decode-1"),
         ]
         put = next(c for c in fake.calls if c.method == "PUT")
         assert put.body == scale_body("dsi-decode", 3, 1)
         assert [(i.role_id, i.state) for i in prov.list()] == [("decode-0", "ready"), ("decode-1", "stopped")]
-        assert [i.state for i in seen if i.role_id == "decode-1"] == ["starting", "ready", "stopping", "stopped"]
+        assert [i.state for i in seen if i.role_id == "decode-1"] == [
+            "starting",
+            "ready",
+            "stopping",
+            "stopped",
+        ]
 
 
 async def test_a_pod_not_ready_in_time_or_crash_looping_fails_the_start():
@@ -170,7 +185,10 @@ async def test_a_pod_not_ready_in_time_or_crash_looping_fails_the_start():
         fake.new_pod_waiting = "CrashLoopBackOff"
         with pytest.raises(StartFailed, match="dsi-prefill-0 cannot start: CrashLoopBackOff: back-off 10s"):
             await prov.start("prefill-0")
-        assert [(i.role_id, i.state) for i in prov.list()] == [("decode-0", "failed"), ("prefill-0", "failed")]
+        assert [(i.role_id, i.state) for i in prov.list()] == [
+            ("decode-0", "failed"),
+            ("prefill-0", "failed"),
+        ]
         assert fake.replicas == {"dsi-decode": 1, "dsi-prefill": 1}  # until stop()
 
 

@@ -26,11 +26,21 @@ def test_render_equals_transformers_chat_template(smollm2_dir):
     template = ChatTemplate.load(smollm2_dir)
     for question in PROMPTS[:3]:
         assert template.render(_ask(question)) == chat_ids(smollm2_dir, question)
-    text = template.prompt_text(Conversation((SystemMessage(("Be brief.",)), UserMessage(("Hi",)),
-                                              AssistantMessage("Hello!"), UserMessage(("Bye",)))))
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                    "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    text = template.prompt_text(
+        Conversation(
+            (
+                SystemMessage(("Be brief.",)),
+                UserMessage(("Hi",)),
+                AssistantMessage("Hello!"),
+                UserMessage(("Bye",)),
+            )
+        )
+    )
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_greedy_answer_to_the_capital_question_names_paris(smollm2_dir, smollm2_greedy):
@@ -40,13 +50,16 @@ def test_greedy_answer_to_the_capital_question_names_paris(smollm2_dir, smollm2_
     assert "Paris" in template.tokenizer.decode(outputs[0], skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("conv, match", [
-    (Conversation((UserMessage(("x",)),), tools=(ToolSpec("f"),)), "tools"),
-    (Conversation((UserMessage(("x",)),), effort=Effort.MAX), "reasoning effort"),
-    (Conversation((UserMessage(("x",)), ToolResult("c1", ("y",)))), "ToolResult"),
-    (Conversation((AssistantMessage("a", reasoning="r"),)), "reasoning"),
-    (Conversation((UserMessage((ImageRef("http://127.0.0.1/a.png"),)),)), "images"),
-])
+@pytest.mark.parametrize(
+    "conv, match",
+    [
+        (Conversation((UserMessage(("x",)),), tools=(ToolSpec("f"),)), "tools"),
+        (Conversation((UserMessage(("x",)),), effort=Effort.MAX), "reasoning effort"),
+        (Conversation((UserMessage(("x",)), ToolResult("c1", ("y",)))), "ToolResult"),
+        (Conversation((AssistantMessage("a", reasoning="r"),)), "reasoning"),
+        (Conversation((UserMessage((ImageRef("http://127.0.0.1/a.png"),)),)), "images"),
+    ],
+)
 def test_deepseek_only_features_are_refused(conv, match):
     with pytest.raises(InvalidRequest, match=match):
         plain_messages(conv)
@@ -54,4 +67,5 @@ def test_deepseek_only_features_are_refused(conv, match):
 
 def test_thinking_off_and_default_effort_pass():
     assert plain_messages(Conversation((UserMessage(("x",)),), thinking=False, effort=None)) == [
-        {"role": "user", "content": "x"}]
+        {"role": "user", "content": "x"}
+    ]

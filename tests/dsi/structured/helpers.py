@@ -11,8 +11,9 @@ from dsi.structured import TokenConstraint, bitmask_words
 from dsi.structured.vocab import VOCAB_SIZE
 
 DSML = "｜DSML｜"
-_INVOKE = re.compile(rf'<{DSML}invoke name="([^"]+)">\n((?:<{DSML}parameter .*?</{DSML}parameter>\n)*)</{DSML}invoke>\n',
-                     re.S)
+_INVOKE = re.compile(
+    rf'<{DSML}invoke name="([^"]+)">\n((?:<{DSML}parameter .*?</{DSML}parameter>\n)*)</{DSML}invoke>\n', re.S
+)
 _PARAM = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)">(.*?)</{DSML}parameter>\n', re.S)
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -57,7 +58,7 @@ def parse_tool_calls(text: str, opener: bool = False) -> list[tuple[str, dict]]:
     body = text.removesuffix(f"</{DSML}tool_calls>")
     calls, pos = [], 0
     for m in _INVOKE.finditer(body):
-        assert m.start() == pos, f"unparsed text before an invoke: {body[pos:m.start()]!r}"
+        assert m.start() == pos, f"unparsed text before an invoke: {body[pos : m.start()]!r}"
         pos = m.end()
         args = {}
         for name, is_string, raw in _PARAM.findall(m.group(2)):

@@ -14,20 +14,41 @@ from dsi.structured.vocab import DSML_ID
 from dsi.tokenizer import encode_text, load_tokenizer
 from tests.dsi.structured.helpers import parse_tool_calls, validate
 
-SCHEMA = {"type": "object", "properties": {
-    "ok": {"type": "boolean"},
-    "n": {"type": "integer", "minimum": 0, "maximum": 99},
-    "colour": {"enum": ["red", "green", "blue"]},
-    "tag": {"type": "string", "maxLength": 6},
-    "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3},
-}, "required": ["ok", "n", "colour", "tag", "scores"], "additionalProperties": False}
-WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 12},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7},
-}, "required": ["city", "days"], "additionalProperties": False}}
-CLOCK = {"name": "set_alarm", "parameters": {"type": "object", "properties": {
-    "hour": {"type": "integer", "minimum": 0, "maximum": 23}, "label": {"enum": ["work", "gym"]},
-}, "required": ["hour", "label"]}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "tag": {"type": "string", "maxLength": 6},
+        "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3},
+    },
+    "required": ["ok", "n", "colour", "tag", "scores"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+CLOCK = {
+    "name": "set_alarm",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+            "label": {"enum": ["work", "gym"]},
+        },
+        "required": ["hour", "label"],
+    },
+}
 REGEX = r"[a-z]{3,8}-[0-9]{2}"
 GREEDY = {"temperature": 0}
 SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 11}
@@ -76,7 +97,9 @@ def test_json_object_output_parses(engine, prompts):
     """Free JSON lets random weights write endless strings: an output cut by max_tokens must
     still be a prefix the grammar accepts; one that stopped must parse as an object."""
     spec = StructuredSpec.json_object()
-    outs = [out for mode in MODES for out in _run_all(engine, prompts, max_tokens=24, structured=spec, **mode)]
+    outs = [
+        out for mode in MODES for out in _run_all(engine, prompts, max_tokens=24, structured=spec, **mode)
+    ]
     for out in outs:
         if out.finish_reason == "stop":
             assert isinstance(json.loads(_text(out.output)), dict)
@@ -120,17 +143,21 @@ def test_max_tokens_before_done_is_length(engine, prompts):
 
 def test_reasoning_before_think_end_is_unconstrained(engine, prompts):
     free = _run(engine, prompts[0], max_tokens=6, **GREEDY)
-    thinking = _run(engine, prompts[0], max_tokens=6, structured=StructuredSpec.json_object(after_think=True),
-                    **GREEDY)
+    thinking = _run(
+        engine, prompts[0], max_tokens=6, structured=StructuredSpec.json_object(after_think=True), **GREEDY
+    )
     assert thinking.output == free.output and not _text(free.output).startswith("{")
 
 
-@pytest.mark.parametrize(("spec", "match"), [
-    (StructuredSpec.for_regex("(unclosed"), "regex: cannot compile"),
-    (StructuredSpec("json_schema", schema="{"), "not valid JSON"),
-    (StructuredSpec.tool_call([WEATHER], "missing"), "not among the tools"),
-    ("json_object", "StructuredSpec"),
-])
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (StructuredSpec.for_regex("(unclosed"), "regex: cannot compile"),
+        (StructuredSpec("json_schema", schema="{"), "not valid JSON"),
+        (StructuredSpec.tool_call([WEATHER], "missing"), "not among the tools"),
+        ("json_object", "StructuredSpec"),
+    ],
+)
 def test_bad_spec_is_invalid_request_and_engine_keeps_serving(engine, prompts, spec, match):
     with pytest.raises(InvalidRequest, match=match):
         engine.add_request("bad", prompts[0], SamplingParams(structured=spec))
@@ -145,8 +172,11 @@ def test_async_and_sync_give_identical_outputs(tiny, prompts):
     for async_on in (True, False):
         eng = Engine(cfg, w, EngineConfig(num_blocks=32, async_scheduling=async_on))
         for i, prompt in enumerate(prompts):
-            eng.add_request(str(i), prompt, SamplingParams(max_tokens=32, structured=StructuredSpec.json_schema(SCHEMA),
-                                                           **SAMPLED))
+            eng.add_request(
+                str(i),
+                prompt,
+                SamplingParams(max_tokens=32, structured=StructuredSpec.json_schema(SCHEMA), **SAMPLED),
+            )
         results.append({o.request_id: o.output for o in eng.run_until_done() if o.finished})
         eng.close()
     assert results[0] == results[1]
@@ -159,8 +189,11 @@ def test_preempted_requests_rebuild_their_constraint(tiny, monkeypatch):
     spec = StructuredSpec.json_schema(SCHEMA)
     replays = []
     replay = GrammarCompiler.replay
-    monkeypatch.setattr(GrammarCompiler, "replay", lambda self, s, tokens: replays.append(list(tokens))
-                        or replay(self, s, tokens))
+    monkeypatch.setattr(
+        GrammarCompiler,
+        "replay",
+        lambda self, s, tokens: replays.append(list(tokens)) or replay(self, s, tokens),
+    )
 
     def run(config):
         eng = Engine(cfg, w, config)

@@ -12,16 +12,27 @@ from dsi.structured.vocab import DSML_ID
 from dsi.tokenizer import EOS_ID, load_tokenizer, tokenizer_path
 from tests.dsi.structured.helpers import allowed, is_allowed
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
-    "opts": {"type": "object", "properties": {"u": {"type": "string"}}}}, "required": ["city"]}
-TOOLS = [{"name": "get_weather", "parameters": WEATHER},
-         {"name": "noargs", "parameters": {"type": "object", "properties": {}}},
-         {"name": "free", "parameters": {"type": "object"}}]
-CALLS = [("get_weather", {"city": "Paris </div> <x>\nline 2", "days": 3, "opts": {"u": "c"}}),
-         ("get_weather", {"city": "Rome", "unit": "f"}),
-         ("noargs", {}),
-         ("free", {"a": "x", "b": [1, {"c": None}], "d": 1.5})]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "unit": {"enum": ["c", "f"]},
+        "opts": {"type": "object", "properties": {"u": {"type": "string"}}},
+    },
+    "required": ["city"],
+}
+TOOLS = [
+    {"name": "get_weather", "parameters": WEATHER},
+    {"name": "noargs", "parameters": {"type": "object", "properties": {}}},
+    {"name": "free", "parameters": {"type": "object"}},
+]
+CALLS = [
+    ("get_weather", {"city": "Paris </div> <x>\nline 2", "days": 3, "opts": {"u": "c"}}),
+    ("get_weather", {"city": "Rome", "unit": "f"}),
+    ("noargs", {}),
+    ("free", {"a": "x", "b": [1, {"c": None}], "d": 1.5}),
+]
 
 
 def _ids(text: str) -> list[int]:
@@ -50,14 +61,19 @@ def rendered_calls():
     ``</think>`` up to (not including) EOS; and where the ``tool_calls>\\n`` opener ends."""
     tools = [dr.ToolDefinition(t["name"], None, t["parameters"]) for t in TOOLS]
     calls = [dr.ToolCall(f"c{i}", name, json.dumps(args)) for i, (name, args) in enumerate(CALLS)]
-    msgs = [dr.UserMessage("hi"), dr.AssistantMessage("", tool_calls=calls),
-            *[dr.ToolMessage("ok", f"c{i}") for i in range(len(calls))]]
+    msgs = [
+        dr.UserMessage("hi"),
+        dr.AssistantMessage("", tool_calls=calls),
+        *[dr.ToolMessage("ok", f"c{i}") for i in range(len(calls))],
+    ]
     encoding = dr.DeepseekV4Encoding().with_tokenizer(dr.Tokenizer.from_file(str(tokenizer_path())))
     ids = encoding.encode(dr.Conversation(msgs, tools=tools, thinking_mode=False))
     start = ids.index(128822, ids.index(128804)) + 1  # </think> of the first assistant turn
-    out = ids[start:ids.index(EOS_ID, start)]
+    out = ids[start : ids.index(EOS_ID, start)]
     decode = load_tokenizer().decode
-    opener = next(k for k in range(len(out)) if decode(out[:k], skip_special_tokens=False).endswith("tool_calls>\n"))
+    opener = next(
+        k for k in range(len(out)) if decode(out[:k], skip_special_tokens=False).endswith("tool_calls>\n")
+    )
     return out, opener
 
 
@@ -65,7 +81,9 @@ def test_spec_is_hashable_and_compares_by_value():
     a = StructuredSpec.json_schema({"type": "object", "properties": {"b": {}, "a": {}}})
     b = StructuredSpec.json_schema('{"type": "object", "properties": {"b": {}, "a": {}}}')
     assert a == b and hash(a) == hash(b)
-    assert a != StructuredSpec.json_schema({"type": "object", "properties": {"a": {}, "b": {}}})  # order matters
+    assert a != StructuredSpec.json_schema(
+        {"type": "object", "properties": {"a": {}, "b": {}}}
+    )  # order matters
 
 
 def test_cache_shares_grammar_across_after_think():
@@ -80,26 +98,33 @@ def test_cache_shares_grammar_across_after_think():
     assert compiler.misses == 4
 
 
-@pytest.mark.parametrize(("spec", "match"), [
-    (StructuredSpec("json_schema", schema="{not json"), "not valid JSON"),
-    (StructuredSpec("json_schema", schema="[1]"), "object or a boolean"),
-    (StructuredSpec.json_schema({"type": "object", "properties": {"a": {"type": "strnig"}}}), "cannot compile"),
-    (StructuredSpec.for_regex(""), "empty"),
-    (StructuredSpec.for_regex("a(b"), "cannot compile"),
-    (StructuredSpec.tool_call([]), "no tools"),
-    (StructuredSpec.tool_call(TOOLS, "nope"), "not among the tools"),
-    (StructuredSpec.tool_call([TOOLS[0], TOOLS[0]]), "unique"),
-    (StructuredSpec.tool_call([{"name": 'a"b', "parameters": {}}]), "tool name"),
-    (StructuredSpec.tool_call([{"name": "f", "parameters": {"type": "array"}}]), "object schema"),
-])
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (StructuredSpec("json_schema", schema="{not json"), "not valid JSON"),
+        (StructuredSpec("json_schema", schema="[1]"), "object or a boolean"),
+        (
+            StructuredSpec.json_schema({"type": "object", "properties": {"a": {"type": "strnig"}}}),
+            "cannot compile",
+        ),
+        (StructuredSpec.for_regex(""), "empty"),
+        (StructuredSpec.for_regex("a(b"), "cannot compile"),
+        (StructuredSpec.tool_call([]), "no tools"),
+        (StructuredSpec.tool_call(TOOLS, "nope"), "not among the tools"),
+        (StructuredSpec.tool_call([TOOLS[0], TOOLS[0]]), "unique"),
+        (StructuredSpec.tool_call([{"name": 'a"b', "parameters": {}}]), "tool name"),
+        (StructuredSpec.tool_call([{"name": "f", "parameters": {"type": "array"}}]), "object schema"),
+    ],
+)
 def test_bad_specs_raise_spec_error(spec, match):
     with pytest.raises(SpecError, match=match):
         default_compiler().check(spec)
 
 
 def test_json_uses_the_renderer_spelling():
-    spec = StructuredSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"},
-                                                                      "b": {"type": "array"}}})
+    spec = StructuredSpec.json_schema(
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array"}}}
+    )
     assert _accepts(spec, _ids('{"a": 1, "b": [1, 2]}'))
     assert not _accepts(spec, _ids('{"a":1,"b":[1,2]}'))
     assert not _accepts(spec, _ids('{"a": 1, "b": [1, 2]} '))
@@ -141,10 +166,22 @@ def test_tool_auto_allows_plain_content_then_eos():
 
 
 def test_bounded_string_parameter_is_cut_off():
-    tool = {"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}},
-                                         "required": ["s"]}}
+    tool = {
+        "name": "f",
+        "parameters": {
+            "type": "object",
+            "properties": {"s": {"type": "string", "maxLength": 3}},
+            "required": ["s"],
+        },
+    }
     c = default_compiler().constraint(StructuredSpec.tool_call([tool]))
-    head = [*_ids("<"), DSML_ID, *_ids('invoke name="f">\n<'), DSML_ID, *_ids('parameter name="s" string="true">')]
+    head = [
+        *_ids("<"),
+        DSML_ID,
+        *_ids('invoke name="f">\n<'),
+        DSML_ID,
+        *_ids('parameter name="s" string="true">'),
+    ]
     assert all(c.accept(t) for t in head + _ids("abc"))
     nxt = allowed(c).tolist()
     assert nxt and all("</".startswith(load_tokenizer().decode([t])) for t in nxt)  # "<" or "</" only
@@ -152,22 +189,62 @@ def test_bounded_string_parameter_is_cut_off():
 
 
 def _function(name):
-    return {"type": "function", "function": {"name": name, "strict": True, "parameters": {
-        "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"], "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string"}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
-@pytest.mark.parametrize(("extra", "kind", "names"), [
-    ({"tools": [_function("a"), _function("b")], "tool_choice": "required"}, "tool_call", ["a", "b"]),
-    ({"tools": [_function("a"), _function("b")], "tool_choice": {"type": "function", "function": {"name": "b"}}},
-     "tool_call", ["b"]),
-    ({"tools": [_function("a")]}, "tool_call", ["a"]),
-    ({"response_format": {"type": "json_object"}}, "json_object", []),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "strict": True, "schema": {
-        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}}, "json_schema", []),
-])
+@pytest.mark.parametrize(
+    ("extra", "kind", "names"),
+    [
+        ({"tools": [_function("a"), _function("b")], "tool_choice": "required"}, "tool_call", ["a", "b"]),
+        (
+            {
+                "tools": [_function("a"), _function("b")],
+                "tool_choice": {"type": "function", "function": {"name": "b"}},
+            },
+            "tool_call",
+            ["b"],
+        ),
+        ({"tools": [_function("a")]}, "tool_call", ["a"]),
+        ({"response_format": {"type": "json_object"}}, "json_object", []),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "s",
+                        "strict": True,
+                        "schema": {
+                            "type": "object",
+                            "properties": {"n": {"type": "integer"}},
+                            "required": ["n"],
+                        },
+                    },
+                }
+            },
+            "json_schema",
+            [],
+        ),
+    ],
+)
 def test_spec_from_deepseek_recipe_output_constraint(extra, kind, names):
-    body = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "json please"}],
-            "thinking": {"type": "disabled"}, **extra}
+    body = {
+        "model": "DeepSeek-V4-Pro",
+        "messages": [{"role": "user", "content": "json please"}],
+        "thinking": {"type": "disabled"},
+        **extra,
+    }
     oc = dr.ChatCompletionRequest(body).convert(dr.ConversionOptions()).inference_options.output_constraint
     spec = StructuredSpec.from_output_constraint(oc.kind, oc.schema)
     default_compiler().check(spec)

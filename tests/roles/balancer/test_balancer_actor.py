@@ -18,11 +18,15 @@ EDGES = (512, 2_048, 8_192)
 @pytest.fixture
 async def balancer():
     clock = FakeClock()
-    actor = BalancerActor("balancer-0", BalancerOptions(bucket_edges=EDGES, rebalance_s=1.0), get_config("tiny"),
-                          clock=clock)
+    actor = BalancerActor(
+        "balancer-0", BalancerOptions(bucket_edges=EDGES, rebalance_s=1.0), get_config("tiny"), clock=clock
+    )
     await actor.start()
-    actor.listed(table(**{"prefill-0": "serving", "prefill-1": "serving", "decode-0": "serving",
-                          "decode-1": "serving"}))
+    actor.listed(
+        table(
+            **{"prefill-0": "serving", "prefill-1": "serving", "decode-0": "serving", "decode-1": "serving"}
+        )
+    )
     ref = LocalRef(actor)
     for i in range(2):
         ref.tell(prefill(f"prefill-{i}"))
@@ -44,8 +48,12 @@ async def test_short_and_long_prompts_get_engines_of_their_own_buckets(balancer)
     long_engine = {i for b, i in by_bucket if b == 2}
     state = await ref.ask(BalancerStatus())
     assert [b.engines for b in state.buckets][2] == sorted(long_engine)
-    assert [(b.min_tokens, b.max_tokens) for b in state.buckets] == [(0, 512), (512, 2_048), (2_048, 8_192),
-                                                                        (8_192, 0)]
+    assert [(b.min_tokens, b.max_tokens) for b in state.buckets] == [
+        (0, 512),
+        (512, 2_048),
+        (2_048, 8_192),
+        (8_192, 0),
+    ]
     assert state.routed == {"prefill": 6} and state.spread["prefill"] >= 1.0
 
 
@@ -61,7 +69,9 @@ async def test_exclude_is_honoured_without_reshuffling_the_buckets(balancer):
     with pytest.raises(NoInstance):
         await ref.ask(RouteQuery("prefill", uncached_tokens=100, exclude=["prefill-0", "prefill-1"]))
     d = await ref.ask(RouteQuery("decode", kv_tokens=500))
-    assert (await ref.ask(RouteQuery("decode", kv_tokens=500, exclude=[d.instance_id]))).instance_id != d.instance_id
+    assert (
+        await ref.ask(RouteQuery("decode", kv_tokens=500, exclude=[d.instance_id]))
+    ).instance_id != d.instance_id
 
 
 async def test_routes_follow_the_pushed_load_and_pending_requests(balancer):
@@ -77,8 +87,9 @@ async def test_routes_follow_the_pushed_load_and_pending_requests(balancer):
 
 async def test_drained_dead_and_silent_instances_get_nothing(balancer):
     actor, ref, clock = balancer
-    actor.listed(table(**{"prefill-0": "draining", "prefill-1": "serving", "decode-0": "dead",
-                          "decode-1": "serving"}))
+    actor.listed(
+        table(**{"prefill-0": "draining", "prefill-1": "serving", "decode-0": "dead", "decode-1": "serving"})
+    )
     for _ in range(3):
         assert (await ref.ask(RouteQuery("prefill", uncached_tokens=100))).instance_id == "prefill-1"
         assert (await ref.ask(RouteQuery("decode", kv_tokens=100))).instance_id == "decode-1"
@@ -107,4 +118,6 @@ async def test_status_shows_the_load_spread_per_role(balancer):
     state = await ref.ask(BalancerStatus())
     assert state.spread == {"prefill": 2.0, "decode": 2.0}
     assert [(v.instance_id, v.state, v.queued_tokens) for v in state.instances][2:] == [
-        ("prefill-0", "serving", 0), ("prefill-1", "serving", 3_000)]
+        ("prefill-0", "serving", 0),
+        ("prefill-1", "serving", 3_000),
+    ]

@@ -33,16 +33,24 @@ WORDS = ("alpha", "ledger", "quantum", "river", "garden", "compile", "orbit", "s
 def _config(tmp_path):
     path = local_config(tmp_path, keep=FRONT + ENGINES, interval_s=0.3)
     text = path.read_text()
-    text = re.sub(r'(?m)^(id = "balancer-0".*\nbind = .*)$', r"\1\nbucket_edges = [512, 4096, 16384]\nrebalance_s = 0.5",
-                  text)
-    text = re.sub(r'(?m)^(http = .*)$', r"\1\nbalancer_timeout_s = 2.0", text)  # a loaded CI machine
+    text = re.sub(
+        r'(?m)^(id = "balancer-0".*\nbind = .*)$',
+        r"\1\nbucket_edges = [512, 4096, 16384]\nrebalance_s = 0.5",
+        text,
+    )
+    text = re.sub(r"(?m)^(http = .*)$", r"\1\nbalancer_timeout_s = 2.0", text)  # a loaded CI machine
     path.write_text(text)
     return path
 
 
 def _body(words: int, rng: random.Random) -> dict:
-    return {"model": "dsi-tiny", "max_tokens": 2, "temperature": 0, "thinking": {"type": "disabled"},
-            "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]}
+    return {
+        "model": "dsi-tiny",
+        "max_tokens": 2,
+        "temperature": 0,
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}],
+    }
 
 
 async def _chat(session: aiohttp.ClientSession, base: str, body: dict) -> int:
@@ -85,7 +93,11 @@ async def test_long_prompts_go_to_the_prefill_that_serves_the_long_bucket(procs,
                 assert await _chat(session, base, _body(20, rng)) < 512
                 assert await _chat(session, base, _body(600, rng)) >= 512
                 buckets = await _buckets(config, capsys)
-                if buckets and len(buckets[0]["engines"]) == 1 and buckets[0]["engines"] != buckets[1]["engines"]:
+                if (
+                    buckets
+                    and len(buckets[0]["engines"]) == 1
+                    and buckets[0]["engines"] != buckets[1]["engines"]
+                ):
                     plan = buckets
                     break
             assert plan is not None, f"the buckets never split: {await _buckets(config, capsys)}"
@@ -102,7 +114,10 @@ async def test_long_prompts_go_to_the_prefill_that_serves_the_long_bucket(procs,
             after_short = await _prefills(peers)
             assert after_long[long] - before[long] == 2 and after_long[short] == before[short]
             assert after_short[short] - after_long[short] == 2 and after_short[long] == after_long[long]
-            assert [b["engines"] for b in (await _buckets(config, capsys))[:2]] == [[short], [long]]  # the plan held
+            assert [b["engines"] for b in (await _buckets(config, capsys))[:2]] == [
+                [short],
+                [long],
+            ]  # the plan held
             async with session.get(f"{base}/metrics") as resp:
                 metrics = await resp.text()
             assert 'dsi_route_total{role="prefill",source="balancer"}' in metrics

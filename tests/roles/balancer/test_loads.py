@@ -7,8 +7,11 @@ from tests.roles.balancer.helpers import decode, prefill, table
 
 def _table() -> LoadTable:
     t = LoadTable(report_timeout_s=3.0, pending_ttl_s=2.0)
-    t.listed(table(**{"prefill-0": "serving", "prefill-1": "draining", "prefill-2": "dead",
-                      "decode-0": "serving"}).instances)
+    t.listed(
+        table(
+            **{"prefill-0": "serving", "prefill-1": "draining", "prefill-2": "dead", "decode-0": "serving"}
+        ).instances
+    )
     return t
 
 

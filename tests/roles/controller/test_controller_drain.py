@@ -33,7 +33,9 @@ async def test_drain_and_undrain_reach_the_instance_and_a_refusal_keeps_it_drain
     instance = Instance()
     server = ActorServer(instance, "tcp://127.0.0.1:*", ctx, role="decode")
     await server.start()
-    cluster = ClusterConfig(controller="tcp://127.0.0.1:7100", heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
+    cluster = ClusterConfig(
+        controller="tcp://127.0.0.1:7100", heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0
+    )
     controller = ControllerActor("controller-0", cluster)
     ref = LocalRef(controller)
     await controller.start()

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.timeout(30)
 def controller(fake: FakeKube) -> ControllerActor:
     api = KubeApi(KubeAuth(fake.url, token="t0ken"), RetryPolicy(attempts=2, initial_s=0.01, timeout_s=2.0))
     prov = KubernetesProvisioner(api, ready_timeout_s=2.0, stop_timeout_s=2.0, poll_interval_s=0.01)
-    return ControllerActor("controller-0", CLUSTER, autoscale=SECTION, clock=lambda: 100.0,
-                           provisioner=prov, declared=DECLARED)
+    return ControllerActor(
+        "controller-0", CLUSTER, autoscale=SECTION, clock=lambda: 100.0, provisioner=prov, declared=DECLARED
+    )
 
 
 async def until(check) -> None:
@@ -68,8 +69,12 @@ async def test_a_scale_target_becomes_a_statefulset_scale_and_a_restart_keeps_th
             status = await ref.ask(GetScale())
             assert isinstance(status, ScaleStatus) and status.roles[0].wanted == 2
             await until(lambda: fake.replicas["dsi-decode"] == 2)
-            await until(lambda: {(i.role_id, i.state) for i in prov.list()} == {("decode-0", "ready"),
-                                                                                ("decode-1", "ready")})
+            await until(
+                lambda: (
+                    {(i.role_id, i.state) for i in prov.list()}
+                    == {("decode-0", "ready"), ("decode-1", "ready")}
+                )
+            )
             assert puts(fake) == [2, 2, 2]  # answered 500, 500 (the start failed, next round again), 200
             assert isinstance(await ref.ask(GetScale()), ScaleStatus)  # still serving
         finally:
@@ -145,5 +150,7 @@ def test_dsi_serve_refuses_a_kubernetes_config(tmp_path: Path, capsys):
 def test_the_controller_role_refuses_a_scale_past_the_declared_roles(tmp_path: Path):
     (tmp_path / "node.toml").write_text(NODE + AUTOSCALE.replace("max_instances = 2", "max_instances = 3"))
     cfg = load_config(tmp_path / "node.toml")
-    with pytest.raises(ValueError, match=r"controller-0: .*3 decode instances may run, but the config declares 2"):
+    with pytest.raises(
+        ValueError, match=r"controller-0: .*3 decode instances may run, but the config declares 2"
+    ):
         make_actor(cfg.role("controller-0"), cfg)

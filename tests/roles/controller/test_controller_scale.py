@@ -27,7 +27,9 @@ class FakeClock:
 
 
 def beat(instance_id: str, running: int = 0) -> Heartbeat:
-    return Heartbeat(instance_id, "decode", "127.0.0.1", 42, "tcp://127.0.0.1:7120", load=Load(running=running))
+    return Heartbeat(
+        instance_id, "decode", "127.0.0.1", 42, "tcp://127.0.0.1:7120", load=Load(running=running)
+    )
 
 
 async def test_the_pool_keeps_a_ready_instance_until_a_decision_takes_it(caplog):
@@ -50,7 +52,13 @@ async def test_the_pool_keeps_a_ready_instance_until_a_decision_takes_it(caplog)
         assert "autoscale decode: need 3, target 2, take 1, start 1" in caplog.text
         status = await ref.ask(GetScale())
         [entry] = status.decisions
-        assert (entry.at, entry.role, entry.serving, entry.ready, entry.demand) == (1.7e9, "decode", 1, 1, 4.0)
+        assert (entry.at, entry.role, entry.serving, entry.ready, entry.demand) == (
+            1.7e9,
+            "decode",
+            1,
+            1,
+            4.0,
+        )
         assert (entry.need, entry.target, entry.take, entry.start) == (3, 2, 1, 1)
         assert status.roles[0].wanted == 3
 
@@ -72,7 +80,9 @@ async def test_without_autoscale_every_ready_instance_serves_and_scaling_is_off(
         assert await ref.ask(beat("decode-0")) == Assignment("serving")
         assert await ref.ask(beat("decode-1")) == Assignment("serving")
         assert await ref.ask(GetScale()) == ScaleStatus(enabled=False)
-        with pytest.raises(InvalidRequest, match=r"autoscaling is off: the config has no \[autoscale\] section"):
+        with pytest.raises(
+            InvalidRequest, match=r"autoscaling is off: the config has no \[autoscale\] section"
+        ):
             await ref.ask(SetScale("decode", 1))
     finally:
         await actor.stop()

@@ -35,7 +35,11 @@ def test_a_starting_instance_registers_then_is_ready_and_assigned_serving(reg):
     assert reg.heartbeat(beat(state="ready"), now=101.2) == []  # a refresh moves nothing
     [info] = reg.instances(101.5)
     assert (info.instance_id, info.role, info.state, info.pid, info.suspect) == (
-        "prefill-0", "prefill", "serving", 1234, False,
+        "prefill-0",
+        "prefill",
+        "serving",
+        1234,
+        False,
     )
     assert info.last_seen_s == pytest.approx(0.3)
 
@@ -129,8 +133,10 @@ def test_heartbeat_from_another_process_ends_the_old_run(reg):
     assert (info.state, info.pid) == ("serving", 2)
 
 
-@pytest.mark.parametrize(("assigned", "state"), [("serving", "serving"), ("draining", "draining"),
-                                                 ("ready", "serving"), ("", "serving")])
+@pytest.mark.parametrize(
+    ("assigned", "state"),
+    [("serving", "serving"), ("draining", "draining"), ("ready", "serving"), ("", "serving")],
+)
 def test_a_fresh_controller_takes_the_state_an_instance_reports_it_was_assigned(reg, assigned, state):
     transitions = reg.heartbeat(beat(assigned=assigned), now=0.0)
     assert reg.state("prefill-0") == state

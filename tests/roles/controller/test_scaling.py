@@ -13,14 +13,30 @@ from dsi.roles.controller.scaling import Scaler
 SETTLE_S = 2.0
 
 
-def beat(instance_id: str, role: str = "decode", running: int = 0, started_at: float = 1.0, **load) -> Heartbeat:
-    return Heartbeat(instance_id, role, "127.0.0.1", 7, f"tcp://127.0.0.1/{instance_id}",
-                     load=Load(running=running, **load), started_at=started_at)
+def beat(
+    instance_id: str, role: str = "decode", running: int = 0, started_at: float = 1.0, **load
+) -> Heartbeat:
+    return Heartbeat(
+        instance_id,
+        role,
+        "127.0.0.1",
+        7,
+        f"tcp://127.0.0.1/{instance_id}",
+        load=Load(running=running, **load),
+        started_at=started_at,
+    )
 
 
 def cluster(**decode) -> tuple[InstanceRegistry, Scaler]:
     # max 4: at 3 serving, quota use 0.75 still allows the scale-down (above 0.8 it would not).
-    options = {"min_instances": 1, "max_instances": 4, "ready_pool": 1, "margin": 0.0, "capacity": 1.0, **decode}
+    options = {
+        "min_instances": 1,
+        "max_instances": 4,
+        "ready_pool": 1,
+        "margin": 0.0,
+        "capacity": 1.0,
+        **decode,
+    }
     section = AutoscaleSection(interval_s=10.0, decode=AutoscaleRole(**options))
     registry = InstanceRegistry(1.0, 5.0)
     scaler = registry.ready_pool = Scaler(section, registry, settle_s=SETTLE_S)
@@ -69,7 +85,9 @@ def test_a_ramp_takes_the_pool_first_starts_more_then_drains_back_down():
         registry.heartbeat(beat(name), 23.0)
     decision, moves = scaler.decide(30.0)
     assert (decision.decode.target, decision.decode.stop_serving) == (2, 1)
-    assert [(m.instance_id, str(m.after)) for m in moves] == [("decode-2", "draining")]  # idle ties: highest id
+    assert [(m.instance_id, str(m.after)) for m in moves] == [
+        ("decode-2", "draining")
+    ]  # idle ties: highest id
     assert counts(scaler, 30.0) == (2, 1, 0, 1, 2, 3, [])
     registry.heartbeat(beat("decode-2"), 31.0)  # idle, but sent before the settle time
     assert counts(scaler, 31.0)[-1] == []
@@ -101,7 +119,8 @@ def test_scale_down_returns_a_serving_instance_to_a_short_pool_once_it_is_idle()
 
 def test_a_busy_instance_taken_out_of_service_is_stopped_after_the_drain_timeout():
     section = AutoscaleSection(
-        interval_s=10.0, drain_timeout_s=30.0,
+        interval_s=10.0,
+        drain_timeout_s=30.0,
         decode=AutoscaleRole(max_instances=3, margin=0.0, capacity=2.0),  # 2 of 3: below the quota rule
     )
     registry = InstanceRegistry(1.0, 5.0)

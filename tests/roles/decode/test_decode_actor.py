@@ -29,8 +29,10 @@ def model_dir():
 @pytest.fixture
 async def decode(model_dir):
     ctx = zmq.asyncio.Context()
-    settings = EngineRoleSettings(EngineOptions(max_batch_tokens=512, max_running=8),
-                                  ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"))
+    settings = EngineRoleSettings(
+        EngineOptions(max_batch_tokens=512, max_running=8),
+        ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"),
+    )
     actor = DecodeActor("decode-t", settings)
     server = ActorServer(actor, "tcp://127.0.0.1:*", ctx, role="decode")
     await server.start()
@@ -45,7 +47,9 @@ async def decode(model_dir):
 async def test_generate_streams_the_offline_engine_tokens(decode, model_dir):
     _, peer = decode
     prompt = [0, 100, 200, 300, 400]
-    chunks = [c async for c in peer.stream(Generate("r1", prompt, SamplingParams(max_tokens=6, temperature=0)))]
+    chunks = [
+        c async for c in peer.stream(Generate("r1", prompt, SamplingParams(max_tokens=6, temperature=0)))
+    ]
     assert chunks[-1].finish == "length" and all(c.finish == "" for c in chunks[:-1])
     cfg, w = load_model(model_dir)
     engine = Engine(cfg, w)
@@ -63,7 +67,9 @@ async def test_bad_request_is_a_typed_error(decode):
 
 async def test_cancelled_stream_aborts_in_the_engine(decode):
     _, peer = decode
-    stream = peer.stream(Generate("long", list(range(1000, 1300)), SamplingParams(max_tokens=400, temperature=0)))
+    stream = peer.stream(
+        Generate("long", list(range(1000, 1300)), SamplingParams(max_tokens=400, temperature=0))
+    )
     await stream.__anext__()
     load = await peer.ask(Load())
     assert load.running == 1 and load.kv_tokens > 0
@@ -83,10 +89,19 @@ async def test_cancelled_stream_aborts_in_the_engine(decode):
 async def test_a_colocated_run_reports_no_hit_and_refuses_a_pinned_bounded_hit(decode):
     _, peer = decode
     prompt = list(range(100, 400))
-    chunks = [c async for c in peer.stream(Generate("h1", prompt, SamplingParams(max_tokens=3, temperature=0)))]
+    chunks = [
+        c async for c in peer.stream(Generate("h1", prompt, SamplingParams(max_tokens=3, temperature=0)))
+    ]
     assert chunks[0].hit == NO_HIT and all(c.hit is None for c in chunks[1:])
     for pin in (NO_HIT, HitChoice(128, exact=True)):  # the hit-free output, which a colocated run has
         msg = Generate("h2", prompt, SamplingParams(max_tokens=3, temperature=0), pin_hit=pin)
-        assert [t for c in chunks for t in c.token_ids] == [t async for c in peer.stream(msg) for t in c.token_ids]
+        assert [t for c in chunks for t in c.token_ids] == [
+            t async for c in peer.stream(msg) for t in c.token_ids
+        ]
     with pytest.raises(HitUnavailable, match="bounded-replay hit of 256"):
-        [c async for c in peer.stream(Generate("h3", prompt, SamplingParams(max_tokens=3), pin_hit=HitChoice(256)))]
+        [
+            c
+            async for c in peer.stream(
+                Generate("h3", prompt, SamplingParams(max_tokens=3), pin_hit=HitChoice(256))
+            )
+        ]

@@ -11,9 +11,15 @@ class FakePool:
     prediction says). With ``sampling.logprobs`` token i gets logprob -(i + 1) / 4 and a top
     list of the token itself and the ids after it, each 1.0 less likely."""
 
-    def __init__(self, tokens=(1000, 2000, 3000), delay_s: float = 0.0, ready: bool = True,
-                 engine_cached: int | None = None, fail_after: int | None = None,
-                 error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        tokens=(1000, 2000, 3000),
+        delay_s: float = 0.0,
+        ready: bool = True,
+        engine_cached: int | None = None,
+        fail_after: int | None = None,
+        error: Exception | None = None,
+    ) -> None:
         self.tokens = list(tokens)
         self.fail_after = fail_after  # raise ``error`` after this many tokens (as a failed recovery)
         self.error = error
@@ -51,8 +57,15 @@ class FakePool:
                 token, lp = self.tokens[i], -(i + 1) / 4
                 logprobs = [lp] if msg.sampling.logprobs else []
                 top = [[(token + k, lp - k) for k in range(msg.sampling.top_logprobs)]] if logprobs else []
-                yield TokenChunk(msg.request_id, [token], "length" if last else "", len(msg.token_ids), cached,
-                                 logprobs, top)
+                yield TokenChunk(
+                    msg.request_id,
+                    [token],
+                    "length" if last else "",
+                    len(msg.token_ids),
+                    cached,
+                    logprobs,
+                    top,
+                )
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled += 1
             raise

@@ -38,7 +38,10 @@ async def pool():
 async def test_an_instance_the_controller_marks_dead_fails_the_streams_it_holds(pool):
     pool, tables = pool
     address = f"tcp://127.0.0.1:{free_port()}"  # a decode that no longer answers, connection or not
-    tables += [InstanceTable([info("serving", address=address)]), InstanceTable([info("dead", address=address)])]
+    tables += [
+        InstanceTable([info("serving", address=address)]),
+        InstanceTable([info("dead", address=address)]),
+    ]
     await pool.decode.refresh()
     stream = pool.pick().peer.stream(Generate("r", [5, 6], SamplingParams()), timeout=30.0)
     item = asyncio.ensure_future(anext(stream))
@@ -94,8 +97,12 @@ async def test_an_instance_a_restarted_controller_does_not_list_yet_keeps_servin
     pool, tables = pool
     pool.decode._unlisted_grace_s = 0.3
     address = f"tcp://127.0.0.1:{free_port()}"
-    tables += [InstanceTable([info("serving", address=address)]), InstanceTable([]), InstanceTable([]),
-               InstanceTable([])]
+    tables += [
+        InstanceTable([info("serving", address=address)]),
+        InstanceTable([]),
+        InstanceTable([]),
+        InstanceTable([]),
+    ]
     await pool.decode.refresh()
     running = pool.pick()
     running.sent += 1  # as DecodePool.generate counts a request while it runs there
@@ -133,7 +140,9 @@ async def test_an_instance_whose_connection_dropped_gets_no_new_work_before_the_
 async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
     pool, tables = pool
     moves = [TransitionCount("decode", "none", "ready", 2), TransitionCount("prefill", "serving", "dead", 1)]
-    tables.append(InstanceTable([info("serving", address=f"tcp://127.0.0.1:{free_port()}")], transitions=moves))
+    tables.append(
+        InstanceTable([info("serving", address=f"tcp://127.0.0.1:{free_port()}")], transitions=moves)
+    )
     assert pool.metric_lines() == ["# TYPE dsi_instance_transitions_total counter"]  # nothing fetched yet
     await pool.decode.refresh()
     assert pool.metric_lines() == [

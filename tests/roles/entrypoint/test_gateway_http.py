@@ -59,7 +59,10 @@ async def test_good_requests_in_each_protocol(recipe):
             assert (await resp.json())["data"][0]["id"] == "dsi-tiny"
         async with http.get(server.make_url("/metrics")) as resp:
             text = await resp.text()
-            assert 'dsi_requests_total{protocol="chat",status="200"} 1' in text and "dsi_ttft_seconds_count 3" in text
+            assert (
+                'dsi_requests_total{protocol="chat",status="200"} 1' in text
+                and "dsi_ttft_seconds_count 3" in text
+            )
             assert 'dsi_instance_transitions_total{role="decode",from="ready",to="serving"} 1' in text
         async with http.get(server.make_url("/openapi.json")) as resp:
             assert "/v1/messages" in (await resp.json())["paths"]
@@ -83,31 +86,87 @@ BAD = [
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400),
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, 400),
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400),
+    (
+        "chat",
+        {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+        400,
+    ),
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 9}, 400),
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": 2}, 400),
     ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
-     400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}],
-              "tools": [{"type": "function", "function": {"name": "f", "parameters": "not a schema"}}]}, 400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "sometimes"}, 400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}],
-              "response_format": {"type": "xml"}}, 400),
-    ("chat", {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "huge"}, 400),
+    (
+        "chat",
+        {
+            "model": "dsi-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function"}],
+        },
+        400,
+    ),
+    (
+        "chat",
+        {
+            "model": "dsi-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": "not a schema"}}],
+        },
+        400,
+    ),
+    (
+        "chat",
+        {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "sometimes"},
+        400,
+    ),
+    (
+        "chat",
+        {
+            "model": "dsi-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "xml"},
+        },
+        400,
+    ),
+    (
+        "chat",
+        {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "huge"},
+        400,
+    ),
     ("responses", {"model": "dsi-tiny"}, 400),
     ("responses", {"model": "dsi-tiny", "input": 12}, 400),
     ("responses", {"model": "dsi-tiny", "input": [{"role": "alien", "content": "x"}]}, 400),
     ("responses", {"model": "dsi-tiny", "input": "hi", "max_output_tokens": 0}, 400),
     ("responses", {"model": "nope", "input": "hi"}, 404),
     ("responses", b"{", 400),
-    ("messages", {"model": "dsi-tiny", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, 400),
-    ("messages", {"model": "dsi-tiny", "max_tokens": 5, "messages": [{"role": "developer", "content": "x"}]}, 400),
-    ("messages", {"model": "dsi-tiny", "max_tokens": -5, "messages": [{"role": "user", "content": "hi"}]}, 400),
-    ("messages", {"model": "dsi-tiny", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "?"}]}]},
-     400),
-    ("messages", {"model": "dsi-tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
-                  "tools": [{"name": "f"}]}, 400),
+    (
+        "messages",
+        {"model": "dsi-tiny", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]},
+        400,
+    ),
+    (
+        "messages",
+        {"model": "dsi-tiny", "max_tokens": 5, "messages": [{"role": "developer", "content": "x"}]},
+        400,
+    ),
+    (
+        "messages",
+        {"model": "dsi-tiny", "max_tokens": -5, "messages": [{"role": "user", "content": "hi"}]},
+        400,
+    ),
+    (
+        "messages",
+        {"model": "dsi-tiny", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "?"}]}]},
+        400,
+    ),
+    (
+        "messages",
+        {
+            "model": "dsi-tiny",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f"}],
+        },
+        400,
+    ),
     ("messages", {"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, 404),
     ("messages", b"\x00\x01", 400),
 ]
@@ -119,8 +178,9 @@ async def test_at_least_30_malformed_requests_get_4xx_in_the_protocol_shape(reci
     async with ClientSession() as http:
         for protocol, body, status in BAD:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            async with http.post(server.make_url(PATHS[protocol]), data=data,
-                                 headers={"Content-Type": "application/json"}) as resp:
+            async with http.post(
+                server.make_url(PATHS[protocol]), data=data, headers={"Content-Type": "application/json"}
+            ) as resp:
                 payload = await resp.json()
                 assert 400 <= resp.status < 500, (protocol, body, resp.status, payload)
                 assert resp.status == status, (protocol, body, resp.status, payload)
@@ -142,20 +202,24 @@ async def test_body_limit_auth_and_concurrency(recipe, tmp_path):
             async with http.post(server.make_url(PATHS[protocol]), json=GOOD[protocol]) as resp:
                 assert resp.status == 401
                 _assert_shape(protocol, 401, await resp.json())
-        async with http.post(server.make_url(PATHS["messages"]), json=GOOD["messages"],
-                             headers={"x-api-key": "sk-a"}) as resp:
+        async with http.post(
+            server.make_url(PATHS["messages"]), json=GOOD["messages"], headers={"x-api-key": "sk-a"}
+        ) as resp:
             assert resp.status == 200
         big = {**GOOD["chat"], "messages": [{"role": "user", "content": "x" * 10_000}]}
-        async with http.post(server.make_url(PATHS["chat"]), json=big,
-                             headers={"Authorization": "Bearer sk-a"}) as resp:
+        async with http.post(
+            server.make_url(PATHS["chat"]), json=big, headers={"Authorization": "Bearer sk-a"}
+        ) as resp:
             assert resp.status == 413
             _assert_shape("chat", 413, await resp.json())
         slow = {**GOOD["chat"], "max_tokens": 30}
-        first = asyncio.ensure_future(http.post(server.make_url(PATHS["chat"]), json=slow,
-                                                headers={"Authorization": "Bearer sk-a"}))
+        first = asyncio.ensure_future(
+            http.post(server.make_url(PATHS["chat"]), json=slow, headers={"Authorization": "Bearer sk-a"})
+        )
         await asyncio.sleep(0.3)
-        async with http.post(server.make_url(PATHS["chat"]), json=GOOD["chat"],
-                             headers={"Authorization": "Bearer sk-a"}) as resp:
+        async with http.post(
+            server.make_url(PATHS["chat"]), json=GOOD["chat"], headers={"Authorization": "Bearer sk-a"}
+        ) as resp:
             assert resp.status == 429
             _assert_shape("chat", 429, await resp.json())
         (await first).release()
@@ -167,7 +231,9 @@ async def test_no_instance_is_503(recipe):
     async with ClientSession() as http:
         for protocol in PATHS:
             for stream in (False, True):
-                async with http.post(server.make_url(PATHS[protocol]), json={**GOOD[protocol], "stream": stream}) as r:
+                async with http.post(
+                    server.make_url(PATHS[protocol]), json={**GOOD[protocol], "stream": stream}
+                ) as r:
                     assert r.status == 503
                     _assert_shape(protocol, 503, await r.json())
     await server.close()
@@ -189,19 +255,36 @@ async def test_client_disconnect_closes_the_engine_stream(recipe):
     await server.close()
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
-                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-                     max_leaves=12)
-_FIELDS = {"model": st.sampled_from(["dsi-tiny", "DeepSeek-V4-Pro", "x"]) | _JSON,
-           "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool",
-                                                                                 "developer", "bad"]) | _JSON},
-                                                      optional={"content": st.text(max_size=30) | _JSON,
-                                                                "tool_calls": _JSON, "tool_call_id": _JSON}),
-                                max_size=3) | _JSON,
-           "input": st.text(max_size=30) | _JSON, "max_tokens": st.integers(-3, 3) | _JSON,
-           "max_output_tokens": st.integers(-3, 3) | _JSON, "stream": st.booleans() | _JSON, "tools": _JSON,
-           "tool_choice": _JSON, "temperature": _JSON, "top_p": _JSON, "stop": _JSON, "n": _JSON,
-           "response_format": _JSON, "thinking": _JSON, "reasoning_effort": _JSON, "system": _JSON}
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+_FIELDS = {
+    "model": st.sampled_from(["dsi-tiny", "DeepSeek-V4-Pro", "x"]) | _JSON,
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", "bad"]) | _JSON},
+            optional={"content": st.text(max_size=30) | _JSON, "tool_calls": _JSON, "tool_call_id": _JSON},
+        ),
+        max_size=3,
+    )
+    | _JSON,
+    "input": st.text(max_size=30) | _JSON,
+    "max_tokens": st.integers(-3, 3) | _JSON,
+    "max_output_tokens": st.integers(-3, 3) | _JSON,
+    "stream": st.booleans() | _JSON,
+    "tools": _JSON,
+    "tool_choice": _JSON,
+    "temperature": _JSON,
+    "top_p": _JSON,
+    "stop": _JSON,
+    "n": _JSON,
+    "response_format": _JSON,
+    "thinking": _JSON,
+    "reasoning_effort": _JSON,
+    "system": _JSON,
+}
 _BODIES = st.fixed_dictionaries({}, optional=_FIELDS) | _JSON | st.binary(max_size=40)
 
 
@@ -213,8 +296,9 @@ async def test_fuzz_2000_requests_no_5xx(recipe):
 
         async def post(protocol, body):
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            async with http.post(server.make_url(PATHS[protocol]), data=data,
-                                 headers={"Content-Type": "application/json"}) as resp:
+            async with http.post(
+                server.make_url(PATHS[protocol]), data=data, headers={"Content-Type": "application/json"}
+            ) as resp:
                 await resp.read()
                 return resp.status
 
@@ -233,16 +317,20 @@ async def test_fuzz_2000_requests_no_5xx(recipe):
     await server.close()
 
 
-FAILURES = [RecoveryDiverged("the re-run produced token 7 at position 2 where the client already has 3000"),
-            NoInstance("no serving decode instance to take the request over within 5s"),
-            HitUnavailable("the re-run is pinned to a bounded-replay hit of 256 tokens")]
+FAILURES = [
+    RecoveryDiverged("the re-run produced token 7 at position 2 where the client already has 3000"),
+    NoInstance("no serving decode instance to take the request over within 5s"),
+    HitUnavailable("the re-run is pinned to a bounded-replay hit of 256 tokens"),
+]
 
 
 @pytest.mark.parametrize("error", FAILURES, ids=lambda e: e.code)
 async def test_a_failed_recovery_mid_stream_ends_with_the_protocols_error_event(recipe, error):
     """Two tokens went out, then the request cannot go on: the stream ends with the protocol's
     error event (no more content, no normal finish), and a non-streamed request gets the error body."""
-    server, gateway = await _server(recipe, FakePool(tokens=(1000, 2000, 3000, 4000), fail_after=2, error=error))
+    server, gateway = await _server(
+        recipe, FakePool(tokens=(1000, 2000, 3000, 4000), fail_after=2, error=error)
+    )
     async with ClientSession() as http:
         for protocol in PATHS:
             body = {**GOOD[protocol], "max_tokens" if protocol != "responses" else "max_output_tokens": 4}
@@ -252,7 +340,9 @@ async def test_a_failed_recovery_mid_stream_ends_with_the_protocols_error_event(
             name, last = events[-1]
             if protocol == "chat":
                 assert name is None and error.code in last["error"]["message"]
-                assert all("choices" in e and not e["choices"][0].get("finish_reason") for _, e in events[:-1])
+                assert all(
+                    "choices" in e and not e["choices"][0].get("finish_reason") for _, e in events[:-1]
+                )
             elif protocol == "responses":
                 assert name == "response.failed" and error.code in last["response"]["error"]["message"]
                 assert not any(n in ("response.completed", "response.incomplete") for n, _ in events)
@@ -283,12 +373,16 @@ async def test_a_client_that_stops_reading_holds_a_bounded_buffer_and_is_cut_off
     # timeout the stream is aborted and the engine stream closed (CANCEL upstream).
     max_tokens = 300_000
     pool = FakePool(tokens=range(100, 100 + max_tokens))
-    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 1 << 20), slow_reader_timeout_s=0.5)
+    gateway = Gateway(
+        pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 1 << 20), slow_reader_timeout_s=0.5
+    )
     server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
     await server.start_server()
     body = json.dumps({**GOOD["chat"], "max_tokens": max_tokens, "stream": True}).encode()
-    head = (f"POST {PATHS['chat']} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST {PATHS['chat']} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     loop = asyncio.get_running_loop()
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -77,4 +77,3 @@ def test_health_is_503_until_a_decode_instance_registers(tmp_path):
         cluster.kill("decode-0")  # its heartbeats stop: the controller drops it, /health follows
         _, body = wait_health(f"{base}/health", lambda status, _: status == 503)
         assert body["instances"] == 0 and body["prefill_instances"] == 1
-

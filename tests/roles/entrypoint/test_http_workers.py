@@ -8,7 +8,7 @@ import aiohttp
 
 from dsi.config import parse_config
 from dsi.roles.host import RoleHost
-from transport.ports import free_port
+from dsi.transport.ports import free_port
 
 
 async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):

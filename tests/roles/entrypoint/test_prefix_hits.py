@@ -42,8 +42,11 @@ LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 
 BODIES = {  # each its own prompt (the three protocols render the same text alike)
     "chat": {"model": "dsi-tiny", "messages": [{"role": "user", "content": "chat " + LONG}], "max_tokens": 2},
     "responses": {"model": "dsi-tiny", "input": "responses " + LONG, "max_output_tokens": 2},
-    "messages": {"model": "dsi-tiny", "messages": [{"role": "user", "content": "messages " + LONG}],
-                 "max_tokens": 2},
+    "messages": {
+        "model": "dsi-tiny",
+        "messages": [{"role": "user", "content": "messages " + LONG}],
+        "max_tokens": 2,
+    },
 }
 
 
@@ -104,7 +107,7 @@ async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvsto
                 ids = pool.requests[-1].token_ids
                 assert len(ids) >= 3 * 128 and pool.requests[-1].cached_tokens == 0
                 hashes = CHAIN.hashes(ids)
-                await run.peer.ask(put_msg(hashes[:2 * 16], block_bytes(2)))  # the first two blocks
+                await run.peer.ask(put_msg(hashes[: 2 * 16], block_bytes(2)))  # the first two blocks
                 await _synced(prefix, run.peer)
                 async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
                     answer = await resp.json()
@@ -126,8 +129,11 @@ async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvsto
         await prefix.close()
 
 
-STREAM_USAGE = {"chat": '"cached_tokens":{}', "responses": '"cached_tokens":{}',
-                "messages": '"cache_read_input_tokens":{}'}
+STREAM_USAGE = {
+    "chat": '"cached_tokens":{}',
+    "responses": '"cached_tokens":{}',
+    "messages": '"cache_read_input_tokens":{}',
+}
 
 
 async def test_usage_reports_what_the_engine_reused_not_the_prediction(recipe, kvstores, ctx):
@@ -144,7 +150,9 @@ async def test_usage_reports_what_the_engine_reused_not_the_prediction(recipe, k
                 pool.engine_cached = 0
                 async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
                     assert resp.status == 200 and cached_in_usage(protocol, await resp.json()) == 0
-                await run.peer.ask(put_msg(CHAIN.hashes(pool.requests[-1].token_ids)[:2 * 16], block_bytes(2)))
+                await run.peer.ask(
+                    put_msg(CHAIN.hashes(pool.requests[-1].token_ids)[: 2 * 16], block_bytes(2))
+                )
                 await _synced(prefix, run.peer)
                 pool.engine_cached = 128
                 async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
@@ -156,7 +164,10 @@ async def test_usage_reports_what_the_engine_reused_not_the_prediction(recipe, k
                     streamed["stream_options"] = {"include_usage": True}
                 async with http.post(server.make_url(PATHS[protocol]), json=streamed) as resp:
                     text = (await resp.text()).replace(" ", "")
-                assert STREAM_USAGE[protocol].format(128) in text and STREAM_USAGE[protocol].format(256) not in text
+                assert (
+                    STREAM_USAGE[protocol].format(128) in text
+                    and STREAM_USAGE[protocol].format(256) not in text
+                )
             async with http.get(server.make_url("/metrics")) as resp:
                 metrics = await resp.text()
         assert "dsi_prefix_hit_tokens_total 1536" in metrics  # 3 protocols x 2 requests x 256 predicted
@@ -241,8 +252,10 @@ async def test_traffic_class_from_the_key_the_header_or_the_metadata(recipe, tmp
 
 async def test_a_keys_cache_salt_namespaces_its_hits(recipe, kvstores, ctx, tmp_path):
     keys_file = tmp_path / "keys.toml"
-    keys_file.write_text('[[keys]]\nkey = "k1"\nname = "shared"\n\n'
-                         '[[keys]]\nkey = "k2"\nname = "team-b"\ncache_salt = "team-b"\n')
+    keys_file.write_text(
+        '[[keys]]\nkey = "k1"\nname = "shared"\n\n'
+        '[[keys]]\nkey = "k2"\nname = "team-b"\ncache_salt = "team-b"\n'
+    )
     run = await kvstores.start(publish_interval_s=0.2)
     prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
     await prefix.start()
@@ -259,12 +272,15 @@ async def test_a_keys_cache_salt_namespaces_its_hits(recipe, kvstores, ctx, tmp_
         async with ClientSession() as http:
             assert await cached_for("k1") == 0
             ids = pool.requests[-1].token_ids
-            await run.peer.ask(put_msg(CHAIN.hashes(ids)[:2 * 16], block_bytes(2)))  # shared chain only
+            await run.peer.ask(put_msg(CHAIN.hashes(ids)[: 2 * 16], block_bytes(2)))  # shared chain only
             await _synced(prefix, run.peer)
             assert await cached_for("k1") == 256
             assert await cached_for("k2") == 0  # the salted chain shares nothing with the plain one
-            assert pool.requests[-1].sampling.cache_salt == "team-b" and pool.requests[-2].sampling.cache_salt == ""
-            await run.peer.ask(put_msg(CHAIN.hashes(ids, cache_salt="team-b")[:3 * 16], block_bytes(3)))
+            assert (
+                pool.requests[-1].sampling.cache_salt == "team-b"
+                and pool.requests[-2].sampling.cache_salt == ""
+            )
+            await run.peer.ask(put_msg(CHAIN.hashes(ids, cache_salt="team-b")[: 3 * 16], block_bytes(3)))
             await _synced(prefix, run.peer)
             assert await cached_for("k2") == 384
     finally:
@@ -281,8 +297,9 @@ async def test_the_hit_policy_reaches_generate_from_the_metadata_or_the_cluster(
     prefix = PrefixLookup(CHAIN, None, ctx, address=run.address, refresh_s=0.1)
     await prefix.start()
     pool = FakePool()
-    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384, hit_policy="exact"), prefix,
-                      keep=KEEP)
+    gateway = Gateway(
+        pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384, hit_policy="exact"), prefix, keep=KEEP
+    )
     server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
     await server.start_server()
     try:
@@ -311,8 +328,10 @@ async def test_the_hit_policy_reaches_generate_from_the_metadata_or_the_cluster(
                     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
                     assert error["error"]["message"].startswith("metadata.hit_policy: ")
                 else:
-                    assert (error["error"]["param"], error["error"]["code"]) == ("metadata.hit_policy",
-                                                                                 "invalid_hit_policy")
+                    assert (error["error"]["param"], error["error"]["code"]) == (
+                        "metadata.hit_policy",
+                        "invalid_hit_policy",
+                    )
         assert [r.hit_policy for r in pool.requests] == ["exact", "exact", "bounded", "exact"] * 3
     finally:
         await server.close()

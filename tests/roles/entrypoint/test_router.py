@@ -28,7 +28,9 @@ BOUND_S = 0.2  # balancer_timeout_s: above a loaded CI machine's worst answer, f
 
 
 def _info(instance_id: str, address: str) -> InstanceInfo:
-    return InstanceInfo(instance_id, instance_id.split("-")[0], "127.0.0.1", 1, address, "serving", Load(), 0.0, 1.0)
+    return InstanceInfo(
+        instance_id, instance_id.split("-")[0], "127.0.0.1", 1, address, "serving", Load(), 0.0, 1.0
+    )
 
 
 @pytest.fixture
@@ -49,23 +51,36 @@ async def balanced(procs, tmp_path):
     async def beat_and_report():
         while True:
             for i, address in engines.items():
-                await controller.ask(Heartbeat(i, i.split("-")[0], "127.0.0.1", 1, address, assigned="serving"))
+                await controller.ask(
+                    Heartbeat(i, i.split("-")[0], "127.0.0.1", 1, address, assigned="serving")
+                )
                 busy = i == "decode-0"  # the balancer sees decode-0 loaded; the gateway's table does not
-                balancer.tell(LoadReport(i, i.split("-")[0], 1.0, running=30 if busy else 0,
-                                         kv_tokens=50_000 if busy else 0, max_requests=64,
-                                         kv_capacity_tokens=100_000 if i.startswith("decode") else 0))
+                balancer.tell(
+                    LoadReport(
+                        i,
+                        i.split("-")[0],
+                        1.0,
+                        running=30 if busy else 0,
+                        kv_tokens=50_000 if busy else 0,
+                        max_requests=64,
+                        kv_capacity_tokens=100_000 if i.startswith("decode") else 0,
+                    )
+                )
             await asyncio.sleep(0.2)
 
     beating = asyncio.ensure_future(beat_and_report())
     for _ in range(300):  # until the balancer has every engine listed serving and reported
         views = (await balancer.ask(BalancerStatus())).instances
-        if sorted(v.instance_id for v in views if v.state == "serving" and v.report_age_s >= 0) == sorted(ENGINES):
+        if sorted(v.instance_id for v in views if v.state == "serving" and v.report_age_s >= 0) == sorted(
+            ENGINES
+        ):
             break
         await asyncio.sleep(0.05)
     else:
         raise AssertionError(f"the balancer never saw the engines: {views}")
-    pool = DecodePool(f"tcp://127.0.0.1:{free_port()}", ctx, balancers=[addresses["balancer-0"]],
-                      balancer_timeout_s=BOUND_S)
+    pool = DecodePool(
+        f"tcp://127.0.0.1:{free_port()}", ctx, balancers=[addresses["balancer-0"]], balancer_timeout_s=BOUND_S
+    )
     table = InstanceTable([_info(i, a) for i, a in engines.items()])
 
     async def ask(msg, timeout=None):
@@ -84,8 +99,6 @@ async def balanced(procs, tmp_path):
     await controller.close()
     await balancer.close()
     ctx.destroy(linger=0)
-
-
 
 
 def _msg(n: int) -> Generate:

@@ -1,7 +1,6 @@
 """Two balancers side by side, in this process over real sockets: an engine's reports reach
 both, the router asks the first while it is up and the second once the first is gone."""
 
-
 import zmq.asyncio
 
 from dsi.config import BalancerOptions
@@ -22,9 +21,16 @@ async def test_the_second_balancer_takes_over_when_the_first_goes_away():
         await server.start()
         actor.listed(table(**{"prefill-0": "serving", "decode-0": "serving"}))
     addresses = [s.address for s in servers]
-    reporters = [LoadReporter(i, addresses, lambda i=i: LoadReport(i, i.split("-")[0], 1.0, max_requests=64,
-                                                                     kv_capacity_tokens=100_000), ctx, interval_s=0.1)
-                 for i in ("prefill-0", "decode-0")]
+    reporters = [
+        LoadReporter(
+            i,
+            addresses,
+            lambda i=i: LoadReport(i, i.split("-")[0], 1.0, max_requests=64, kv_capacity_tokens=100_000),
+            ctx,
+            interval_s=0.1,
+        )
+        for i in ("prefill-0", "decode-0")
+    ]
     router = BalancerRouter(addresses, ctx, bound_s=0.5, retry_after_s=60.0)
     for r in reporters:
         await r.start()

@@ -21,14 +21,29 @@ from tests.dsi.cli.procs import SHARED_MODEL_DIR
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "maxLength": 12}},
-                                                "required": ["city"]}}}
-RESP_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-             "parameters": WEATHER["function"]["parameters"]}
-ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather in a city",
-                  "input_schema": WEATHER["function"]["parameters"]}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+        },
+    },
+}
+RESP_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": WEATHER["function"]["parameters"],
+}
+ANTHROPIC_TOOL = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": WEATHER["function"]["parameters"],
+}
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -45,16 +60,30 @@ def claude(gateway):
 def test_chat_completions_plain_stream_and_non_stream(oai):
     out = oai.chat.completions.create(model="dsi-tiny", messages=MSGS, max_tokens=6, seed=1)
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 6
-    chunks = list(oai.chat.completions.create(model="dsi-tiny", messages=MSGS, max_tokens=6, stream=True,
-                                              stream_options={"include_usage": True}, reasoning_effort="none"))
+    chunks = list(
+        oai.chat.completions.create(
+            model="dsi-tiny",
+            messages=MSGS,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            reasoning_effort="none",
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert chunks[-2].choices[0].finish_reason == "length"
 
 
 def test_chat_completions_forced_tool_call(oai):
-    kwargs = {"model": "dsi-tiny", "messages": MSGS, "tools": [WEATHER], "max_tokens": 120, "reasoning_effort": "none",
-              "temperature": 0,
-              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    kwargs = {
+        "model": "dsi-tiny",
+        "messages": MSGS,
+        "tools": [WEATHER],
+        "max_tokens": 120,
+        "reasoning_effort": "none",
+        "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
     out = oai.chat.completions.create(**kwargs)
     call = out.choices[0].message.tool_calls[0]
     assert out.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
@@ -66,9 +95,15 @@ def test_chat_completions_forced_tool_call(oai):
 
 
 def test_responses_stream_and_non_stream_with_tools(oai):
-    kwargs = {"model": "dsi-tiny", "input": "What is the weather in Paris?", "tools": [RESP_TOOL],
-              "tool_choice": "required", "max_output_tokens": 120, "reasoning": {"effort": "none"},
-              "temperature": 0}
+    kwargs = {
+        "model": "dsi-tiny",
+        "input": "What is the weather in Paris?",
+        "tools": [RESP_TOOL],
+        "tool_choice": "required",
+        "max_output_tokens": 120,
+        "reasoning": {"effort": "none"},
+        "temperature": 0,
+    }
     resp = oai.responses.create(**kwargs)
     calls = [item for item in resp.output if item.type == "function_call"]
     assert resp.status == "completed" and calls[0].name == "get_weather"
@@ -81,10 +116,21 @@ def test_responses_stream_and_non_stream_with_tools(oai):
 
 
 def test_anthropic_messages_create_and_stream_with_tools_and_thinking(claude):
-    msg = claude.messages.create(model="dsi-tiny", max_tokens=120, messages=MSGS, tools=[ANTHROPIC_TOOL], extra_body={"temperature": 0},
-                                 tool_choice={"type": "tool", "name": "get_weather"}, thinking={"type": "disabled"})
+    msg = claude.messages.create(
+        model="dsi-tiny",
+        max_tokens=120,
+        messages=MSGS,
+        tools=[ANTHROPIC_TOOL],
+        extra_body={"temperature": 0},
+        tool_choice={"type": "tool", "name": "get_weather"},
+        thinking={"type": "disabled"},
+    )
     tool_uses = [b for b in msg.content if b.type == "tool_use"]
-    assert msg.stop_reason == "tool_use" and tool_uses[0].name == "get_weather" and tool_uses[0].id.startswith("toolu_")
+    assert (
+        msg.stop_reason == "tool_use"
+        and tool_uses[0].name == "get_weather"
+        and tool_uses[0].id.startswith("toolu_")
+    )
     assert isinstance(tool_uses[0].input["city"], str)
     # Thinking is on by default (DeepSeek's rule for an absent effort); an explicit
     # {"type": "enabled"} needs max_tokens above budget_tokens (>= 1024), too slow for the tiny model.
@@ -96,9 +142,20 @@ def test_anthropic_messages_create_and_stream_with_tools_and_thinking(claude):
 
 # -- logprobs and penalties: the engine's own values, through the disaggregated cluster ----------
 
-LP_CHAT = {"model": "dsi-tiny", "messages": MSGS, "max_tokens": 6, "temperature": 0, "reasoning_effort": "none"}
-LP_RESPONSES = {"model": "dsi-tiny", "input": "What is the weather in Paris?", "max_output_tokens": 6,
-                "temperature": 0, "reasoning": {"effort": "none"}}
+LP_CHAT = {
+    "model": "dsi-tiny",
+    "messages": MSGS,
+    "max_tokens": 6,
+    "temperature": 0,
+    "reasoning_effort": "none",
+}
+LP_RESPONSES = {
+    "model": "dsi-tiny",
+    "input": "What is the weather in Paris?",
+    "max_output_tokens": 6,
+    "temperature": 0,
+    "reasoning": {"effort": "none"},
+}
 
 
 def engine_run(protocol, body, **sampling):
@@ -106,8 +163,9 @@ def engine_run(protocol, body, **sampling):
     cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
     ids = list(Recipe({"dsi-tiny": ModelVersion.V4}).prepare(protocol, body).prompt_token_ids)
     engine = Engine(cfg, w, EngineConfig(async_scheduling=False))
-    engine.add_request("r", ids, SamplingParams(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
-                                                **sampling))
+    engine.add_request(
+        "r", ids, SamplingParams(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, **sampling)
+    )
     outs = [o for o in engine.run_until_done() if o.request_id == "r"]
     engine.close()
     tops = [t for o in outs for t in o.new_top_logprobs]
@@ -142,8 +200,10 @@ def test_chat_completions_logprobs_are_the_engines(oai, chat_run):
     streamed = [e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
     assert_engine_logprobs(streamed, chat_run)
     # LengthFinishReasonError is the accumulator's way to say "length"
-    with (pytest.raises(openai.LengthFinishReasonError) as cut,
-          oai.chat.completions.stream(**LP_CHAT, logprobs=True, top_logprobs=3) as stream):
+    with (
+        pytest.raises(openai.LengthFinishReasonError) as cut,
+        oai.chat.completions.stream(**LP_CHAT, logprobs=True, top_logprobs=3) as stream,
+    ):
         stream.get_final_completion()
     assert_engine_logprobs(cut.value.completion.choices[0].logprobs.content, chat_run)
 

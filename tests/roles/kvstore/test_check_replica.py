@@ -1,7 +1,6 @@
 """CheckReplica against a real kvstore: follows deltas, resyncs after gaps, restarts and restarts
 of its own, and ends equal to the store's index."""
 
-
 import numpy as np
 import pytest
 
@@ -40,7 +39,7 @@ async def test_replica_equals_the_store_after_10000_puts_with_a_restart_midway(k
     hashes = chain(10_000, seed=3)
     payload = block_bytes(1, size=64)[0]
     for start in range(0, 10_000, 50):
-        await run.peer.ask(put_msg(hashes[start * 16:(start + 50) * 16], [payload] * 50))
+        await run.peer.ask(put_msg(hashes[start * 16 : (start + 50) * 16], [payload] * 50))
         if start == 5000:
             await replica.stop()
             replica = await replicas(run)
@@ -55,12 +54,12 @@ async def test_replica_matches_locally_and_resyncs_after_a_gap(kvstores, replica
     run = await kvstores.start(publish_interval_s=0.05)
     replica = await replicas(run)
     hashes, data = chain(8), block_bytes(8)
-    await run.peer.ask(put_msg(hashes[:4 * 16], data[:4]))
+    await run.peer.ask(put_msg(hashes[: 4 * 16], data[:4]))
     await caught_up(replica, run)
     assert replica.match(hashes) == 4
     resyncs = replica.state.resyncs
     replica.state.seq -= 1  # as if a delta had been lost
-    await run.peer.ask(put_msg(hashes[4 * 16:], data[4:]))
+    await run.peer.ask(put_msg(hashes[4 * 16 :], data[4:]))
     await caught_up(replica, run)
     assert replica.state.resyncs > resyncs and replica.state.gaps >= 1
     assert replica.match(hashes) == 8

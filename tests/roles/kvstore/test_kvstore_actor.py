@@ -39,7 +39,7 @@ async def test_reads_land_in_shared_memory(kvstores):
         read = await run.peer.ask(GetBlocks(unpack(hashes), buf.name, shm_offset=64, stride=4096))
         assert read.found == [True] * 4 and read.data == []
         for i, d in enumerate(data):
-            assert bytes(buf.view[64 + i * 4096:64 + i * 4096 + 3000]) == d
+            assert bytes(buf.view[64 + i * 4096 : 64 + i * 4096 + 3000]) == d
         with pytest.raises(DsiError, match="do not fit"):
             await run.peer.ask(GetBlocks(unpack(hashes), buf.name, shm_offset=64 * 1024, stride=4096))
         with pytest.raises(DsiError, match="more than the stride"):

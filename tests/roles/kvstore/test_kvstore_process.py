@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def start_kvstore(procs: Procs, config):
-    proc = procs.start("kvstore-0", python_module("dsi.cli.role", "--config", str(config), "--role", "kvstore-0"))
+    proc = procs.start(
+        "kvstore-0", python_module("dsi.cli.role", "--config", str(config), "--role", "kvstore-0")
+    )
     assert proc.wait_ready() == "READY kvstore-0"
     return proc
 

@@ -21,7 +21,9 @@ def options(backend: str, fabric: Any = None, **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def plane_pair(backend: str, fabric: Any = None, **extra: Any) -> AsyncIterator[tuple[DataPlane, DataPlane]]:
+async def plane_pair(
+    backend: str, fabric: Any = None, **extra: Any
+) -> AsyncIterator[tuple[DataPlane, DataPlane]]:
     """(receiver, sender), started; both closed on exit. rdma: two devices of ``fabric``."""
     fabric_opts = options(backend, fabric)
     receiver = make_data_plane(backend, "127.0.0.1", **{**fabric_opts, **extra})

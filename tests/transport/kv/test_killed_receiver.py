@@ -33,8 +33,12 @@ class Receiver:
     """The child process; ``stop`` always reaps it and removes the shm files it leaves behind."""
 
     def __init__(self, backend: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.transport.kv.receiver_proc", backend, str(BIG)],
-                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.transport.kv.receiver_proc", backend, str(BIG)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
 
     def targets(self) -> list[KvTarget]:
         line = self.proc.stdout.readline()  # type: ignore[union-attr]

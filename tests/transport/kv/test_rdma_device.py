@@ -10,8 +10,11 @@ from dsi.transport.kv.rdma.pyverbs_device import device_names, open_device
 
 pytestmark = [
     pytest.mark.rdma,
-    pytest.mark.skipif(not device_names(), reason="no RDMA device: ibv_get_device_list is empty "
-                       "(or rdma-core's python3-pyverbs is not installed)"),
+    pytest.mark.skipif(
+        not device_names(),
+        reason="no RDMA device: ibv_get_device_list is empty "
+        "(or rdma-core's python3-pyverbs is not installed)",
+    ),
 ]
 
 

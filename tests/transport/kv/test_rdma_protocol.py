@@ -102,7 +102,9 @@ async def test_concurrent_transfers_to_one_receiver_stay_within_its_send_queue()
     async with plane_pair("rdma", fabric, chunk_bytes=4096) as (receiver, sender):
         payloads = [bytes([i]) * (256 << 10) for i in range(8)]  # 64 chunks each, 8 at once
         inbounds = [receiver.expect(f"t{i}", len(p), 10.0) for i, p in enumerate(payloads)]
-        await asyncio.gather(*(sender.send(inb.target, [p], 10.0) for inb, p in zip(inbounds, payloads, strict=True)))
+        await asyncio.gather(
+            *(sender.send(inb.target, [p], 10.0) for inb, p in zip(inbounds, payloads, strict=True))
+        )
         for inb, p in zip(inbounds, payloads, strict=True):
             assert bytes(await inb.wait()) == p
             inb.release()
@@ -145,4 +147,3 @@ async def _round_trip(receiver, sender, tid: str) -> None:
         assert bytes(await inbound.wait()) == payload
     finally:
         inbound.release()
-

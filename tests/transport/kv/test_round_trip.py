@@ -48,9 +48,17 @@ async def test_one_64_mib_buffer(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_parts_of_every_kind_and_empty_transfers(backend):
     tensor = torch.arange(3000, dtype=torch.bfloat16).reshape(30, 100)
-    parts = [b"head", bytearray(b"\x01" * 70_000), memoryview(b"mv"), np.arange(12, dtype=np.float16).reshape(3, 4),
-             tensor, b""]
-    expected = b"".join([b"head", b"\x01" * 70_000, b"mv", parts[3].tobytes(), tensor.view(torch.uint8).numpy().tobytes()])
+    parts = [
+        b"head",
+        bytearray(b"\x01" * 70_000),
+        memoryview(b"mv"),
+        np.arange(12, dtype=np.float16).reshape(3, 4),
+        tensor,
+        b"",
+    ]
+    expected = b"".join(
+        [b"head", b"\x01" * 70_000, b"mv", parts[3].tobytes(), tensor.view(torch.uint8).numpy().tobytes()]
+    )
     async with plane_pair(backend) as (receiver, sender):
         inbound = receiver.expect("kinds", len(expected), TIMEOUT_S)
         await sender.send(inbound.target, parts, TIMEOUT_S)

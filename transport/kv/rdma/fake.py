@@ -84,8 +84,17 @@ class FakeDevice:
     def post_recv(self, qpn: int, wr_id: int) -> None:
         self.fabric.qps[qpn].recvs.append(wr_id)
 
-    def post_write_imm(self, qpn: int, wr_id: int, local: MemoryRegion, offset: int, length: int,
-                       remote_addr: int, rkey: int, imm: int) -> None:
+    def post_write_imm(
+        self,
+        qpn: int,
+        wr_id: int,
+        local: MemoryRegion,
+        offset: int,
+        length: int,
+        remote_addr: int,
+        rkey: int,
+        imm: int,
+    ) -> None:
         if length > self.max_msg_bytes:
             raise ValueError(f"message of {length} bytes over the {self.max_msg_bytes}-byte limit")
         qp = self.fabric.qps[qpn]
@@ -95,10 +104,15 @@ class FakeDevice:
         peer = self.fabric.qps.get(qp.remote) if qp.remote is not None else None
         owner = self.fabric.regions.get(rkey)
         if peer is None:
-            self._complete(Completion(wr_id, qpn, False, False, error="queue pair not connected or peer gone"))
+            self._complete(
+                Completion(wr_id, qpn, False, False, error="queue pair not connected or peer gone")
+            )
             return
-        if owner is None or owner[0] is not peer.device or not (
-                owner[1].addr <= remote_addr and remote_addr + length <= owner[1].addr + owner[1].length):
+        if (
+            owner is None
+            or owner[0] is not peer.device
+            or not (owner[1].addr <= remote_addr and remote_addr + length <= owner[1].addr + owner[1].length)
+        ):
             self._complete(Completion(wr_id, qpn, False, False, error="remote access error"))
             return
         if not peer.recvs:

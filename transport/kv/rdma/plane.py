@@ -76,8 +76,16 @@ class _Writes:
 class RdmaDataPlane(DataPlane):
     backend = "rdma"
 
-    def __init__(self, host: str = "127.0.0.1", *, verbs: Verbs | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 slab_bytes: int = SLAB_BYTES, ctx: zmq.Context | None = None, grace_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        verbs: Verbs | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        slab_bytes: int = SLAB_BYTES,
+        ctx: zmq.Context | None = None,
+        grace_s: float = 5.0,
+    ) -> None:
         if verbs is None:
             from dsi.transport.kv.rdma.pyverbs_device import open_device
 
@@ -219,12 +227,22 @@ class RdmaDataPlane(DataPlane):
         the same receiver, at most ``send_depth`` outstanding); completions post the rest."""
         mr = self._send_pool.slabs[staging.slab].mr  # type: ignore[attr-defined]
         number = next(self._batch_ids)
-        batch = protocol.WriteBatch(protocol.chunk_plan(nbytes, where.chunk_bytes), self.verbs.send_depth, number)
+        batch = protocol.WriteBatch(
+            protocol.chunk_plan(nbytes, where.chunk_bytes), self.verbs.send_depth, number
+        )
 
         def post(index: int) -> None:
             offset, length = batch.plan[index]
-            self.verbs.post_write_imm(qpn, number << protocol.CHUNK_BITS | index, mr, staging.offset + offset,
-                                      length, where.addr + offset, where.rkey, protocol.encode_imm(where.slot, index))
+            self.verbs.post_write_imm(
+                qpn,
+                number << protocol.CHUNK_BITS | index,
+                mr,
+                staging.offset + offset,
+                length,
+                where.addr + offset,
+                where.rkey,
+                protocol.encode_imm(where.slot, index),
+            )
 
         writes = self._writes[number] = _Writes(batch, qpn, asyncio.get_running_loop().create_future(), post)
         writes.written.add_done_callback(_retrieve)

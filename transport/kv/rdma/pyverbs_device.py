@@ -118,8 +118,9 @@ class PyverbsDevice:
         attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
         attr.min_rnr_timer = 12
         attr.timeout, attr.retry_cnt, attr.rnr_retry = 14, 7, 7
-        attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=GID_INDEX), is_global=1, dlid=remote.lid,
-                              port_num=PORT)
+        attr.ah_attr = AHAttr(
+            gr=GlobalRoute(dgid=gid, sgid_index=GID_INDEX), is_global=1, dlid=remote.lid, port_num=PORT
+        )
         qp = self._qps[qpn]
         qp.to_rtr(attr)
         qp.to_rts(attr)
@@ -134,13 +135,27 @@ class PyverbsDevice:
 
         self._qps[qpn].post_recv(RecvWR(wr_id=wr_id, num_sge=0))
 
-    def post_write_imm(self, qpn: int, wr_id: int, local: MemoryRegion, offset: int, length: int,
-                       remote_addr: int, rkey: int, imm: int) -> None:
+    def post_write_imm(
+        self,
+        qpn: int,
+        wr_id: int,
+        local: MemoryRegion,
+        offset: int,
+        length: int,
+        remote_addr: int,
+        rkey: int,
+        imm: int,
+    ) -> None:
         from pyverbs.wr import SGE, SendWR
 
-        wr = SendWR(wr_id=wr_id, opcode=_e().IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
-                    sg=[SGE(local.addr + offset, length, local.lkey)], send_flags=_e().IBV_SEND_SIGNALED,
-                    imm_data=imm)
+        wr = SendWR(
+            wr_id=wr_id,
+            opcode=_e().IBV_WR_RDMA_WRITE_WITH_IMM,
+            num_sge=1,
+            sg=[SGE(local.addr + offset, length, local.lkey)],
+            send_flags=_e().IBV_SEND_SIGNALED,
+            imm_data=imm,
+        )
         wr.set_wr_rdma(rkey, remote_addr)
         self._qps[qpn].post_send(wr)
 
@@ -151,8 +166,16 @@ class PyverbsDevice:
         for wc in wcs[:count]:
             recv = wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM
             ok = wc.status == e.IBV_WC_SUCCESS
-            out.append(Completion(wc.wr_id, wc.qp_num, recv, ok, wc.imm_data if recv else 0,
-                                  "" if ok else f"work completion status {wc.status}"))
+            out.append(
+                Completion(
+                    wc.wr_id,
+                    wc.qp_num,
+                    recv,
+                    ok,
+                    wc.imm_data if recv else 0,
+                    "" if ok else f"work completion status {wc.status}",
+                )
+            )
         return out
 
     def fileno(self) -> int:

@@ -62,8 +62,17 @@ class Verbs(Protocol):
     def post_recv(self, qpn: int, wr_id: int) -> None:
         """One receive work request: consumed by one incoming WRITE with immediate."""
 
-    def post_write_imm(self, qpn: int, wr_id: int, local: MemoryRegion, offset: int, length: int,
-                       remote_addr: int, rkey: int, imm: int) -> None:
+    def post_write_imm(
+        self,
+        qpn: int,
+        wr_id: int,
+        local: MemoryRegion,
+        offset: int,
+        length: int,
+        remote_addr: int,
+        rkey: int,
+        imm: int,
+    ) -> None:
         """RDMA WRITE ``local[offset:offset+length]`` to ``remote_addr`` with 32-bit immediate ``imm``."""
 
     def poll(self) -> list[Completion]:
