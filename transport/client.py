@@ -70,7 +70,7 @@ class Peer:
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._sock.connect(address)
         # Copied as bytes: header, body; blob frames after them stay zero-copy.
-        self._pump = FramePump(self._sock, self._route, copied=2, name=f"peer {address}")
+        self._pump = FramePump(self._sock, self._route, copied=2, name=f"peer {address}", batch_at=0)
         keep_receive_buffers()
         self._connected = asyncio.Event()
         self._tasks: list[asyncio.Task] = []

@@ -84,7 +84,7 @@ class ActorServer:
         self.address = bound_address(self._sock)
         keep_receive_buffers()
         # Copied as bytes: routing id, header, body; blob frames after them stay zero-copy.
-        self._pump = FramePump(self._sock, self._dispatch, copied=3, name=f"{actor.name} server")
+        self._pump = FramePump(self._sock, self._dispatch, copied=3, name=f"{actor.name} server", batch_at=1)
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -144,6 +144,10 @@ class ActorServer:
             if kind is Kind.CANCEL:
                 self.actor.cancel((identity, call_id))
                 return
+            if kind is Kind.BATCH:  # a well-formed one was split by the pump
+                raise BadMessage(
+                    f"a BATCH of {call_id} messages needs 2 or more header and body pairs, as many"
+                )
             msg = self._codec.decode(frames[2:])
         except DsiError as exc:
             self.send_error(identity, peek_call_id(header), exc.info())

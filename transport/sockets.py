@@ -18,6 +18,8 @@ from typing import Any
 
 import zmq
 
+from dsi.transport.wire import HEADER_SIZE, Kind, pack_header, peek_call_id
+
 log = logging.getLogger(__name__)
 
 HWM = 10_000
@@ -72,6 +74,14 @@ def bound_address(sock: zmq.Socket) -> str:
 _ZERO_COPY_MIN = 64 * 1024
 
 
+def _is_batch(header: Any) -> bool:
+    """Whether a header frame (bytes) opens a BATCH message of this protocol version."""
+    return type(header) is bytes and len(header) == HEADER_SIZE and header[:5] == _BATCH_PREFIX
+
+
+_BATCH_PREFIX = pack_header(Kind.BATCH, 0)[:5]  # magic, version, kind
+
+
 class FramePump:
     """Moves whole multipart messages between one socket and the event loop, one callback each.
 
@@ -97,9 +107,18 @@ class FramePump:
     _BATCH = 64  # messages received per loop turn before other callbacks get theirs
 
     def __init__(
-        self, sock: zmq.Socket, on_message: Callable[[list[Any]], None], copied: int, name: str = ""
+        self,
+        sock: zmq.Socket,
+        on_message: Callable[[list[Any]], None],
+        copied: int,
+        name: str = "",
+        batch_at: int | None = None,
     ) -> None:
         self.name = name
+        # Batching (None: off): the index of the header frame, after the routing id if any.
+        self._batch_at = batch_at
+        self._pending: dict[bytes, list[list[Any]]] = {}
+        self._flush_armed = False
         self._sock = sock
         self._on_message = on_message
         self._copied = copied
@@ -117,13 +136,34 @@ class FramePump:
             self._arm()  # messages may be queued already, with their wake-up long gone
 
     def stop(self) -> None:
+        if self._pending:  # what this turn queued still goes, as it would have unbatched
+            self._send_pending()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         self._loop = None
         self._outbox.clear()
 
     def send(self, frames: list[Any]) -> None:
-        """Queue one multipart message; never blocks. Raises ZMQError other than EAGAIN."""
+        """Queue one multipart message; never blocks. Raises ZMQError other than EAGAIN.
+
+        With batching on (and the pump started), the message leaves at the end of this turn of
+        the loop, in one BATCH message with the others queued for the same peer meanwhile; a
+        ZMQError then is logged, not raised (the peer is gone: what a ROUTER would drop anyway).
+        """
+        if self._batch_at is not None and self._loop is not None:
+            key = frames[0] if self._batch_at else b""
+            queued = self._pending.get(key)
+            if queued is None:
+                self._pending[key] = [frames]
+            else:
+                queued.append(frames)
+            if not self._flush_armed:
+                self._flush_armed = True
+                self._loop.call_soon(self._send_pending)
+            return
+        self._send_one(frames)
+
+    def _send_one(self, frames: list[Any]) -> None:
         if self._outbox:
             self._outbox.append(frames)
             return
@@ -134,6 +174,57 @@ class FramePump:
         self._arm()
 
     # ---- internals ---------------------------------------------------------------------------
+    def _send_pending(self) -> None:
+        """Send what this turn queued: per peer, runs of blob-free messages as BATCH messages."""
+        self._flush_armed = False
+        pending, self._pending = self._pending, {}
+        at = self._batch_at
+        assert at is not None
+        plain = at + 2  # frames of a message without blobs: [routing id], header, body
+        for messages in pending.values():
+            run: list[list[Any]] = []
+            for frames in messages:
+                if len(frames) == plain:
+                    run.append(frames)
+                    continue
+                self._send_run(run, at)
+                run = []
+                self._send_logged(frames)
+            self._send_run(run, at)
+
+    def _send_run(self, run: list[list[Any]], at: int) -> None:
+        if len(run) == 1:
+            self._send_logged(run[0])
+        elif run:
+            batch = [*run[0][:at], pack_header(Kind.BATCH, len(run))]
+            for frames in run:
+                batch += frames[at:]
+            self._send_logged(batch)
+
+    def _send_logged(self, frames: list[Any]) -> None:
+        try:
+            self._send_one(frames)
+        except zmq.ZMQError as exc:
+            log.debug("%s: dropped a message to a gone peer: %s", self.name, exc)
+
+    def _split(self, frames: list[Any]) -> None:
+        """Hand on each message of a BATCH message; a malformed one is handed on whole."""
+        at = self._batch_at
+        assert at is not None
+        head, parts = frames[:at], frames[at + 1 :]
+        count = peek_call_id(frames[at])
+        if count < 2 or count != len(parts) // 2 or len(parts) % 2:
+            self._deliver(frames)  # malformed: its receiver answers (or drops) a BATCH it cannot take
+            return
+        for i in range(0, len(parts), 2):
+            self._deliver([*head, parts[i], parts[i + 1]])
+
+    def _deliver(self, frames: list[Any]) -> None:
+        try:
+            self._on_message(frames)
+        except Exception:  # nothing a peer sends may stop the pump
+            log.exception("%s: unexpected error while handling a message", self.name)
+
     def _wake(self) -> None:
         """ZMQ_FD turned readable."""
         if self._loop is not None:
@@ -162,17 +253,20 @@ class FramePump:
         """Flush the outbox, then receive and hand on one message; its frame count, 0 if none."""
         if self._outbox:
             self._flush()
-        sock, copied = self._sock, self._copied
+        sock, copied, at = self._sock, self._copied, self._batch_at
         try:
             frames = [sock.recv(_NOBLOCK)]
         except zmq.Again:
             return 0
+        batch = False
         while sock.getsockopt(_RCVMORE):
-            frames.append(sock.recv(0, copy=len(frames) < copied))
-        try:
-            self._on_message(frames)
-        except Exception:  # nothing a peer sends may stop the pump
-            log.exception("%s: unexpected error while handling a message", self.name)
+            if at is not None and len(frames) == at + 1:
+                batch = _is_batch(frames[at])  # every frame of a batch is small: copy them all
+            frames.append(sock.recv(0, copy=batch or len(frames) < copied))
+        if batch:
+            self._split(frames)
+            return 1
+        self._deliver(frames)
         return len(frames)
 
     def _send_now(self, frames: list[Any]) -> None:

@@ -7,7 +7,12 @@ One logical message is one ZeroMQ multipart message::
     header = b"DSI" | version: u8 | kind: u8 | call_id: u64 (network order)
 
 ``kind`` says what the frame does (an ask, a reply, a stream item, ...); ``call_id`` pairs
-replies with calls and is 0 for tells. Blob frames follow the body in the order the encoder met
+replies with calls and is 0 for tells. Messages without blobs that leave for the same peer in
+one turn of the event loop travel as one BATCH message (``transport.sockets.FramePump``)::
+
+    [header(BATCH, n)][header 1][body 1]...[header n][body n]
+
+which the receiving pump splits back into ``n`` messages before anything else sees them. Blob frames follow the body in the order the encoder met
 them; the body refers to them by index. Nothing is pickled: the body is msgpack, blobs are raw.
 """
 
@@ -45,6 +50,7 @@ class Kind(enum.IntEnum):
     ITEM = 8
     END = 9
     PUBLISH = 10  # pub/sub payload (call_id = sequence number)
+    BATCH = 11  # several blob-free messages to one peer in one: call_id = their count (see below)
 
 
 _KINDS = {int(kind): kind for kind in Kind}

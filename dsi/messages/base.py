@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False, frozen=True):
