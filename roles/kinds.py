@@ -13,19 +13,12 @@ from dsi.config import (
     load_config,
 )
 from dsi.config.autoscale import check_declared
-from dsi.model.config import get_config
-from dsi.provision.kube_api import KubeError
-from dsi.provision.kubernetes import KubernetesProvisioner
-from dsi.roles.balancer import BalancerActor
-from dsi.roles.controller import ControllerActor
 from dsi.roles.curve import client_keys, server_keys
-from dsi.roles.decode import DecodeActor
-from dsi.roles.encoder import EncoderActor
-from dsi.roles.engine_role import EngineRoleSettings
-from dsi.roles.entrypoint import EntrypointActor
-from dsi.roles.kvstore import KvstoreActor
-from dsi.roles.prefill import PrefillActor
 from dsi.roles.role import RoleActor
+
+# Each kind's actor is imported when a role of that kind is made: a process that runs a
+# controller, an entrypoint or a balancer never loads the engine (torch), which would cost it
+# seconds of start-up and a few hundred MiB.
 
 
 def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
@@ -35,16 +28,31 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
         case "controller":
             return _controller(role, node)
         case "entrypoint" if isinstance(options, EntrypointOptions):
+            from dsi.roles.entrypoint import EntrypointActor
+
             return EntrypointActor(role.id, options, node)
         case "prefill" if isinstance(options, EngineOptions):
+            from dsi.roles.engine_role import EngineRoleSettings
+            from dsi.roles.prefill import PrefillActor
+
             return PrefillActor(role.id, EngineRoleSettings.of(role, node))
         case "decode" if isinstance(options, EngineOptions):
+            from dsi.roles.decode import DecodeActor
+            from dsi.roles.engine_role import EngineRoleSettings
+
             return DecodeActor(role.id, EngineRoleSettings.of(role, node))
         case "encoder":
+            from dsi.roles.encoder import EncoderActor
+
             return EncoderActor(role.id)
         case "kvstore" if isinstance(options, KvstoreOptions):
+            from dsi.roles.kvstore import KvstoreActor
+
             return KvstoreActor(role.id, options)
         case "balancer" if isinstance(options, BalancerOptions):
+            from dsi.model.config import get_config
+            from dsi.roles.balancer import BalancerActor
+
             return BalancerActor(
                 role.id,
                 options,
@@ -56,9 +64,13 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
     raise ValueError(f"{role.id}: no actor for kind {role.kind!r} with {type(options).__name__}")
 
 
-def _controller(role: RoleConfig, node: NodeConfig) -> ControllerActor:
+def _controller(role: RoleConfig, node: NodeConfig) -> RoleActor:
     """With [autoscale] and a kubernetes [provisioner], the controller scales the StatefulSets
     itself. ValueError when it cannot (too few declared roles, no API address)."""
+    from dsi.provision.kube_api import KubeError
+    from dsi.provision.kubernetes import KubernetesProvisioner
+    from dsi.roles.controller import ControllerActor
+
     provisioner, declared = None, None
     kube = node.provisioner.kubernetes
     if node.autoscale is not None and node.provisioner.kind == "kubernetes" and kube is not None:
