@@ -10,12 +10,15 @@
 Every worker is a whole gateway: it learns the instances from the controller, asks the balancers
 and follows the kvstore by itself, under its own peer id. The kernel spreads new connections
 over the listeners; a connection stays with its worker. A worker whose stdin closes stops, so
-none outlives its role, even one that was killed.
+none outlives its role, even one that was killed. A worker that exits while its role serves is
+started again (after 0.5 s, doubling to 30 s while the restarts keep failing); ``restarts``
+counts them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import signal
 import sys
@@ -25,7 +28,10 @@ import uvloop
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.roles.entrypoint.serving import GatewayServing
 
+log = logging.getLogger(__name__)
+
 _READY = b"READY\n"
+_RESTART_FIRST_S, _RESTART_MAX_S = 0.5, 30.0
 _START_WAIT_S = 120.0  # a worker loads the recipe (tokenizer) before it listens
 _STOP_WAIT_S = 10.0
 
@@ -42,13 +48,16 @@ class HttpWorkers:
         self._options = options
         self._node = node
         self._procs: list[asyncio.subprocess.Process] = []
+        self._watchers: list[asyncio.Task] = []
+        self.restarts = 0
 
     @property
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
 
     async def start(self) -> None:
-        """Start every worker and wait until each listens; on a failure, stop them all and raise."""
+        """Start every worker and wait until each listens; on a failure, stop them all and raise.
+        Then watch them: one that exits is started again."""
         try:
             for name in self.names:
                 self._procs.append(await self._spawn(name))
@@ -57,6 +66,31 @@ class HttpWorkers:
         except BaseException:
             await self.stop()
             raise
+        loop = asyncio.get_running_loop()
+        self._watchers = [
+            loop.create_task(self._watch(i), name=f"watch {name}") for i, name in enumerate(self.names)
+        ]
+
+    async def _watch(self, index: int) -> None:
+        """Start worker ``index`` again whenever it exits, backing off while restarts fail."""
+        name, delay = self.names[index], _RESTART_FIRST_S
+        while True:
+            code = await self._procs[index].wait()
+            log.error("HTTP worker %s exited (%s); starting it again in %.1f s", name, code, delay)
+            await asyncio.sleep(delay)
+            proc = await self._spawn(name)
+            self._procs[index] = proc
+            try:
+                await self._wait_ready(name, proc)
+            except WorkerStartError as exc:
+                log.error("%s", exc)
+                delay = min(2 * delay, _RESTART_MAX_S)
+                if proc.returncode is None:
+                    proc.kill()
+                continue
+            self.restarts += 1
+            delay = _RESTART_FIRST_S
+            log.info("HTTP worker %s listens again (pid %d)", name, proc.pid)
 
     async def _spawn(self, name: str) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
@@ -82,6 +116,10 @@ class HttpWorkers:
 
     async def stop(self) -> None:
         """Close every worker's stdin, then wait for it to exit (killed after a bound)."""
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
         for proc in self._procs:
             if proc.stdin is not None:
                 proc.stdin.close()
