@@ -13,7 +13,7 @@ from dsi.config import (
     load_config,
 )
 from dsi.config.autoscale import check_declared
-from dsi.model.config import get_config
+from dsi.model.family import served_config
 from dsi.provision.kube_api import KubeError
 from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.roles.balancer import BalancerActor
@@ -48,7 +48,7 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
             return BalancerActor(
                 role.id,
                 options,
-                get_config(node.model.config),
+                served_config(node.model.dir, node.model.config, node.model.gguf),
                 controller=node.cluster.controller,
                 keys=client_keys(node.security),
                 refresh_s=node.cluster.heartbeat_interval_s,
