@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.dsi.cli.procs import REPO_ROOT, Procs, free_port, local_config, python_module
+from dsi.kvcache.shm import remove_files_of
+from tests.dsi.cli.procs import REPO_ROOT, Procs, free_port, gone, local_config, python_module, wait_until
 from tests.smollm2 import GREEDY_TOKENS, PROMPTS
 
 pytestmark = pytest.mark.slow
@@ -39,8 +41,23 @@ def cluster(tmp_path_factory, smollm2_dir):
         server = procs.start("serve", python_module("dsi.cli.main", *argv))
         server.read_line(timeout=150)  # the banner, once every role serves
         yield f"http://127.0.0.1:{port}", controller
-        server.signal(signal.SIGINT)  # serve stops its roles, which remove their /dev/shm files
-        server.wait(30)
+        roles = _children(server.pid)
+    # Procs SIGKILLed serve by PID; its roles got SIGTERM from the kernel at once (they ask for
+    # it when their parent dies) and stop in parallel, removing their /dev/shm files.
+    wait_until(lambda: all(gone(pid) for pid in roles), timeout=30)
+    for pid in roles:
+        remove_files_of(pid)
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
+def _replica_blocks(gateway: str) -> int:
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return int(re.search(r"(?m)^dsi_kv_replica_blocks (\d+)", text).group(1))  # type: ignore[union-attr]
 
 
 def test_openai_sdk_answer_names_paris(cluster):
@@ -74,21 +91,20 @@ def test_a_repeated_long_prompt_hits_its_pages_exactly(cluster):
     import openai
 
     client = openai.OpenAI(base_url=f"{cluster[0]}/v1", api_key="none")
-    question = " ".join(PROMPTS) * 5 + " Answer the last question."
+    question = " ".join(PROMPTS) * 4 + " Answer the last question."
 
     def ask():
         return client.chat.completions.create(
-            model=MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": question}]
+            model=MODEL, max_tokens=6, temperature=0, messages=[{"role": "user", "content": question}]
         )
 
+    before = _replica_blocks(cluster[0])
     first = ask()
     assert first.usage.prompt_tokens > 256
-    for _ in range(40):  # the decode persists the pages after the request; the index follows
-        again = ask()
-        details = again.usage.prompt_tokens_details
-        if details is not None and details.cached_tokens:
-            break
-    assert details is not None and details.cached_tokens >= 256
+    # The decode persists the full pages after the request; the gateway's replica follows the index.
+    wait_until(lambda: _replica_blocks(cluster[0]) >= before + 2, timeout=30)
+    again = ask()
+    assert again.usage.prompt_tokens_details.cached_tokens == 256
     assert again.choices[0].message.content == first.choices[0].message.content
 
 
