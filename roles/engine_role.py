@@ -204,11 +204,11 @@ class EngineRole(RoleActor):
             self.ctx.destroy(linger=0)
 
     def _build_service(self) -> EngineService:
+        from dsi.model.family import load_model_dir
         from dsi.model.prepare import ensure_model
-        from dsi.model.weights import load_model
 
         s = self.settings
-        model, weights = load_model(ensure_model(s.model.dir, s.model.config))
+        model, weights = load_model_dir(ensure_model(s.model.dir, s.model.config, s.model.gguf))
         cfg = EngineConfig(
             num_blocks=s.options.num_blocks,
             max_batch_tokens=s.options.max_batch_tokens,

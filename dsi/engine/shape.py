@@ -67,6 +67,12 @@ class EngineShape:
     def ring_bytes(self) -> int:
         return math.prod(self.ring_shape) * _FP32
 
+    @property
+    def rings(self) -> bool:
+        """Whether the model keeps SWA rings; without (full attention), the pages are the whole
+        cache and every prefix hit is exact (see dsi.engine.hit_policy)."""
+        return self.ring_bytes > 0
+
     def blocks(self, num_tokens: int) -> int:
         """Pages that hold ``num_tokens`` positions."""
         return -(-num_tokens // self.block_size)

@@ -121,8 +121,9 @@ class RequestState:
         )
 
     def to_parts(self) -> list[memoryview]:
-        """Flat byte views of pages, rings, partial (in ``layout()`` order), sharing memory with them."""
-        return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors()]
+        """Flat byte views of pages, rings, partial (in ``layout()`` order), sharing memory with
+        them; an empty one (a family without SWA rings or compressor state) is left out."""
+        return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors() if t.numel()]
 
     @classmethod
     def from_buffer(

@@ -12,9 +12,13 @@ can price every request it routes; no torch is needed to import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dsi.model.config import ModelConfig
 from dsi.model.hits import consumer_start, replay_start
+
+if TYPE_CHECKING:
+    from dsi.model.llama import LlamaConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,13 +73,29 @@ def _attention(cfg: ModelConfig, first: int, end: int, swa_start: int, ratio: in
     return 4.0 * cfg.n_heads * cfg.head_dim * keys + index
 
 
-def prefill_flops(cfg: ModelConfig, prompt_len: int, keep: int | None, hit: int = 0) -> PrefillFlops:
+def _llama_per_token(cfg: LlamaConfig) -> float:
+    h, d = cfg.hidden, cfg.head_dim
+    return 2.0 * (h * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) * d + 3 * h * cfg.intermediate)
+
+
+def _llama_layers(cfg: LlamaConfig, first: int, end: int) -> float:
+    """Every layer on positions [first, end): projections, MLP and causal attention (t + 1 keys)."""
+    keys = end * (end + 1) // 2 - first * (first + 1) // 2
+    return cfg.n_layers * ((end - first) * _llama_per_token(cfg) + 4.0 * cfg.n_heads * cfg.head_dim * keys)
+
+
+def prefill_flops(
+    cfg: ModelConfig | LlamaConfig, prompt_len: int, keep: int | None, hit: int = 0
+) -> PrefillFlops:
     """FLOPs of one prefill of ``prompt_len`` tokens; ``hit``: tokens whose Block KV comes from the
     cache. With a hit the producer half runs from the replay start R (rebuilding the SWA rings of
     the window before the hit) and the boundary covers the same positions; the consumer half is
-    unchanged (``dsi.model.reference`` defines both)."""
+    unchanged (``dsi.model.reference`` defines both). A Llama-family model computes every layer
+    from the hit on (counted as ``producer``)."""
     if not 0 <= hit < max(prompt_len, 1):
         raise ValueError(f"hit {hit} must be in [0, prompt_len) for a {prompt_len}-token prompt")
+    if cfg.family == "llama":
+        return PrefillFlops(_llama_layers(cfg, hit, prompt_len), 0.0, 0.0, 2.0 * cfg.hidden * cfg.vocab_size)
     start = consumer_start(prompt_len, keep)
     first = replay_start(hit, start, cfg.window)
     computed = prompt_len - first
@@ -95,10 +115,12 @@ def prefill_flops(cfg: ModelConfig, prompt_len: int, keep: int | None, hit: int 
     return PrefillFlops(producer, boundary, consumer, logits)
 
 
-def decode_flops(cfg: ModelConfig, context: int) -> float:
+def decode_flops(cfg: ModelConfig | LlamaConfig, context: int) -> float:
     """FLOPs of decoding one token that follows ``context`` tokens (it sees ``context + 1``
     positions): every layer (generated tokens run through all of them), the boundary latent,
     the compressors, and the logits."""
+    if cfg.family == "llama":
+        return _llama_layers(cfg, context, context + 1) + 2.0 * cfg.hidden * cfg.vocab_size
     pos, end = context, context + 1
     dense = _dense_per_token(cfg)
     total = 0.0

@@ -34,6 +34,7 @@ from dsi.recipe.emit_responses import ResponsesWriter
 from dsi.recipe.logprobs import ContentLogprobs, TokenLogprobs
 from dsi.recipe.parser import (
     ContentDelta,
+    ControlIds,
     EngineFinish,
     Finish,
     OutputEvent,
@@ -50,7 +51,11 @@ _DEFAULT_MESSAGE = {"abort": "the request was aborted", "error": "the engine fai
 class OutputStream:
     """One request's output: ``feed`` per engine step, then ``finish``; ``body`` afterwards."""
 
-    def __init__(self, options: OutputOptions, *, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, options: OutputOptions, *, tokenizer: Tokenizer | None = None, control: ControlIds | None = None
+    ) -> None:
+        """``tokenizer``: the model's (None: the V4 vocabulary); ``control``: the ids the parser
+        acts on (None: the DeepSeek markers of ``tokenizer``)."""
         self.options = options
         prefix, rid = _TOOL_ID_PREFIX[options.protocol], options.request_id
         self._parser = OutputParser(
@@ -59,6 +64,7 @@ class OutputStream:
             parse_tools=bool(options.tool_names),
             tool_id=lambda i: derived_id(prefix, rid, "tool", i),
             tokenizer=tokenizer,
+            control=control,
         )
         self._writer: ProtocolWriter = _WRITERS[options.protocol](options)
         if options.prefill_ids and self._parser.feed(options.prefill_ids):

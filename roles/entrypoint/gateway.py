@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
+from tokenizers import Tokenizer
 
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy, predicted_hit
 from dsi.engine.params import SamplingParams
@@ -29,6 +30,7 @@ from dsi.messages.gateway import Generate
 from dsi.recipe import RequestError, error_body
 from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.emit_stream import OutputStream
+from dsi.recipe.parser import ControlIds
 from dsi.roles.entrypoint.auth import ApiKeys, Caller, TooManyRequests
 from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from dsi.roles.entrypoint.errors import error_response
@@ -52,10 +54,14 @@ class Prepared:
     stream: bool
     traffic_class: str = "chatbot"
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY
+    # A model of another family: its tokenizer and the ids the output parser acts on (EOS).
+    tokenizer: Tokenizer | None = None
+    control: ControlIds | None = None
 
 
 class Gateway:
-    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take.
+    """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take;
+    ``rings``: whether it keeps SWA rings (without, every stored page is an exact hit).
     ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
     and its engine request with it (see dsi.roles.entrypoint.sse)."""
 
@@ -68,6 +74,7 @@ class Gateway:
         prefix: PrefixLookup | None = None,
         keep: int | None = None,
         slow_reader_timeout_s: float = 30.0,
+        rings: bool = True,
     ) -> None:
         self.pool = pool
         self.keys = keys
@@ -75,6 +82,7 @@ class Gateway:
         self.prepare = preparer  # (protocol, body bytes, traffic class) -> Prepared; raises RequestError
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
         self.keep = keep
+        self.rings = rings
         metrics.sources.append(pool.metric_lines)
         self.slow_reader_timeout_s = slow_reader_timeout_s
         if prefix is not None:
@@ -144,13 +152,14 @@ class Gateway:
             hit = 0
         else:
             stored = self.prefix.cached_tokens(token_ids, cache_salt)
-            hit = predicted_hit(policy, stored, len(token_ids), self.keep, self.prefix.chain.block_size)
+            bs = self.prefix.chain.block_size
+            hit = predicted_hit(policy, stored, len(token_ids), self.keep, bs, rings=self.rings)
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit
         return hit
 
     async def _complete(self, protocol: str, prep: Prepared, msg: Generate) -> web.Response:
-        out = OutputStream(prep.options)
+        out = OutputStream(prep.options, tokenizer=prep.tokenizer, control=prep.control)
         try:
             await self._run(out, msg, None)
         except NoInstance as exc:
@@ -163,7 +172,7 @@ class Gateway:
     async def _stream(
         self, request: web.Request, protocol: str, prep: Prepared, msg: Generate
     ) -> web.StreamResponse:
-        out = OutputStream(prep.options)
+        out = OutputStream(prep.options, tokenizer=prep.tokenizer, control=prep.control)
         try:
             self.pool.pick()  # fail before the 200 goes out when nothing can serve
         except NoInstance as exc:

@@ -74,6 +74,7 @@ class Preparer:
             prefill_ids=tuple(prefill),
             logprobs=req.logprobs,
         )
+        template = req.template
         return Prepared(
             request_id,
             ids,
@@ -82,6 +83,8 @@ class Preparer:
             req.stream,
             _traffic_class(req, traffic_class),
             _hit_policy(req, self.hit_policy),
+            tokenizer=template.tokenizer if template is not None else None,
+            control=template.control_ids() if template is not None else None,
         )
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:

@@ -11,13 +11,15 @@ The entrypoint actor runs one; each extra HTTP worker process runs one more on t
 
 from __future__ import annotations
 
+import asyncio
+
 import zmq.asyncio
 from aiohttp import web
 
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.kvcache.hashchain import HashChain
-from dsi.model.config import get_config
-from dsi.recipe import ModelVersion, Recipe
+from dsi.model.family import AnyConfig, served_config
+from dsi.recipe import ModelTable, ModelVersion, Recipe, ServedModel
 from dsi.roles.curve import client_keys
 from dsi.roles.entrypoint.app import make_app, start_http
 from dsi.roles.entrypoint.auth import ApiKeys
@@ -64,7 +66,10 @@ class GatewayServing:
             balancer_timeout_s=opts.balancer_timeout_s,
         )
         await pool.start()
-        shape = get_config(node.model.config)
+        m = node.model
+        # Another family's directory is read (imported from [model] gguf on first start).
+        shape = await asyncio.get_running_loop().run_in_executor(None, served_config, m.dir, m.config, m.gguf)
+        recipe = served_recipe(node, shape)
         # The engine's page hashes: the chain of its model config under cluster.root_seed.
         self._prefix = prefix = PrefixLookup(
             HashChain.of(shape, node.cluster.root_seed),
@@ -78,9 +83,10 @@ class GatewayServing:
             pool,
             ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key),
             Metrics(),
-            Preparer(Recipe({node.model.name: ModelVersion.V4}), shape.max_context, node.kvcache.hit_policy),
+            Preparer(recipe, shape.max_context, node.kvcache.hit_policy),
             prefix,
             keep=shape.keep,
+            rings=bool(shape.ring),
             slow_reader_timeout_s=opts.slow_reader_timeout_s,
         )
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
@@ -106,3 +112,16 @@ class GatewayServing:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+
+
+def served_recipe(node: NodeConfig, shape: AnyConfig) -> Recipe:
+    """The recipe of the served model: the V4 format (and DeepSeek's own names) for the V4
+    shape; for another family, its own chat template and tokenizer under its name only (loaded
+    here, so that a directory the gateway cannot serve fails the start)."""
+    name = node.model.name
+    if shape.family == "v4":
+        return Recipe({name: ModelVersion.V4})
+    served = ServedModel(name, ModelVersion.V4, shape.max_context, template_dir=node.model.dir)
+    recipe = Recipe(models=ModelTable({name: served}, official=False), default_thinking=False)
+    recipe.template_for(served).control_ids()
+    return recipe

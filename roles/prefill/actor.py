@@ -106,8 +106,8 @@ class PrefillActor(EngineRole):
         policy = req.hit_policy or self.settings.hit_policy
         hashes, fetched = await self._fetch_hits(req, policy)
         try:
-            cached = await self._cached_prefix(req, policy, hashes, fetched)
-            if cached is not None and not cached.exact:
+            cached, hit = await self._cached_prefix(req, policy, hashes, fetched)
+            if cached is not None and not hit.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
             stream = self.service.generate(
                 rid, list(req.token_ids), req.sampling, prefill_only=True, cached=cached
@@ -124,7 +124,6 @@ class PrefillActor(EngineRole):
         self.counters.prefills += 1
         stats = self.service.request_stats(rid)
         replay = stats.replay_tokens if stats is not None else 0
-        hit = HitChoice(cached.num_tokens, cached.exact) if cached is not None else NO_HIT
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
             return Prefilled(
                 lease.lease_id,
@@ -170,7 +169,7 @@ class PrefillActor(EngineRole):
         limit = (
             req.pin_hit.tokens
             if req.pin_hit is not None
-            else fetch_limit(policy, len(req.token_ids), shape.keep, bs)
+            else fetch_limit(policy, len(req.token_ids), shape.keep, bs, rings=shape.rings)
         )
         usable = limit // bs
         if self.kvstore is None or usable <= 0:
@@ -190,30 +189,34 @@ class PrefillActor(EngineRole):
 
     async def _cached_prefix(
         self, req: Generate, policy: HitPolicy, hashes: list[bytes], fetched: FetchedBlocks | None
-    ) -> CachedPrefix | None:
+    ) -> tuple[CachedPrefix | None, HitChoice]:
         """The hit as the engine takes it (see dsi.engine.hit_policy): exact when the SWA state at
         its end can be pulled from the host that made it (the hit may shrink to where an exact hit
         is possible), else what the policy allows: the whole run of blocks with bounded replay, or
-        nothing. A re-run takes its pinned hit (``pinned_hit``), or raises HitUnavailable."""
+        nothing. A model without SWA rings takes every fetched page, exact, with nothing to pull.
+        A re-run takes its pinned hit (``pinned_hit``), or raises HitUnavailable."""
         shape, bs = self.shape, self.shape.block_size
         prompt_len, stored = len(req.token_ids), len(fetched) * bs if fetched is not None else 0
         pin = req.pin_hit
-        if pin is None:  # the SWA state worth pulling: at the exact boundary, or the pinned one
+        if not shape.rings:
+            boundary = 0
+        elif pin is None:  # the SWA state worth pulling: at the exact boundary, or the pinned one
             boundary = exact_boundary(stored, prompt_len, shape.keep, bs)
         else:
             boundary = pin.tokens if pin.exact and stored >= pin.tokens else 0
         rings = await self._pull_state(hashes[boundary // bs - 1], boundary) if boundary > 0 else None
+        held = rings is not None or not shape.rings
         if pin is None:
-            hit = choose_hit(policy, stored, prompt_len, shape.keep, bs, state_held=rings is not None)
+            hit = choose_hit(policy, stored, prompt_len, shape.keep, bs, state_held=held, rings=shape.rings)
         else:
-            hit = self._pinned(pin, stored, state_held=rings is not None)
+            hit = self._pinned(pin, stored, state_held=held)
         if not hit.tokens or fetched is None:
-            return None
+            return None, NO_HIT
         pages = fetched.torch().view(torch.float32).reshape(len(fetched), shape.page_elems)
-        if hit.exact:
+        if hit.exact and rings is not None:
             self.counters.states_pulled += 1
-            return CachedPrefix(hit.tokens, pages[: hit.tokens // bs], rings)
-        return CachedPrefix(hit.tokens, pages[: hit.tokens // bs])
+            return CachedPrefix(hit.tokens, pages[: hit.tokens // bs], rings), hit
+        return CachedPrefix(hit.tokens, pages[: hit.tokens // bs]), hit
 
     def _pinned(self, pin: HitChoice, stored: int, state_held: bool) -> HitChoice:
         hit = pinned_hit(pin, stored, state_held)

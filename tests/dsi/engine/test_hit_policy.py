@@ -104,3 +104,14 @@ def test_a_pinned_rerun_takes_the_first_runs_hit_or_one_with_the_same_output():
 def test_a_hit_choice_travels_as_msgpack():
     for hit in (NO_HIT, HitChoice(640, exact=True), HitChoice(768)):
         assert msgspec.msgpack.decode(msgspec.msgpack.encode(hit), type=HitChoice) == hit
+
+
+def test_without_rings_every_stored_page_is_an_exact_hit_under_both_policies():
+    """A full-attention family (Llama) keeps its whole cache in the pages: nothing to pull."""
+    for policy in HIT_POLICIES:
+        assert fetch_limit(policy, 900, None, BS, rings=False) == 896  # type: ignore[arg-type]
+        assert predicted_hit(policy, 768, 900, None, BS, rings=False) == 768  # type: ignore[arg-type]
+        got = choose_hit(policy, 768, 900, None, BS, state_held=False, rings=False)  # type: ignore[arg-type]
+        assert got == HitChoice(768, exact=True)
+        assert choose_hit(policy, 0, 900, None, BS, False, rings=False) == NO_HIT  # type: ignore[arg-type]
+    assert pinned_hit(HitChoice(768, exact=True), 768, state_held=True) == HitChoice(768, exact=True)

@@ -80,3 +80,15 @@ def test_importing_the_flop_count_needs_no_torch():
     code = "import sys, dsi.model.flops; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_llama_flops_count_every_layer_from_the_hit_on():
+    from dsi.model.llama import LlamaConfig
+
+    cfg = LlamaConfig(
+        "l", vocab_size=100, hidden=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=96
+    )
+    full, hit = prefill_flops(cfg, 300, None), prefill_flops(cfg, 300, None, hit=128)
+    assert full.producer - hit.producer == pytest.approx(prefill_flops(cfg, 128, None).producer)
+    assert full.boundary == full.consumer == 0.0 and full.logits == 2.0 * 64 * 100
+    assert decode_flops(cfg, 299) == pytest.approx(prefill_flops(cfg, 300, None, hit=299).total)
