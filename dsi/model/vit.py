@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -212,3 +213,8 @@ def _spans(lengths: list[int]) -> list[tuple[int, int]]:
         out.append((pos, pos + n))
         pos += n
     return out
+
+
+def image_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """[H, W, 3] uint8 RGB -> [3, H, W] float32 in [0, 1] (what ``encode_images`` takes)."""
+    return torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).to(torch.float32) / 255.0

@@ -82,6 +82,7 @@ class Preparer:
             req.stream,
             _traffic_class(req, traffic_class),
             _hit_policy(req, self.hit_policy),
+            req.placed_images,
         )
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:

@@ -17,11 +17,16 @@ from aiohttp import web
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import get_config
+from dsi.model.vit import VisionConfig, vision_config_of
 from dsi.recipe import ModelVersion, Recipe
+from dsi.recipe.images import ImageLimits
+from dsi.recipe.models import ServedModel
+from dsi.recipe.vision_prompt import VisionSpec
 from dsi.roles.curve import client_keys
 from dsi.roles.entrypoint.app import make_app, start_http
 from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.backends import DecodePool
+from dsi.roles.entrypoint.encoders import EncoderPool
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
@@ -39,6 +44,7 @@ class GatewayServing:
         self.gateway: Gateway | None = None
         self._pool: DecodePool | None = None
         self._prefix: PrefixLookup | None = None
+        self._encoders: EncoderPool | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._runner: web.AppRunner | None = None
 
@@ -65,6 +71,10 @@ class GatewayServing:
         )
         await pool.start()
         shape = get_config(node.model.config)
+        vision = vision_config_of(node.model.config)
+        if vision is not None:
+            self._encoders = EncoderPool(node.cluster.controller, self._ctx, keys=keys, peer_id=self.name)
+            await self._encoders.start()
         # The engine's page hashes: the chain of its model config under cluster.root_seed.
         self._prefix = prefix = PrefixLookup(
             HashChain.of(shape, node.cluster.root_seed),
@@ -78,14 +88,28 @@ class GatewayServing:
             pool,
             ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key),
             Metrics(),
-            Preparer(Recipe({node.model.name: ModelVersion.V4}), shape.max_context, node.kvcache.hit_policy),
+            Preparer(
+                Recipe({node.model.name: self._served(vision)}), shape.max_context, node.kvcache.hit_policy
+            ),
             prefix,
             keep=shape.keep,
             slow_reader_timeout_s=opts.slow_reader_timeout_s,
+            encoders=self._encoders,
         )
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
         # With one worker the port stays exclusive, so a second gateway on it is an error.
         self._runner = await start_http(app, opts.http_host, opts.http_port, reuse_port=opts.http_workers > 1)
+
+    def _served(self, vision: VisionConfig | None) -> ServedModel:
+        """The served model: the V4 format, with image input when the shape has a vision encoder."""
+        opts = self.options
+        spec = None
+        if vision is not None:
+            limits = ImageLimits(
+                max_bytes=opts.max_image_bytes, max_images=opts.max_images, allow_fetch=opts.fetch_image_urls
+            )
+            spec = VisionSpec(vision, limits)
+        return ServedModel(self.node.model.name, ModelVersion.V4, vision=spec)
 
     @property
     def port(self) -> int:
@@ -103,6 +127,9 @@ class GatewayServing:
         if self._prefix is not None:
             await self._prefix.close()
             self._prefix = None
+        if self._encoders is not None:
+            await self._encoders.close()
+            self._encoders = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
