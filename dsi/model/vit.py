@@ -217,4 +217,4 @@ def _spans(lengths: list[int]) -> list[tuple[int, int]]:
 
 def image_tensor(pixels: np.ndarray) -> torch.Tensor:
     """[H, W, 3] uint8 RGB -> [3, H, W] float32 in [0, 1] (what ``encode_images`` takes)."""
-    return torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).to(torch.float32) / 255.0
+    return torch.from_numpy(np.array(pixels, dtype=np.uint8)).permute(2, 0, 1).to(torch.float32) / 255.0
