@@ -95,23 +95,29 @@ def preparer() -> Preparer:
     return Preparer(Recipe({"dsi-tiny": served}), get_config("tiny").max_context)
 
 
-def in_process(protocol: str, body: dict) -> dict:
-    """The response body of ``body`` run in this process: recipe, ViT, one engine (greedy)."""
-    prep = preparer()(protocol, json.dumps(body).encode(), "chatbot")
+def in_process(requests: list[tuple[str, dict]]) -> list[dict]:
+    """The response bodies of ``requests`` (protocol, body) run in this process: recipe, ViT on
+    the decoded images, one engine (greedy)."""
     directory = ensure_model(SHARED_MODEL_DIR, "tiny")
     ensure_vision(directory, "tiny")
     vcfg, vw = load_vision(directory)
-    embeds = encode_images(vcfg, vw, [image_tensor(p.image.array()) for p in prep.images])
-    images = [ImageEmbeds(p.offset, e, p.image.digest) for p, e in zip(prep.images, embeds, strict=True)]
     cfg, w = load_model(directory)
-    engine = Engine(cfg, w, EngineConfig(async_scheduling=False))
-    engine.add_request("r", prep.token_ids, prep.sampling, images=images)
-    ids = next(o for o in engine.run_until_done() if o.finished).output
+    engine = Engine(cfg, w, EngineConfig(async_scheduling=False, num_blocks=32, num_slots=4, max_running=4))
+    preps = [preparer()(protocol, json.dumps(body).encode(), "chatbot") for protocol, body in requests]
+    for i, prep in enumerate(preps):
+        embeds = encode_images(vcfg, vw, [image_tensor(p.image.array()) for p in prep.images])
+        images = [ImageEmbeds(p.offset, e, p.image.digest) for p, e in zip(prep.images, embeds, strict=True)]
+        engine.add_request(str(i), prep.token_ids, prep.sampling, images=images)
+    done = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
     engine.close()
-    out = OutputStream(prep.options)
-    out.feed(ids)
-    out.finish("length" if len(ids) == MAX_TOKENS and ids[-1] != EOS_ID else "stop")
-    return out.body()
+    bodies = []
+    for i, prep in enumerate(preps):
+        ids = done[str(i)]
+        out = OutputStream(prep.options)
+        out.feed(ids)
+        out.finish("length" if len(ids) == MAX_TOKENS and ids[-1] != EOS_ID else "stop")
+        bodies.append(out.body())
+    return bodies
 
 
 def image_span(body: dict) -> tuple[int, int]:
@@ -126,8 +132,9 @@ async def test_images_through_the_cluster(procs, tmp_path):
     cluster.start()
     base = f"http://{http}/v1"
     first, other = png_bytes(224, 224, seed=1), png_bytes(224, 224, seed=2)
-    expected_chat = in_process("chat", chat_body(first))
-    expected_messages = in_process("messages", messages_body(other))
+    expected_chat, expected_messages = in_process(
+        [("chat", chat_body(first)), ("messages", messages_body(other))]
+    )
     oai = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
     ant = anthropic.AsyncAnthropic(base_url=f"http://{http}", api_key="none", max_retries=0)
     async with aiohttp.ClientSession() as session:
