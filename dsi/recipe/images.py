@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 from PIL import Image, UnidentifiedImageError
 
-from dsi.model.vit import VisionConfig
+from dsi.model.vision_config import VisionConfig
 from dsi.recipe.errors import RequestError
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP")

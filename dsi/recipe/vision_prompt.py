@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from dsi.model.vit import VisionConfig
+from dsi.model.vision_config import VisionConfig
 from dsi.recipe.conversation import Conversation, ImageRef, ModelVersion
 from dsi.recipe.images import DecodedImage, ImageLimits, decode_image
 from dsi.recipe.render import Rendered, render

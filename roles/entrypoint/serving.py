@@ -17,7 +17,7 @@ from aiohttp import web
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.config import get_config
-from dsi.model.vit import VisionConfig, vision_config_of
+from dsi.model.vision_config import VisionConfig, vision_config_of
 from dsi.recipe import ModelVersion, Recipe
 from dsi.recipe.images import ImageLimits
 from dsi.recipe.models import ServedModel
