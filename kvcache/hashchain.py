@@ -129,3 +129,22 @@ def unpack(packed: bytes) -> list[BlockHash]:
     """Packed hashes -> list of 16-byte ``BlockHash``."""
     keys_of(packed)  # length check
     return [bytes(packed[i : i + HASH_BYTES]) for i in range(0, len(packed), HASH_BYTES)]
+
+
+def image_extras(images: Sequence[tuple[int, int, bytes]], block_size: int) -> dict[int, bytes]:
+    """The extra keys of a prompt's blocks from its images: ``images`` are (offset, tokens,
+    digest) with the image's placeholder tokens at positions [offset, offset + tokens); block i
+    gets the digests of the images whose tokens it covers, in prompt order. So the same image at
+    the same place hashes the same, and a different image changes the chain from the first block
+    it covers on: nothing past it can hit.
+
+    >>> image_extras([(100, 64, b"A" * 16)], 128)
+    {0: b'AAAAAAAAAAAAAAAA', 1: b'AAAAAAAAAAAAAAAA'}
+    """
+    extras: dict[int, bytes] = {}
+    for offset, tokens, digest in images:
+        if tokens <= 0:
+            continue
+        for block in range(offset // block_size, (offset + tokens - 1) // block_size + 1):
+            extras[block] = extras.get(block, b"") + digest
+    return extras

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import msgspec
+import torch
 import zmq.asyncio
 
 from dsi.actor import handles
@@ -28,11 +30,14 @@ from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.config.sections import EngineSection
 from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
-from dsi.errors import DsiError
+from dsi.engine.images import ImageEmbeds, unpacked
+from dsi.errors import DsiError, InvalidRequest
 from dsi.messages import ALL
 from dsi.messages.balancer import LoadReport
 from dsi.messages.control import Load
+from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
+from dsi.messages.vision import PullEmbeds
 from dsi.roles.curve import server_keys
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
@@ -329,6 +334,30 @@ class EngineRole(RoleActor):
         """What a sender needs to write into ``inbound`` (a receive region of this data plane)."""
         t = inbound.target
         return KvLease(t.transfer_id, t.backend, t.address, t.nbytes, num_blocks, expires_in_s, t.region)
+
+    # ---- image embeddings -------------------------------------------------------------------------
+    async def pull_images(self, req: Generate) -> tuple[ImageEmbeds, ...]:
+        """The embeddings of the request's images, written by the encoder that holds them into a
+        receive region of this data plane (see dsi.messages.vision); () for a text prompt."""
+        if not req.images:
+            return ()
+        assert self.data is not None
+        if not req.encoder:
+            raise InvalidRequest("the request has images but names no encoder that holds their embeddings")
+        hidden, rows = self.shape.hidden, sum(s.tokens for s in req.images)
+        timeout = self.settings.lease_timeout_s
+        transfer = f"{self.name}.images.{secrets.token_hex(6)}"
+        inbound = self.data.expect(transfer, rows * hidden * 4, timeout)
+        try:
+            peer = await self.peer(req.encoder, timeout)
+            await peer.ask(
+                PullEmbeds([s.digest for s in req.images], self.lease(inbound, 0, timeout)), timeout=timeout
+            )
+            buf = await inbound.wait()
+            embeds = torch.frombuffer(bytearray(buf), dtype=torch.float32).view(rows, hidden)
+        finally:
+            inbound.release()
+        return unpacked(embeds, [(s.offset, s.tokens, s.digest) for s in req.images])
 
     # ---- SWA states ------------------------------------------------------------------------------
     @handles(concurrent=True)

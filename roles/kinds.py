@@ -5,6 +5,7 @@ from __future__ import annotations
 from dsi.config import (
     BalancerOptions,
     ConfigError,
+    EncoderOptions,
     EngineOptions,
     EntrypointOptions,
     KvstoreOptions,
@@ -41,10 +42,10 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
             from dsi.roles.engine_role import EngineRoleSettings
 
             return DecodeActor(role.id, EngineRoleSettings.of(role, node))
-        case "encoder":
-            from dsi.roles.encoder import EncoderActor
+        case "encoder" if isinstance(options, EncoderOptions):
+            from dsi.roles.encoder.actor import EncoderActor, EncoderSettings
 
-            return EncoderActor(role.id)
+            return EncoderActor(role.id, EncoderSettings.of(role, node))
         case "kvstore" if isinstance(options, KvstoreOptions):
             from dsi.roles.kvstore import KvstoreActor
 

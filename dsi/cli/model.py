@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dsi.kvcache.layout import account, engine_block_bytes, engine_state_bytes
 from dsi.model.config import CONFIGS, get_config
+from dsi.model.vit import init_vision_weights, save_vision, vision_config_of
 from dsi.model.weights import init_weights, param_count, save_model
 
 
@@ -36,6 +37,9 @@ def _init(args: argparse.Namespace) -> int:
 
     cfg = replace(get_config(args.config), seed=args.seed)
     save_model(args.out, cfg, init_weights(cfg))
+    vision = vision_config_of(args.config)
+    if vision is not None:  # the shape's vision encoder, beside it (vision.json, vision.safetensors)
+        save_vision(args.out, vision, init_vision_weights(vision))
     print(f"wrote {cfg.name} ({param_count(cfg) / 1e6:.1f} M parameters) to {args.out}")
     return 0
 

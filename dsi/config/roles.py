@@ -51,6 +51,11 @@ class EntrypointOptions:
     # connections to the controller and balancers; the role's process is worker 0 (see
     # dsi.roles.entrypoint.workers).
     http_workers: int = field(default=1, metadata=spec(checks=(greater(0), at_most(256))))
+    # Image input of a model with a vision encoder (see dsi.recipe.images): http(s) image URLs
+    # are fetched only when true (the fetch blocks the gateway worker); data URLs always work.
+    fetch_image_urls: bool = False
+    max_image_bytes: int = field(default=8 << 20, metadata=spec(checks=(greater(0),)))
+    max_images: int = field(default=16, metadata=spec(checks=(greater(0), at_most(1024))))
 
 
 def _optional_bind(text: str) -> str:
@@ -131,7 +136,11 @@ class BalancerOptions:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class EncoderOptions:
-    pass
+    """A vision encoder (see dsi.roles.encoder): images batched across requests, embeddings kept
+    by image digest until a prefill pulls them."""
+
+    max_batch_images: int = field(default=16, metadata=spec(checks=(greater(0), at_most(1024))))
+    cache_bytes: int = field(default=256 << 20, metadata=spec(checks=(greater(0),)))
 
 
 RoleOptions = (

@@ -61,7 +61,8 @@ def check_state(cfg: ModelConfig, state: RequestState, held: int = 0) -> None:
     """Buffers of this model's shape (fp32), and a cached prefix that lies inside the pages
     (``held``: pages already in place before ``state.pages``, see ``Leases.write``)."""
     n = state.pages.shape[0] if state.pages.dim() == 2 else 0
-    if state.layout() != StateLayout.of(cfg, n):
+    m = state.images.shape[0] if state.images is not None and state.images.dim() == 2 else 0
+    if state.layout() != StateLayout.of(cfg, n, m):
         raise InvalidRequest("imported buffers do not match this engine's model shape")
     bs = cfg.block_size
     if held < 0 or (held + n) * bs < state.num_computed:

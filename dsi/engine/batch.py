@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass(slots=True)
@@ -14,6 +16,8 @@ class StepSlice:
     ``consumer_start`` (decoder-side bounded replay). ``sample`` asks for the logits of the
     last position. With a prefix hit, producer SWA keys start at ``producer_start`` (R) and the
     page entries of positions below ``cached_end`` (H) hold loaded latents that are never written.
+    ``embeds``: (row within the slice, [n, hidden] rows) of image embeddings that replace the
+    token embeddings of those positions (see dsi.engine.images).
     """
 
     slot: int
@@ -24,6 +28,7 @@ class StepSlice:
     sample: bool
     producer_start: int = 0
     cached_end: int = 0
+    embeds: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     @property
     def end(self) -> int:

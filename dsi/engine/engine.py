@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -42,6 +42,7 @@ import torch
 
 from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.full_pages import FullPages
+from dsi.engine.images import ImageEmbeds, block_extras, check_images, packed, unpacked
 from dsi.engine.leases import Leases
 from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
@@ -156,15 +157,21 @@ class Engine:
         params: SamplingParams,
         prefill_only: bool = False,
         cached: CachedPrefix | None = None,
+        images: Sequence[ImageEmbeds] = (),
     ) -> None:
         """Validate and queue; raises InvalidRequest and changes nothing on bad input.
-        ``cached``: a prefix hit (see the module docstring and CachedPrefix)."""
+        ``cached``: a prefix hit (see the module docstring and CachedPrefix). ``images``: input
+        embeddings of image positions (dsi.engine.images); their digests join the page hashes."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         keep = self.shape.keep
         check_prompt(self.cfg, self.config.num_blocks, prompt, params)
         if cached is not None:
             check_cached(self.cfg, self.config.num_blocks, cached, len(prompt), keep)
+        if images:
+            if self.cfg.family != "v4":
+                raise InvalidRequest(f"the {self.cfg.family} family takes no image input")
+            check_images(self.cfg.hidden, len(prompt), images)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         start = consumer_start(len(prompt), keep)
         req = Request(
@@ -177,6 +184,8 @@ class Engine:
             req.replay_start = (
                 cached.num_tokens if exact else replay_start(cached.num_tokens, start, self.cfg.window)
             )
+        if images:
+            req.images, req.block_extras = tuple(images), block_extras(images, self.cfg.block_size)
         if params.structured is not None:
             req.constraint = default_compiler().constraint(params.structured)
         self.stats.prompt_tokens += len(prompt)
@@ -305,6 +314,8 @@ class Engine:
             list(req.logprobs),
             req.num_cached,
             req.replay_start,
+            packed(req.images, self.cfg.hidden) if req.images else None,
+            [(im.offset, im.tokens, im.digest) for im in req.images],
         )
         if not req.finished:
             self.scheduler.finish(req, "migrated")
@@ -382,6 +393,12 @@ class Engine:
             output=list(state.output),
             logprobs=list(state.logprobs),
         )
+        if state.image_spans:
+            if state.images is None:
+                raise InvalidRequest("the imported state names images but carries no embeddings")
+            req.images = unpacked(state.images, state.image_spans)
+            check_images(self.cfg.hidden, len(req.prompt), req.images)
+            req.block_extras = block_extras(req.images, self.cfg.block_size)
         if params.structured is not None:
             try:
                 req.constraint = default_compiler().replay(params.structured, req.output)

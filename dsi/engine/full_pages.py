@@ -32,7 +32,10 @@ class FullPages:
         known = len(req.block_hashes)
         if full > known:
             parent = req.block_hashes[-1] if known else self.chain.root(req.params.cache_salt)
-            packed = self.chain.hashes(req.all_tokens[known * size : full * size], parent=parent)
+            extras = {i - known: e for i, e in req.block_extras.items() if known <= i < full}
+            packed = self.chain.hashes(
+                req.all_tokens[known * size : full * size], parent=parent, extras=extras or None
+            )
             req.block_hashes += unpack(packed)
         n = min(full, len(req.block_table))
         for page in range(req.hashed_pages, n):

@@ -17,6 +17,7 @@ from dsi.engine.prefix import RequestStats
 if TYPE_CHECKING:
     import torch
 
+    from dsi.engine.images import ImageEmbeds
     from dsi.engine.prefix import CachedPrefix
     from dsi.structured import TokenConstraint
 
@@ -59,6 +60,10 @@ class Request:
     ring_snapshot: tuple[int, torch.Tensor] | None = None
     collected_pages: int = 0  # full pages already queued as FullPage (not reset by preemption)
     stats: RequestStats = field(default_factory=RequestStats)
+    # Image embeddings of prompt positions (kept until the request leaves: a preemption
+    # recomputes with them) and the hash-chain extra keys they give its blocks.
+    images: tuple[ImageEmbeds, ...] = ()
+    block_extras: dict[int, bytes] = field(default_factory=dict)
     # Structured output (worker-owned once admitted): the constraint has accepted the first
     # ``constraint_pos`` output tokens; it is rebuilt from ``output`` after a preemption.
     constraint: TokenConstraint | None = None

@@ -59,4 +59,6 @@ class RingSnapshots:
         n = boundary // self.block_size
         if len(req.block_hashes) >= n:
             return req.block_hashes[n - 1]
-        return self.chain.hashes(req.all_tokens[:boundary], cache_salt=req.params.cache_salt)[-HASH_BYTES:]
+        return self.chain.hashes(
+            req.all_tokens[:boundary], cache_salt=req.params.cache_salt, extras=req.block_extras or None
+        )[-HASH_BYTES:]

@@ -65,6 +65,9 @@ class ModelRunner:
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
         spans = _spans([len(s.tokens) for s in batch])
         x = w["embed"][ids]
+        for s, (a, _b) in zip(batch, spans, strict=True):
+            for row, rows in s.embeds:  # image positions: the vision encoder's embeddings
+                x[a + row : a + row + rows.shape[0]] = rows
         dec = self._decode_index(batch, spans, consumer=False)
         for i in range(cfg.n_producer):
             x = self._layer(i, x, pos, batch, spans, dec, snapshots)

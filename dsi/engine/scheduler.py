@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dsi.engine.batch import StepSlice
+from dsi.engine.images import slice_embeds
 from dsi.engine.request import Request, Status
 from dsi.engine.runner import Snapshots
 from dsi.kvcache.block_pool import BlockPool, NoFreeBlocks
@@ -134,6 +135,7 @@ class Scheduler:
                 sample,
                 req.producer_start,
                 req.num_cached,
+                slice_embeds(req.images, start, start + n) if req.images else [],
             )
         )
         step.requests.append(req)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from dsi.engine.engine import Engine, EngineConfig, RequestOutput
+from dsi.engine.images import ImageEmbeds
 from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
 from dsi.engine.prefix import CachedPrefix, FullPage, RequestStats, RingSnapshot
@@ -128,12 +129,13 @@ class EngineService:
         params: SamplingParams,
         prefill_only: bool = False,
         cached: CachedPrefix | None = None,
+        images: Sequence[ImageEmbeds] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request until it finishes; raises InvalidRequest if it is refused.
         ``cached`` pages must stay valid until the stream ends (the engine reads them again
-        after a preemption)."""
+        after a preemption); so must ``images`` (image embeddings, dsi.engine.images)."""
         return self._stream(
-            request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached)
+            request_id, lambda e: e.add_request(request_id, prompt, params, prefill_only, cached, images)
         )
 
     def import_request(

@@ -41,6 +41,7 @@ class EngineShape:
     num_slots: int  # state slots: the most sequences the engine holds at once
     hash_chain: HashChain  # the chain hashes of this engine's pages (model, cluster root seed)
     state: StateLayout  # a RequestState with no pages (see state_layout)
+    hidden: int = 0  # the model's hidden size: the width of an image embedding
 
     @classmethod
     def of(
@@ -57,6 +58,7 @@ class EngineShape:
             num_slots=num_slots,
             hash_chain=HashChain.of(cfg, root_seed),
             state=StateLayout.of(cfg, 0),
+            hidden=cfg.hidden,
         )
 
     @property
@@ -77,9 +79,11 @@ class EngineShape:
         """Pages that hold ``num_tokens`` positions."""
         return -(-num_tokens // self.block_size)
 
-    def state_layout(self, num_blocks: int) -> StateLayout:
-        """Where pages, rings and partial state lie in a flat state buffer with ``num_blocks`` pages."""
-        return self.state.with_pages(num_blocks)
+    def state_layout(self, num_blocks: int, image_tokens: int = 0) -> StateLayout:
+        """Where pages, rings and partial state (and the embeddings of ``image_tokens`` image
+        positions) lie in a flat state buffer with ``num_blocks`` pages."""
+        layout = self.state.with_pages(num_blocks)
+        return layout.with_images(image_tokens, self.hidden) if image_tokens else layout
 
     def state_nbytes(self, num_blocks: int) -> int:
         """Bytes of a RequestState with ``num_blocks`` pages (what a lease must receive)."""

@@ -5,6 +5,9 @@ Buffers (engine format, fp32, C-contiguous), in this order in one flat state buf
     pages    [num_blocks, page_elems]                       Block KV pages, in block-table order
     rings    [n_layers, 2, window + rollback, n_kv_heads, D] SWA rings (slot = position % ring)
     partial  [n_sources, D]                                  compressor partial state
+    images   [image tokens, hidden]                          only for a prompt with images: their
+                                                             embeddings, in prompt order (the spans
+                                                             travel in ``image_spans``)
 
 ``pages`` covers positions [0, num_computed); ``rings`` / ``partial`` are the state after
 ``num_computed`` positions. Output tokens past ``num_computed`` are known but not yet run
@@ -21,7 +24,7 @@ until a state is imported into them (or it is released).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import torch
@@ -49,13 +52,26 @@ class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return sum(b.nbytes for b in self.buffers)
 
     @classmethod
-    def of(cls, cfg: ModelConfig, num_blocks: int) -> StateLayout:
-        shapes = (
+    def of(cls, cfg: ModelConfig, num_blocks: int, image_tokens: int = 0) -> StateLayout:
+        shapes = [
             ("pages", (num_blocks, page_elems(cfg))),
             ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
             ("partial", (len(cfg.kv_sources), cfg.head_dim)),
-        )
+        ]
+        if image_tokens:
+            shapes.append(("images", (image_tokens, cfg.hidden)))
         return cls._packed([(name, shape, "float32", 4) for name, shape in shapes])
+
+    def with_images(self, image_tokens: int, hidden: int) -> StateLayout:
+        """This layout with an ``images`` buffer of ``image_tokens`` rows (none for 0)."""
+        parts = [
+            (b.name, b.shape, b.dtype, getattr(torch, b.dtype).itemsize)
+            for b in self.buffers
+            if b.name != "images"
+        ]
+        if image_tokens:
+            parts.append(("images", (image_tokens, hidden), "float32", 4))
+        return self._packed(parts)
 
     def with_pages(self, num_blocks: int) -> StateLayout:
         """This layout with ``num_blocks`` pages instead (the other buffers unchanged)."""
@@ -100,6 +116,8 @@ class RequestState:
     logprobs: list[float]
     num_cached: int = 0  # H of a prefix hit (pages[: H // block_size] came from the store)
     replay_start: int = 0  # R: producer SWA keys start here (0 without a hit)
+    images: torch.Tensor | None = None  # [image tokens, hidden] fp32; None: a prompt without images
+    image_spans: list[tuple[int, int, bytes]] = field(default_factory=list)  # (offset, tokens, digest)
 
     def buffers(self) -> dict[str, tuple[tuple[int, ...], str, int]]:
         """name -> (shape, dtype, bytes) of each buffer."""
@@ -140,6 +158,7 @@ class RequestState:
         logprobs: list[float],
         num_cached: int = 0,
         replay_start: int = 0,
+        image_spans: list[tuple[int, int, bytes]] | None = None,
     ) -> RequestState:
         """Views (no copy) over one received state buffer. ``layout``: the sender's header, or
         the receiver's ``EngineShape.state_layout(num_blocks)``. A read-only buffer gives
@@ -172,10 +191,15 @@ class RequestState:
             list(logprobs),
             num_cached,
             replay_start,
+            t.get("images"),
+            list(image_spans or []),
         )
 
     def _tensors(self) -> tuple[tuple[str, torch.Tensor], ...]:
-        return ("pages", self.pages), ("rings", self.rings), ("partial", self.partial)
+        out = (("pages", self.pages), ("rings", self.rings), ("partial", self.partial))
+        if self.images is not None and self.images.shape[0]:
+            out += (("images", self.images),)
+        return out
 
 
 @dataclass(slots=True, eq=False)

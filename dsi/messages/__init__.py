@@ -11,8 +11,9 @@ from dsi.messages.gateway import GATEWAY
 from dsi.messages.handoff import HANDOFF
 from dsi.messages.kvstore import KVSTORE
 from dsi.messages.migrate import MIGRATE
+from dsi.messages.vision import VISION
 
-ALL = (*CONTROL, *GATEWAY, *HANDOFF, *KVSTORE, *BALANCER, *MIGRATE)
+ALL = (*CONTROL, *GATEWAY, *HANDOFF, *KVSTORE, *BALANCER, *MIGRATE, *VISION)
 
 __all__ = [
     "ALL",
@@ -24,6 +25,7 @@ __all__ = [
     "KVSTORE",
     "MIGRATE",
     "PROTOCOL_VERSION",
+    "VISION",
     "Blob",
     "Message",
 ]

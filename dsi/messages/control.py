@@ -23,6 +23,7 @@ class Load(Message):
     kv_tokens: int = 0  # tokens of KV held by running requests
     inbox: int = 0  # messages waiting in the actor's inbox
     uncached_tokens: int = 0  # prompt tokens admitted without a prefix hit since the process started
+    queued_pixels: int = 0  # encoder: image pixels waiting or being encoded
 
 
 class Heartbeat(Message):

@@ -7,6 +7,15 @@ from dsi.engine.params import SamplingParams
 from dsi.messages.base import Message
 
 
+class ImageSpan(Message):
+    """An image in a prompt: its placeholder tokens are positions [offset, offset + tokens);
+    ``digest``: its content hash (16 bytes), how the encoder holding its embeddings names it."""
+
+    offset: int
+    tokens: int
+    digest: bytes
+
+
 class Generate(Message):
     """Start a request; the answer is a stream of TokenChunk items."""
 
@@ -19,6 +28,8 @@ class Generate(Message):
     # A re-run after tokens reached the client: take this hit (the one the first run took, see
     # dsi.engine.hit_policy.pinned_hit) instead of what the policy would choose now.
     pin_hit: HitChoice | None = None
+    images: list[ImageSpan] = []  # image positions of the prompt, in order (see dsi.messages.vision)
+    encoder: str = ""  # control address of the encoder that holds their embeddings
 
 
 class TokenChunk(Message):

@@ -66,6 +66,7 @@ class Migrant(Message):
     num_blocks: int  # pages in the tail
     traffic_class: str = "chatbot"
     cached_tokens: int = 0  # what the request's chunks report (its prefix hit)
+    images: list[tuple[int, int, bytes]] = []  # (offset, tokens, digest) of the prompt's images
 
 
 class MigrateIn(Message):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dsi.model.config import get_config
+from dsi.model.vit import VISION_CONFIG, init_vision_weights, save_vision, vision_config_of
 from dsi.model.weights import init_weights, save_model
 
 
@@ -42,6 +43,9 @@ def ensure_model(directory: Path, shape: str, gguf: str | None = None) -> Path:
         def write(tmp: Path) -> None:
             cfg = get_config(shape)
             save_model(tmp, cfg, init_weights(cfg))
+            vision = vision_config_of(shape)
+            if vision is not None:
+                save_vision(tmp, vision, init_vision_weights(vision))
     else:
         raise ValueError(f"{directory} holds no model and the {shape!r} shape is too large to generate here")
     _write_once(directory, write)
@@ -78,3 +82,22 @@ def _write_once(directory: Path, write: Callable[[Path], None]) -> None:
             os.replace(tmp, directory)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_vision(directory: Path, shape: str) -> None:
+    """Add the seeded vision encoder of a built-in shape to a model directory that lacks it (one
+    made before the shape had one); a no-op when it is there or the shape has none."""
+    directory = Path(directory)
+    vision = vision_config_of(shape)
+    if vision is None or (directory / VISION_CONFIG).exists():
+        return
+    with open(directory.with_name(directory.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / VISION_CONFIG).exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.vision.", dir=directory.parent))
+            try:
+                save_vision(tmp, vision, init_vision_weights(vision))
+                for name in ("vision.safetensors", VISION_CONFIG):  # the config last: it marks completion
+                    os.replace(tmp / name, directory / name)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dsi.recipe.conversation import ModelVersion
 from dsi.recipe.errors import RequestError
+from dsi.recipe.vision_prompt import VisionSpec
 
 DEFAULT_CONTEXT_TOKENS = 1_048_576
 OFFICIAL_MODELS: dict[str, ModelVersion] = {
@@ -31,15 +32,18 @@ OFFICIAL_MODELS: dict[str, ModelVersion] = {
 
 @dataclass(slots=True, frozen=True)
 class ServedModel:
-    """A model name the gateway answers to: its prompt format, context length (tokens) and
-    tokenizer file (None: the shipped V4 vocabulary); ``template_dir``: the model directory of
-    another family, whose own chat template and tokenizer replace the DeepSeek format."""
+    """A model name the gateway answers to: its prompt format, context length (tokens),
+    tokenizer file (None: the shipped V4 vocabulary) and vision encoder (None: text only, images
+    render as V4's placeholder text; see dsi.recipe.vision_prompt); ``template_dir``: the model
+    directory of another family, whose own chat template and tokenizer replace the DeepSeek
+    format."""
 
     name: str
     version: ModelVersion
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     tokenizer: Path | None = None
     template_dir: Path | None = None
+    vision: VisionSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.name or self.context_tokens < 2:

@@ -38,6 +38,7 @@ from dsi.recipe.render import render
 from dsi.recipe.request import EFFORTS, ParsedRequest, ThinkingRequest
 from dsi.recipe.segments import RenderedPrompt
 from dsi.recipe.vision import v41_images
+from dsi.recipe.vision_prompt import PlacedImage, render_vision
 from dsi.recipe.wire import fail
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class ResolvedRequest:
     images: tuple[ImageRef, ...] = ()
     echo: dict[str, Any] = field(default_factory=dict)
     template: ChatTemplate | None = None
+    placed_images: tuple[PlacedImage, ...] = ()  # a vision model's decoded images, in prompt order
 
     @property
     def prompt_text(self) -> str:
@@ -135,8 +137,13 @@ def resolve(
     )
     version = served.version
     images = v41_images(conv) if version is ModelVersion.V41 else ()
-    rendered = render(conv, version)
-    ids = _encode(rendered.prompt, served, encoder)
+    placed: tuple[PlacedImage, ...] = ()
+    if served.vision is not None and version is ModelVersion.V4:
+        vp = render_vision(conv, served.vision, lambda prompt: _encode(prompt, served, encoder))
+        rendered, ids, placed = vp.rendered, vp.token_ids, vp.images
+    else:
+        rendered = render(conv, version)
+        ids = _encode(rendered.prompt, served, encoder)
     count = len(ids)
     opts = parsed.options
     return ResolvedRequest(
@@ -171,6 +178,7 @@ def resolve(
         metadata=opts.metadata,
         images=images,
         echo=parsed.echo,
+        placed_images=placed,
     )
 
 

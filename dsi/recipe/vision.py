@@ -5,6 +5,8 @@ V4    no vision input: every image is the text "[Unsupported Image]", also one i
 V4.1  an image is the <｜image｜> token and its bytes are fetched; an image with no
       fetchable source (a file id), or one in assistant history, is a 400, as in
       deepseek-recipe
+V4 with a vision encoder: the images are decoded and placed as tokens, see
+      dsi.recipe.vision_prompt
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ class DecodeActor(EngineRole):
         self._remember(msg.request_id, msg)
         self.arrive(0).settle()  # the engine counts it from here
         prompt_tokens = len(msg.token_ids)
-        stream = self.service.generate(msg.request_id, list(msg.token_ids), msg.sampling)
+        images = await self.pull_images(msg)
+        stream = self.service.generate(msg.request_id, list(msg.token_ids), msg.sampling, images=images)
         try:
             first = await anext(stream)
             yield _chunk(msg.request_id, first, prompt_tokens, hit=NO_HIT)
@@ -101,7 +102,7 @@ class DecodeActor(EngineRole):
         if not req.token_ids:
             raise InvalidRequest("the prompt is empty")
         num_blocks = self.shape.blocks(len(req.token_ids))
-        layout = self.shape.state_layout(num_blocks)
+        layout = self.shape.state_layout(num_blocks, sum(s.tokens for s in req.images))
         reservation = await self._reserve(num_blocks)
         arrival = self.arrive(len(req.token_ids))  # counted here until the engine holds it
         lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
@@ -141,6 +142,7 @@ class DecodeActor(EngineRole):
                 list(done.logprobs),
                 done.cached_tokens,
                 done.replay_start,
+                [(s.offset, s.tokens, s.digest) for s in req.images],
             )
             self._remember(req.request_id, req, done)
             stream = self.service.import_request(state, reservation)

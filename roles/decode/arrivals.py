@@ -93,7 +93,7 @@ class Arrivals:
             except InvalidRequest:
                 self.release(m.request_id)
                 raise
-            layout = self.role.shape.state_layout(m.num_blocks)
+            layout = self.role.shape.state_layout(m.num_blocks, sum(n for _, n, _ in m.images))
             inbound = self._expect(arrival, "tail", layout.nbytes, msg.expires_in_s)
             arrival.migrant = m
             arrival.imported = asyncio.get_running_loop().create_future()
@@ -214,6 +214,7 @@ class Arrivals:
                 m.logprobs,
                 m.num_cached,
                 m.replay_start,
+                [tuple(span) for span in m.images],
             )
             stream = self._service.import_request(state, arrival.reservation, m.held)
         except DsiError as exc:

@@ -211,6 +211,7 @@ class Migration:
                     s.pages.shape[0],
                     meta.traffic_class if meta else "chatbot",
                     meta.cached_tokens if meta else 0,
+                    list(s.image_spans),
                 )
             )
         try:

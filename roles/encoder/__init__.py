@@ -1,5 +1,5 @@
-"""The encoder role. Planned: images -> embeddings for the prefill; today it has no model and encodes
-nothing."""
+"""The encoder role: images -> embeddings (a small ViT), batched across requests, sent to the
+prefills over the data plane."""
 
 from dsi.roles.encoder.actor import EncoderActor
 

@@ -173,6 +173,10 @@ class InstancePool:
                 log.warning("cannot refresh the instance list from the controller: %s", exc)
             await asyncio.sleep(self._refresh_s)
 
+    def serving(self) -> list[_Instance]:
+        """The instances that take new work now."""
+        return [inst for inst in self._instances.values() if self._takes_work(inst)]
+
     def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
         """The least loaded serving instance whose ``key`` is not in ``exclude``."""
         ready = [

@@ -26,13 +26,16 @@ from tokenizers import Tokenizer
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy, predicted_hit
 from dsi.engine.params import SamplingParams
 from dsi.errors import DsiError, InvalidRequest
-from dsi.messages.gateway import Generate
+from dsi.kvcache.hashchain import image_extras
+from dsi.messages.gateway import Generate, ImageSpan
 from dsi.recipe import RequestError, error_body
 from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.emit_stream import OutputStream
 from dsi.recipe.parser import ControlIds
+from dsi.recipe.vision_prompt import PlacedImage
 from dsi.roles.entrypoint.auth import ApiKeys, Caller, TooManyRequests
 from dsi.roles.entrypoint.backends import DecodePool, NoInstance
+from dsi.roles.entrypoint.encoders import EncoderPool
 from dsi.roles.entrypoint.errors import error_response
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
@@ -57,6 +60,10 @@ class Prepared:
     # A model of another family: its tokenizer and the ids the output parser acts on (EOS).
     tokenizer: Tokenizer | None = None
     control: ControlIds | None = None
+    images: tuple[PlacedImage, ...] = ()  # decoded images and where their tokens are
+
+    def image_spans(self) -> list[ImageSpan]:
+        return [ImageSpan(p.offset, p.image.tokens, p.image.digest) for p in self.images]
 
 
 class Gateway:
@@ -75,6 +82,7 @@ class Gateway:
         keep: int | None = None,
         slow_reader_timeout_s: float = 30.0,
         rings: bool = True,
+        encoders: EncoderPool | None = None,
     ) -> None:
         self.pool = pool
         self.keys = keys
@@ -83,6 +91,7 @@ class Gateway:
         self.prefix = prefix  # None: no kvstore, every prompt is a miss
         self.keep = keep
         self.rings = rings
+        self.encoders = encoders  # None: no vision encoder, a request with images is a 503
         metrics.sources.append(pool.metric_lines)
         self.slow_reader_timeout_s = slow_reader_timeout_s
         if prefix is not None:
@@ -131,8 +140,20 @@ class Gateway:
             return web.json_response(error_body(exc, protocol), status=exc.status)
         self.metrics.prompt_tokens += len(prep.token_ids)
         salt = caller.entry.cache_salt
-        cached = self._cached_tokens(prep.token_ids, salt, prep.hit_policy)
+        spans = prep.image_spans()
+        cached = self._cached_tokens(prep.token_ids, salt, prep.hit_policy, spans)
         sampling = msgspec.structs.replace(prep.sampling, cache_salt=salt) if salt else prep.sampling
+        encoder = ""
+        if prep.images:
+            try:
+                if self.encoders is None:
+                    raise NoInstance("this gateway has no vision encoder")
+                encoder = await self.encoders.encode(prep.request_id, [p.image for p in prep.images])
+            except DsiError as exc:
+                log.warning("request %s: images not encoded: %s", prep.request_id, exc)
+                return self._error(
+                    protocol, 503, f"the images could not be encoded: {exc.code}: {exc.message}"
+                )
         msg = Generate(
             prep.request_id,
             prep.token_ids,
@@ -140,10 +161,14 @@ class Gateway:
             traffic_class=prep.traffic_class,
             cached_tokens=cached,
             hit_policy=prep.hit_policy,
+            images=spans,
+            encoder=encoder,
         )
         return prep, msg
 
-    def _cached_tokens(self, token_ids: list[int], cache_salt: str, policy: HitPolicy) -> int:
+    def _cached_tokens(
+        self, token_ids: list[int], cache_salt: str, policy: HitPolicy, images: list[ImageSpan]
+    ) -> int:
         """The prompt's prefix hit per the CHECK replica (metadata only: no I/O on this path), as
         the request's hit policy would take it (see dsi.engine.hit_policy.predicted_hit). A
         prediction: the engine may reuse less (a corrupt block, the store away, no SWA state for
@@ -151,8 +176,9 @@ class Gateway:
         if self.prefix is None:
             hit = 0
         else:
-            stored = self.prefix.cached_tokens(token_ids, cache_salt)
             bs = self.prefix.chain.block_size
+            extras = image_extras([(s.offset, s.tokens, s.digest) for s in images], bs)
+            stored = self.prefix.cached_tokens(token_ids, cache_salt, extras)
             hit = predicted_hit(policy, stored, len(token_ids), self.keep, bs, rings=self.rings)
         self.metrics.prefix_lookup_tokens += len(token_ids)
         self.metrics.prefix_hit_tokens += hit

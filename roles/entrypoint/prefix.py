@@ -17,7 +17,7 @@ import array
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import zmq.asyncio
@@ -81,17 +81,20 @@ class PrefixLookup:
         if self._controller is not None:
             await self._controller.close()
 
-    def cached_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
+    def cached_tokens(
+        self, token_ids: Sequence[int], cache_salt: str = "", extras: Mapping[int, bytes] | None = None
+    ) -> int:
         """Leading tokens of the prompt in full blocks the kvstore holds (a multiple of the block
         size). As in the engine, the last prompt token is always computed: a prompt of exactly n
-        blocks can hit n - 1 of them."""
+        blocks can hit n - 1 of them. ``extras``: the blocks' extra keys (image digests, see
+        ``image_extras``)."""
         replica, bs = self.replica, self.chain.block_size
         full = max(0, len(token_ids) - 1) // bs * bs
         if replica is None or not replica.state.synced or not full:
             return 0
         # array.array converts a list of ints several times faster than numpy does.
         ids = np.frombuffer(array.array("I", token_ids[:full]), dtype=np.uint32)
-        return replica.match(self.chain.hashes(ids, cache_salt=cache_salt)) * bs
+        return replica.match(self.chain.hashes(ids, cache_salt=cache_salt, extras=extras or None)) * bs
 
     def metric_lines(self) -> list[str]:
         """The replica's gauges in the Prometheus text format."""

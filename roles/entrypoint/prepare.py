@@ -85,6 +85,7 @@ class Preparer:
             _hit_policy(req, self.hit_policy),
             tokenizer=template.tokenizer if template is not None else None,
             control=template.control_ids() if template is not None else None,
+            images=req.placed_images,
         )
 
     def _prefill(self, req: ResolvedRequest) -> list[int]:

@@ -19,11 +19,15 @@ from aiohttp import web
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.kvcache.hashchain import HashChain
 from dsi.model.family import AnyConfig, served_config
+from dsi.model.vision_config import VisionConfig, vision_config_of
 from dsi.recipe import ModelTable, ModelVersion, Recipe, ServedModel
+from dsi.recipe.images import ImageLimits
+from dsi.recipe.vision_prompt import VisionSpec
 from dsi.roles.curve import client_keys
 from dsi.roles.entrypoint.app import make_app, start_http
 from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.backends import DecodePool
+from dsi.roles.entrypoint.encoders import EncoderPool
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
@@ -41,6 +45,7 @@ class GatewayServing:
         self.gateway: Gateway | None = None
         self._pool: DecodePool | None = None
         self._prefix: PrefixLookup | None = None
+        self._encoders: EncoderPool | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._runner: web.AppRunner | None = None
 
@@ -69,7 +74,11 @@ class GatewayServing:
         m = node.model
         # Another family's directory is read (imported from [model] gguf on first start).
         shape = await asyncio.get_running_loop().run_in_executor(None, served_config, m.dir, m.config, m.gguf)
-        recipe = served_recipe(node, shape)
+        vision = vision_config_of(node.model.config) if shape.family == "v4" else None
+        if vision is not None:
+            self._encoders = EncoderPool(node.cluster.controller, self._ctx, keys=keys, peer_id=self.name)
+            await self._encoders.start()
+        recipe = served_recipe(node, shape, self._vision_spec(vision))
         # The engine's page hashes: the chain of its model config under cluster.root_seed.
         self._prefix = prefix = PrefixLookup(
             HashChain.of(shape, node.cluster.root_seed),
@@ -88,10 +97,21 @@ class GatewayServing:
             keep=shape.keep,
             rings=bool(shape.ring),
             slow_reader_timeout_s=opts.slow_reader_timeout_s,
+            encoders=self._encoders,
         )
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
         # With one worker the port stays exclusive, so a second gateway on it is an error.
         self._runner = await start_http(app, opts.http_host, opts.http_port, reuse_port=opts.http_workers > 1)
+
+    def _vision_spec(self, vision: VisionConfig | None) -> VisionSpec | None:
+        """Image input of the served model: its encoder's shape and this gateway's image limits."""
+        if vision is None:
+            return None
+        opts = self.options
+        limits = ImageLimits(
+            max_bytes=opts.max_image_bytes, max_images=opts.max_images, allow_fetch=opts.fetch_image_urls
+        )
+        return VisionSpec(vision, limits)
 
     @property
     def port(self) -> int:
@@ -109,17 +129,23 @@ class GatewayServing:
         if self._prefix is not None:
             await self._prefix.close()
             self._prefix = None
+        if self._encoders is not None:
+            await self._encoders.close()
+            self._encoders = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
 
-def served_recipe(node: NodeConfig, shape: AnyConfig) -> Recipe:
+def served_recipe(node: NodeConfig, shape: AnyConfig, vision: VisionSpec | None = None) -> Recipe:
     """The recipe of the served model: the V4 format (and DeepSeek's own names) for the V4
-    shape; for another family, its own chat template and tokenizer under its name only (loaded
-    here, so that a directory the gateway cannot serve fails the start)."""
+    shape, with image input when ``vision`` is given; for another family, its own chat template
+    and tokenizer under its name only (loaded here, so that a directory the gateway cannot serve
+    fails the start)."""
     name = node.model.name
     if shape.family == "v4":
+        if vision is not None:
+            return Recipe({name: ServedModel(name, ModelVersion.V4, vision=vision)})
         return Recipe({name: ModelVersion.V4})
     served = ServedModel(name, ModelVersion.V4, shape.max_context, template_dir=node.model.dir)
     recipe = Recipe(models=ModelTable({name: served}, official=False), default_thinking=False)

@@ -45,7 +45,7 @@ from dsi.engine.hit_policy import (
     pinned_hit,
 )
 from dsi.errors import DsiError, InvalidRequest
-from dsi.kvcache.hashchain import unpack
+from dsi.kvcache.hashchain import image_extras, unpack
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
 from dsi.messages.migrate import DrainOrder
@@ -104,13 +104,14 @@ class PrefillActor(EngineRole):
         started = time.monotonic()
         rid = lease.lease_id  # unique per attempt, even when the entrypoint retries the same request
         policy = req.hit_policy or self.settings.hit_policy
+        images = await self.pull_images(req)
         hashes, fetched = await self._fetch_hits(req, policy)
         try:
             cached, hit = await self._cached_prefix(req, policy, hashes, fetched)
             if cached is not None and not hit.exact:
                 self._unshared.add(rid)  # its state is not announced (see EngineRole)
             stream = self.service.generate(
-                rid, list(req.token_ids), req.sampling, prefill_only=True, cached=cached
+                rid, list(req.token_ids), req.sampling, prefill_only=True, cached=cached, images=images
             )
             async with contextlib.aclosing(stream):
                 outputs = [o async for o in stream]
@@ -175,8 +176,9 @@ class PrefillActor(EngineRole):
         if self.kvstore is None or usable <= 0:
             return [], None
         try:
+            extras = image_extras([(s.offset, s.tokens, s.digest) for s in req.images], bs)
             packed = self.shape.hash_chain.hashes(
-                req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt
+                req.token_ids[: usable * bs], cache_salt=req.sampling.cache_salt, extras=extras or None
             )
         except (ValueError, OverflowError) as exc:
             raise InvalidRequest(f"prompt token ids: {exc}") from None

@@ -86,3 +86,16 @@ def test_the_block_size_is_the_model_configs():
         HashChain(0, "m")  # no default block size: it comes from the model
     with pytest.raises(ValueError):
         HashChain(block_size=0)
+
+
+def test_image_extras_name_every_block_an_image_covers():
+    from dsi.kvcache.hashchain import image_extras
+
+    a, b = b"A" * 16, b"B" * 16
+    assert image_extras([(100, 64, a)], 128) == {0: a, 1: a}
+    assert image_extras([(0, 10, a), (20, 5, b), (128, 128, b)], 128) == {0: a + b, 1: b}
+    chain = HashChain(block_size=4)
+    tokens = list(range(12))
+    plain = chain.hashes(tokens)
+    mixed = chain.hashes(tokens, extras=image_extras([(5, 2, a)], 4))
+    assert plain[:16] == mixed[:16] and plain[16:32] != mixed[16:32] and plain[32:] != mixed[32:]

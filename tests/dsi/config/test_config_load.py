@@ -50,6 +50,7 @@ def test_local_config_runs_every_role_on_loopback() -> None:
         ("prefill", "prefill-1", "tcp://127.0.0.1:7111"),
         ("decode", "decode-0", "tcp://127.0.0.1:7120"),
         ("decode", "decode-1", "tcp://127.0.0.1:7121"),
+        ("encoder", "encoder-0", "tcp://127.0.0.1:7150"),
         ("kvstore", "kvstore-0", "tcp://127.0.0.1:7130"),
         ("balancer", "balancer-0", "tcp://127.0.0.1:7140"),
     ]
@@ -119,7 +120,7 @@ def test_role_lookup_by_id_and_kind() -> None:
     cfg = load_config(REPO / "configs" / "local.toml")
     assert cfg.role("decode-1").bind == "tcp://127.0.0.1:7121"
     assert [role.id for role in cfg.roles_of("prefill")] == ["prefill-0", "prefill-1"]
-    assert cfg.roles_of("encoder") == ()
+    assert [role.id for role in cfg.roles_of("encoder")] == ["encoder-0"]
     with pytest.raises(ConfigError) as caught:
         cfg.role("decode-9")
     assert caught.value.key == "roles"
