@@ -50,7 +50,7 @@ def rebalance(
     divisible by ``num_groups``, ``num_groups`` by ``num_nodes`` and ``num_ranks`` by ``num_nodes``;
     otherwise (or with ``global``) one node and one group are used.
     """
-    layers, experts = load.shape
+    experts = load.shape[1]
     slots = num_ranks * slots_per_rank
     if slots < experts:
         raise ValueError(f"{num_ranks} ranks x {slots_per_rank} slots cannot hold {experts} experts")

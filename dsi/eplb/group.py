@@ -1,0 +1,194 @@
+"""ExpertGroup: rank 0 of an expert-parallel group, living in the engine process.
+
+Rank 0 runs the whole forward (attention included) for the engine's batch and starts
+``size - 1`` worker processes (:mod:`dsi.eplb.worker`) over torch.distributed (gloo) that hold
+the other ranks' experts. At every MoE layer rank 0 names the operation, then all ranks run the
+same collective (:func:`dsi.eplb.dispatch.ep_moe`); the workers bring no tokens of their own in
+the engine, but the collective is symmetric (every rank may route its own tokens, as
+:meth:`check` does), which is what data-parallel attention over the ranks needs::
+
+    rank 0 (engine)                         rank r (worker)
+    start workers, init gloo      <------>  init gloo
+    broadcast GroupSpec, router/shared ---> receive
+    install placement (all-to-all of expert weights from rank 0)
+    per step, per layer: [MOE, layer] ----> ep_moe(layer, no tokens)
+             ep_moe(layer, x)      <------> dispatch / compute / combine
+    every ``rebalance_steps`` steps, between two steps:
+             [REBALANCE] -----------------> all_reduce counts, placement, move weights
+    close: [STOP] ----------------------->  exit
+
+Rebalance pauses serving for the time of that call only (measured: ``last_pause_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dsi.eplb.experts import held_by, rank0_holds_all
+from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, send_dense
+from dsi.eplb.placement import Placement
+from dsi.eplb.policy import Policy, rebalance
+from dsi.eplb.resize import EpSize, initial_placement
+from dsi.eplb.window import LoadWindow
+from dsi.model.config import ModelConfig
+from dsi.transport.ports import free_port
+
+log = logging.getLogger(__name__)
+DEVICES_ENV = "DSI_EP_DEVICES"  # CPU ranks that count as healthy devices (simulates failed ones)
+IDLE_TIMEOUT = timedelta(days=7)  # workers wait for rank 0's next operation this long
+
+
+def healthy_ranks(configured: int) -> int:
+    """Devices this host offers to an EP group of ``configured`` ranks: CUDA devices where CUDA
+    exists, else ``DSI_EP_DEVICES`` (default: all configured) CPU processes."""
+    if torch.cuda.is_available():
+        return min(configured, torch.cuda.device_count())
+    return min(configured, int(os.environ.get(DEVICES_ENV, configured)))
+
+
+@dataclass(frozen=True, slots=True)
+class EpOptions:
+    ep: EpSize
+    policy: Policy = "global"
+    window_steps: int = 64  # steps of expert counts the rebalance looks at
+    rebalance_steps: int = 0  # rebalance every this many steps (0 = only when asked)
+    batch_invariant: bool = True
+    start_timeout_s: float = 120.0
+
+
+class ExpertGroup:
+    def __init__(self, member: Member, workers: list[subprocess.Popen], options: EpOptions) -> None:
+        self._member = member
+        self._workers = workers
+        self.options = options
+        cfg = member.spec.model
+        self.window = LoadWindow(cfg.n_layers, cfg.n_experts, options.window_steps)
+        self.steps = 0
+        self.rebalances = 0
+        self.last_pause_s = 0.0
+        self._closed = False
+
+    @classmethod
+    def start(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], options: EpOptions) -> ExpertGroup:
+        """Start the workers and the gloo group, send the shared weights and install the first
+        placement (even loads). Blocking; raises if a worker does not join in time."""
+        ep = options.ep
+        port = free_port()
+        init = f"tcp://127.0.0.1:{port}"
+        workers = [
+            subprocess.Popen([sys.executable, "-m", "dsi.eplb.worker", init, str(r), str(ep.size)])
+            for r in range(1, ep.size)
+        ]
+        try:
+            dist.init_process_group(
+                "gloo",
+                init_method=init,
+                rank=0,
+                world_size=ep.size,
+                timeout=timedelta(seconds=options.start_timeout_s),
+            )
+            _set_timeout(IDLE_TIMEOUT)
+            spec = GroupSpec(cfg, ep.size, ep.slots_per_rank, options.batch_invariant)
+            blob = spec.to_tensor()
+            dist.broadcast(torch.tensor([blob.numel()], dtype=torch.int64), 0)
+            dist.broadcast(blob, 0)
+            member = Member(0, spec, send_dense(cfg, weights))
+            member.store.hold_all(weights, cfg.n_layers, cfg.n_experts)
+            first = initial_placement(ep, cfg.n_layers, cfg.n_experts, options.policy)
+            dist.broadcast(first.to_tensor(), 0)
+            member.install(first, rank0_holds_all(cfg.n_layers, cfg.n_experts, ep.size))
+        except BaseException:
+            _stop(workers)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+        log.info(
+            "expert parallel group of %d ranks (%d configured), %d slots per rank",
+            ep.size,
+            ep.configured,
+            ep.slots_per_rank,
+        )
+        return cls(member, workers, options)
+
+    @property
+    def placement(self) -> Placement:
+        assert self._member.placement is not None
+        return self._member.placement
+
+    @property
+    def size(self) -> int:
+        return self.options.ep.size
+
+    def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """The runner's MoE for layer ``layer``: x [T, H] normalised -> [T, H]."""
+        _command(OP_MOE, layer)
+        return self._member.moe(layer, x)
+
+    def end_step(self) -> float:
+        """After a forward: the step's expert counts enter the window; every ``rebalance_steps``
+        steps a rebalance runs here, before the next step. Returns its pause in seconds (0: none)."""
+        self.window.push(self._member.counts)
+        self._member.counts.zero_()
+        self.steps += 1
+        every = self.options.rebalance_steps
+        return self.rebalance() if every and self.steps % every == 0 else 0.0
+
+    def rebalance(self, load: torch.Tensor | None = None) -> float:
+        """Gather the counts, compute a placement, move expert weights, switch. ``load`` [L, E]
+        replaces the measured counts (tests, benchmarks). Returns the pause in seconds."""
+        t0 = time.perf_counter()
+        _command(OP_REBALANCE)
+        total = self.window.total().clone()
+        dist.all_reduce(total)  # the workers add the pairs they routed themselves
+        ep = self.options.ep
+        new = rebalance(load if load is not None else total, ep.size, ep.slots_per_rank, self.options.policy)
+        dist.broadcast(new.to_tensor(), 0)
+        self._member.install(new, held_by(self.placement))
+        self.last_pause_s = time.perf_counter() - t0
+        self.rebalances += 1
+        return self.last_pause_s
+
+    def check(self, full: dict[str, torch.Tensor], seed: int = 0, tokens: int = 16) -> float:
+        """Every rank routes its own tokens (data-parallel); the largest difference from the
+        single-process MoE over all layers and ranks."""
+        _command(OP_CHECK, seed, tokens)
+        return self._member.check(seed, tokens, full)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _command(OP_STOP)
+        finally:
+            dist.destroy_process_group()
+            _stop(self._workers)
+
+
+def _command(op: int, a: int = 0, b: int = 0) -> None:
+    dist.broadcast(torch.tensor([op, a, b], dtype=torch.int64), 0)
+
+
+def _set_timeout(timeout: timedelta) -> None:
+    """Collectives after the start may wait as long as the engine idles."""
+    pg = dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_set_default_timeout"):
+        pg._set_default_timeout(timeout)
+
+
+def _stop(workers: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    for p in workers:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
