@@ -3,7 +3,8 @@ replicas, local expert compute, all-to-all combine. A collective: every rank of 
 it for the same layer, each with its own tokens (possibly none)::
 
     rank r:  x [T_r, H] -> route (top-k) -> pair p = t * k + j -> replica slot (by load) -> rank
-             send pairs sorted by destination rank --all_to_all--> rows + local slot ids
+             pair counts per destination            --all_to_all--> counts from each rank
+             pairs sorted by destination (row + slot) --all_to_all--> rows to compute here
              expert_ffn per slot over the rows received          --all_to_all--> outputs back
              combine in expert order (dsi.model.ops.combine) + shared expert -> [T_r, H]
 
@@ -14,6 +15,8 @@ wherever it runs: the result equals the single-process MoE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -21,6 +24,15 @@ from dsi.eplb.experts import ExpertStore
 from dsi.eplb.placement import Placement
 from dsi.eplb.routing import pick_slots
 from dsi.model.ops import Matmul, combine, expert_ffn, route, shared_expert
+
+CountExchange = Callable[[torch.Tensor], torch.Tensor]  # [world] pairs to each rank -> from each rank
+
+
+def exchange_counts(send: torch.Tensor) -> torch.Tensor:
+    """Collective: [world] pairs this rank sends to each rank -> [world] pairs it receives."""
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return recv
 
 
 def ep_moe(
@@ -31,12 +43,14 @@ def ep_moe(
     placement: Placement,
     mm: Matmul,
     counts: torch.Tensor | None = None,
+    exchange: CountExchange = exchange_counts,
 ) -> torch.Tensor:
     """x: [T, H] normalised hidden states of this rank's tokens -> [T, H] MoE output.
-    ``counts``: [E] int64, incremented by this rank's token-expert pairs per logical expert."""
+    ``counts``: [E] int64, incremented by this rank's token-expert pairs per logical expert.
+    ``exchange``: how the pair counts travel (the group folds them into its operation header)."""
     world, per_rank = placement.num_ranks, placement.slots_per_rank
     prefix = f"layers.{layer}."
-    t = x.shape[0]
+    t, h = x.shape
     if t:
         top_w, top_i = route(x, store.dense[prefix + "router"], top_k, mm)
         pairs = top_i.reshape(-1)
@@ -48,20 +62,20 @@ def ep_moe(
         slots = torch.empty(0, dtype=torch.int64)
     dest = slots // per_rank
     order = dest.argsort(stable=True)  # pairs grouped by destination rank
-    send_counts = torch.bincount(dest, minlength=world)
-    recv_counts = torch.empty(world, dtype=torch.int64)
-    dist.all_to_all_single(recv_counts, send_counts)
-    out_splits, in_splits = send_counts.tolist(), recv_counts.tolist()
-    rows = x[order // top_k] if t else x.new_empty(0, x.shape[1])
-    recv_x = x.new_empty(sum(in_splits), x.shape[1])
-    dist.all_to_all_single(recv_x, rows.contiguous(), in_splits, out_splits)
-    recv_slot = torch.empty(sum(in_splits), dtype=torch.int64)
-    dist.all_to_all_single(recv_slot, slots[order].contiguous(), in_splits, out_splits)
-    ys = _compute(recv_x, recv_slot, layer, store, placement, mm)
-    back = x.new_empty(len(order), x.shape[1])
+    out_splits = torch.bincount(dest, minlength=world)
+    in_splits = exchange(out_splits).tolist()
+    out_splits = out_splits.tolist()
+    # One message per pair: its row and, in an extra column, its slot (exact in fp32 below 2**24).
+    send = (
+        torch.cat([x[order // top_k], slots[order, None].to(x.dtype)], dim=1) if t else x.new_empty(0, h + 1)
+    )
+    recv = x.new_empty(sum(in_splits), h + 1)
+    dist.all_to_all_single(recv, send, in_splits, out_splits)
+    ys = _compute(recv[:, :h], recv[:, h].long(), layer, store, placement, mm)
+    back = x.new_empty(len(order), h)
     dist.all_to_all_single(back, ys, out_splits, in_splits)
     if not t:
-        return x.new_empty(0, x.shape[1])
+        return x.new_empty(0, h)
     per_pair = torch.empty_like(back)
     per_pair[order] = back
     return combine(x, top_i, top_w, per_pair) + shared_expert(x, store.dense, prefix, mm)

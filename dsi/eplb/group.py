@@ -11,8 +11,8 @@ the engine, but the collective is symmetric (every rank may route its own tokens
     start workers, init gloo      <------>  init gloo
     broadcast GroupSpec, router/shared ---> receive
     install placement (all-to-all of expert weights from rank 0)
-    per step, per layer: [MOE, layer] ----> ep_moe(layer, no tokens)
-             ep_moe(layer, x)      <------> dispatch / compute / combine
+    per step, per layer: header [MOE, layer, pairs] <--> (all-to-all) ep_moe(layer, no tokens)
+             ep_moe(layer, x)      <------> rows out / expert outputs back (two all-to-alls)
     every ``rebalance_steps`` steps, between two steps:
              [REBALANCE] -----------------> all_reduce counts, placement, move weights
     close: [STOP] ----------------------->  exit
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from dsi.eplb.experts import held_by, rank0_holds_all
-from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, send_dense
+from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, send_dense
 from dsi.eplb.placement import Placement
 from dsi.eplb.policy import Policy, rebalance
 from dsi.eplb.resize import EpSize, initial_placement
@@ -130,8 +130,8 @@ class ExpertGroup:
 
     def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The runner's MoE for layer ``layer``: x [T, H] normalised -> [T, H]."""
-        _command(OP_MOE, layer)
-        return self._member.moe(layer, x)
+        world = self.size
+        return self._member.moe(layer, x, lambda pairs: header(world, OP_MOE, layer, 0, pairs)[:, 3])
 
     def end_step(self) -> float:
         """After a forward: the step's expert counts enter the window; every ``rebalance_steps``
@@ -146,7 +146,7 @@ class ExpertGroup:
         """Gather the counts, compute a placement, move expert weights, switch. ``load`` [L, E]
         replaces the measured counts (tests, benchmarks). Returns the pause in seconds."""
         t0 = time.perf_counter()
-        _command(OP_REBALANCE)
+        header(self.size, OP_REBALANCE)
         total = self.window.total().clone()
         dist.all_reduce(total)  # the workers add the pairs they routed themselves
         ep = self.options.ep
@@ -160,7 +160,7 @@ class ExpertGroup:
     def check(self, full: dict[str, torch.Tensor], seed: int = 0, tokens: int = 16) -> float:
         """Every rank routes its own tokens (data-parallel); the largest difference from the
         single-process MoE over all layers and ranks."""
-        _command(OP_CHECK, seed, tokens)
+        header(self.size, OP_CHECK, seed, tokens)
         return self._member.check(seed, tokens, full)
 
     def close(self) -> None:
@@ -168,14 +168,10 @@ class ExpertGroup:
             return
         self._closed = True
         try:
-            _command(OP_STOP)
+            header(self.size, OP_STOP)
         finally:
             dist.destroy_process_group()
             _stop(self._workers)
-
-
-def _command(op: int, a: int = 0, b: int = 0) -> None:
-    dist.broadcast(torch.tensor([op, a, b], dtype=torch.int64), 0)
 
 
 def _set_timeout(timeout: timedelta) -> None:

@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 from dsi.engine import invariant
-from dsi.eplb.dispatch import ep_moe
+from dsi.eplb.dispatch import CountExchange, ep_moe, exchange_counts
 from dsi.eplb.experts import ExpertStore, Held, held_by
 from dsi.eplb.placement import Placement
 from dsi.model.config import ModelConfig
 from dsi.model.ops import Matmul, moe
 
-# Operations rank 0 broadcasts as [op, a, b] (int64) before each collective step.
+# Operations rank 0 names in the header of each collective step (see header()).
 OP_MOE, OP_REBALANCE, OP_CHECK, OP_STOP = 1, 2, 3, 4
 DENSE = ("router", "s1", "s3", "s2")  # per-layer weights every rank holds
 
@@ -58,10 +58,10 @@ class Member:
         self.placement: Placement | None = None
         self.counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.int64)  # this rank's pairs
 
-    def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def moe(self, layer: int, x: torch.Tensor, exchange: CountExchange = exchange_counts) -> torch.Tensor:
         assert self.placement is not None
         cfg = self.spec.model
-        return ep_moe(x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer])
+        return ep_moe(x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer], exchange)
 
     def install(self, new: Placement, held: Held | None = None) -> int:
         """Collective: move expert weights to ``new`` and switch to it; returns experts received."""
@@ -102,6 +102,22 @@ class Member:
                     ref = moe(xr, full, f"layers.{layer}.", cfg, self.mm)
                     worst = max(worst, float((ref - yr).abs().max()))
         return worst
+
+
+def header(
+    world: int, op: int = 0, a: int = 0, b: int = 0, pairs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Collective that opens every step: one all-to-all of [world, 4] int64 rows
+    ``(op, a, b, pairs for that rank)``. Rank 0 names the operation (the others send op 0); an
+    MoE step carries its pair counts in it, saving a separate count exchange. Returns the rows
+    received, one from each rank: row 0 names the operation."""
+    send = torch.zeros(world, 4, dtype=torch.int64)
+    send[:, 0], send[:, 1], send[:, 2] = op, a, b
+    if pairs is not None:
+        send[:, 3] = pairs
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return recv
 
 
 def receive_dense(spec: GroupSpec) -> dict[str, torch.Tensor]:

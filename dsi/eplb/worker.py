@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from dsi.eplb.experts import rank0_holds_all
 from dsi.eplb.group import IDLE_TIMEOUT, _set_timeout
-from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, receive_dense
+from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, receive_dense
 
 
 def main(argv: list[str]) -> int:
@@ -34,12 +34,11 @@ def main(argv: list[str]) -> int:
     first = member.receive_placement()
     member.install(first, rank0_holds_all(spec.model.n_layers, spec.model.n_experts, world))
     hidden = spec.model.hidden
-    cmd = torch.empty(3, dtype=torch.int64)
     while True:
-        dist.broadcast(cmd, 0)
-        op, a, b = cmd.tolist()
+        rows = header(world)
+        op, a, b = rows[0, :3].tolist()
         if op == OP_MOE:
-            member.moe(a, torch.empty(0, hidden))
+            member.moe(a, torch.empty(0, hidden), lambda _pairs, rows=rows: rows[:, 3])
         elif op == OP_REBALANCE:
             dist.all_reduce(member.counts)
             member.counts.zero_()
