@@ -1,9 +1,12 @@
 """Routing among replicas: each token-expert pair goes to one replica of its expert, by load.
 
-Experts with a single replica are placed first (they leave no choice); then each replicated
-expert, heaviest first, water-fills its pairs onto its replicas' ranks: the least loaded rank
-gets pairs until it reaches the next one, and so on. A rank holding two replicas of one expert
-counts once. Pure and deterministic: every rank computes the same answer from the same counts.
+Start from the split the placement was packed for (each expert's pairs evenly over the ranks of
+its replicas), then, heaviest replicated expert first, take that expert's pairs back and
+water-fill them onto its ranks given everything else: the least loaded rank gets pairs until it
+reaches the next one, and so on. Each such move minimises the peak over the ranks it touches
+and leaves the others alone, so the step's peak rank load never exceeds the even split's. A rank
+holding two replicas of one expert counts once. Pure and deterministic: every rank computes the
+same answer from the same pairs.
 """
 
 from __future__ import annotations
@@ -21,25 +24,30 @@ def pick_slots(experts: torch.Tensor, placement: Placement, layer: int) -> torch
     replicas = placement.replicas(layer)
     per_rank = placement.slots_per_rank
     load = [0] * placement.num_ranks
-    split: list[list[tuple[int, int]]] = [[] for _ in counts]  # expert -> [(slot, pairs)]
-    single = [e for e in range(len(counts)) if len({s // per_rank for s in replicas[e]}) == 1]
-    multi = sorted(set(range(len(counts))) - set(single), key=lambda e: (-counts[e], e))
-    for e in single + multi:
+    first_slot: list[dict[int, int]] = []  # expert -> {rank: its first slot on that rank}
+    share: list[list[int]] = []  # expert -> pairs per rank of first_slot, in rank order
+    for e, n in enumerate(counts):
         by_rank: dict[int, int] = {}
         for s in replicas[e]:
-            by_rank.setdefault(s // per_rank, s)  # the first slot of each rank
-        ranks = sorted(by_rank)
-        shares = water_fill([load[r] for r in ranks], counts[e])
-        for r, n in zip(ranks, shares, strict=True):
-            load[r] += n
-            if n:
-                split[e].append((by_rank[r], n))
+            by_rank.setdefault(s // per_rank, s)
+        first_slot.append(by_rank)
+        base, extra = divmod(n, len(by_rank))
+        share.append([base + (j < extra) for j in range(len(by_rank))])
+        for r, k in zip(sorted(by_rank), share[e], strict=True):
+            load[r] += k
+    for e in sorted((e for e in range(len(counts)) if len(first_slot[e]) > 1), key=lambda e: (-counts[e], e)):
+        ranks = sorted(first_slot[e])
+        for r, k in zip(ranks, share[e], strict=True):
+            load[r] -= k
+        share[e] = water_fill([load[r] for r in ranks], counts[e])
+        for r, k in zip(ranks, share[e], strict=True):
+            load[r] += k
     order = experts.argsort(stable=True)
     slots = torch.empty_like(experts)
     a = 0
     for e in range(len(counts)):
-        for s, n in split[e]:
-            slots[order[a : a + n]] = s
+        for r, n in zip(sorted(first_slot[e]), share[e], strict=True):
+            slots[order[a : a + n]] = first_slot[e][r]
             a += n
     return slots
 
