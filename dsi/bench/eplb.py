@@ -132,7 +132,7 @@ def pause(args: argparse.Namespace) -> dict:
     }
 
 
-def _main(args: argparse.Namespace) -> None:
+def _main(args: argparse.Namespace) -> int:
     figures = {
         "experts": args.experts,
         "top_k": args.top_k,
@@ -146,9 +146,10 @@ def _main(args: argparse.Namespace) -> None:
         figures |= pause(args)
     if args.json:
         print(json.dumps(figures))
-        return
+        return 0
     for key, value in figures.items():
         print(f"{key:24s} {value:.3f}" if isinstance(value, float) else f"{key:24s} {value}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

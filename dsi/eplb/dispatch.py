@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
+from dsi.eplb.comm import Comm
 from dsi.eplb.experts import ExpertStore
 from dsi.eplb.placement import Placement
 from dsi.eplb.routing import pick_slots
@@ -28,14 +28,15 @@ from dsi.model.ops import Matmul, combine, expert_ffn, route, shared_expert
 CountExchange = Callable[[torch.Tensor], torch.Tensor]  # [world] pairs to each rank -> from each rank
 
 
-def exchange_counts(send: torch.Tensor) -> torch.Tensor:
+def exchange_counts(comm: Comm, send: torch.Tensor) -> torch.Tensor:
     """Collective: [world] pairs this rank sends to each rank -> [world] pairs it receives."""
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send)
+    comm.all_to_all(recv, send)
     return recv
 
 
 def ep_moe(
+    comm: Comm,
     x: torch.Tensor,
     layer: int,
     top_k: int,
@@ -43,7 +44,7 @@ def ep_moe(
     placement: Placement,
     mm: Matmul,
     counts: torch.Tensor | None = None,
-    exchange: CountExchange = exchange_counts,
+    exchange: CountExchange | None = None,
 ) -> torch.Tensor:
     """x: [T, H] normalised hidden states of this rank's tokens -> [T, H] MoE output.
     ``counts``: [E] int64, incremented by this rank's token-expert pairs per logical expert.
@@ -63,17 +64,17 @@ def ep_moe(
     dest = slots // per_rank
     order = dest.argsort(stable=True)  # pairs grouped by destination rank
     out_splits = torch.bincount(dest, minlength=world)
-    in_splits = exchange(out_splits).tolist()
+    in_splits = (exchange(out_splits) if exchange else exchange_counts(comm, out_splits)).tolist()
     out_splits = out_splits.tolist()
     # One message per pair: its row and, in an extra column, its slot (exact in fp32 below 2**24).
     send = (
         torch.cat([x[order // top_k], slots[order, None].to(x.dtype)], dim=1) if t else x.new_empty(0, h + 1)
     )
     recv = x.new_empty(sum(in_splits), h + 1)
-    dist.all_to_all_single(recv, send, in_splits, out_splits)
+    comm.all_to_all(recv, send, in_splits, out_splits)
     ys = _compute(recv[:, :h], recv[:, h].long(), layer, store, placement, mm)
     back = x.new_empty(len(order), h)
-    dist.all_to_all_single(back, ys, out_splits, in_splits)
+    comm.all_to_all(back, ys, out_splits, in_splits)
     if not t:
         return x.new_empty(0, h)
     per_pair = torch.empty_like(back)

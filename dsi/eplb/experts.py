@@ -13,8 +13,8 @@ taken from the lowest rank that held it before::
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from dsi.eplb.comm import Comm
 from dsi.eplb.placement import Placement
 
 Key = tuple[int, int]  # (layer, logical expert)
@@ -39,10 +39,10 @@ class ExpertStore:
             for e in range(num_experts):
                 self.experts[(i, e)] = (weights[p + "w1"][e], weights[p + "w3"][e], weights[p + "w2"][e])
 
-    def move(self, rank: int, held: Held, new: Placement) -> int:
+    def move(self, comm: Comm, held: Held, new: Placement) -> int:
         """Collective: every rank ends up holding what ``new`` gives it. ``held``: what each rank
         holds now. Returns the experts this rank received."""
-        plan = move_plan(held, new)
+        plan, rank = move_plan(held, new), comm.rank
         world = new.num_ranks
         n = self.expert_numel
         sends = sorted((m for m in plan if m[0] == rank), key=lambda m: (m[1], m[2], m[3]))
@@ -53,7 +53,7 @@ class ExpertStore:
         send = torch.cat(payload) if payload else torch.empty(0)
         recv = torch.empty(sum(in_splits))
         if plan:  # the plan is the same on every rank: all take part, or none
-            dist.all_to_all_single(recv, send, in_splits, out_splits)
+            comm.all_to_all(recv, send, in_splits, out_splits)
         h, f = self.hidden, self.expert_dim
         for j, m in enumerate(recvs):
             flat = recv[j * n : (j + 1) * n]

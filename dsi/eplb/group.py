@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
+from dsi.eplb.comm import Comm
 from dsi.eplb.experts import held_by, rank0_holds_all
 from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, send_dense
 from dsi.eplb.placement import Placement
@@ -44,7 +44,8 @@ from dsi.transport.ports import free_port
 
 log = logging.getLogger(__name__)
 DEVICES_ENV = "DSI_EP_DEVICES"  # CPU ranks that count as healthy devices (simulates failed ones)
-IDLE_TIMEOUT = timedelta(days=7)  # workers wait for rank 0's next operation this long
+IDLE_TIMEOUT = timedelta(days=7)
+HOST = "127.0.0.1"  # the group's ranks are processes of one host  # workers wait for rank 0's next operation this long
 
 
 def healthy_ranks(configured: int) -> int:
@@ -83,33 +84,24 @@ class ExpertGroup:
         placement (even loads). Blocking; raises if a worker does not join in time."""
         ep = options.ep
         port = free_port()
-        init = f"tcp://127.0.0.1:{port}"
-        workers = [
-            subprocess.Popen([sys.executable, "-m", "dsi.eplb.worker", init, str(r), str(ep.size)])
-            for r in range(1, ep.size)
-        ]
+        argv = [sys.executable, "-m", "dsi.eplb.worker", HOST, str(port)]
+        workers = [subprocess.Popen([*argv, str(r), str(ep.size)]) for r in range(1, ep.size)]
+        comm = None
         try:
-            dist.init_process_group(
-                "gloo",
-                init_method=init,
-                rank=0,
-                world_size=ep.size,
-                timeout=timedelta(seconds=options.start_timeout_s),
-            )
-            _set_timeout(IDLE_TIMEOUT)
+            comm = Comm.connect(HOST, port, 0, ep.size, options.start_timeout_s, IDLE_TIMEOUT)
             spec = GroupSpec(cfg, ep.size, ep.slots_per_rank, options.batch_invariant)
             blob = spec.to_tensor()
-            dist.broadcast(torch.tensor([blob.numel()], dtype=torch.int64), 0)
-            dist.broadcast(blob, 0)
-            member = Member(0, spec, send_dense(cfg, weights))
+            comm.broadcast(torch.tensor([blob.numel()], dtype=torch.int64))
+            comm.broadcast(blob)
+            member = Member(comm, spec, send_dense(comm, cfg, weights))
             member.store.hold_all(weights, cfg.n_layers, cfg.n_experts)
             first = initial_placement(ep, cfg.n_layers, cfg.n_experts, options.policy)
-            dist.broadcast(first.to_tensor(), 0)
+            comm.broadcast(first.to_tensor())
             member.install(first, rank0_holds_all(cfg.n_layers, cfg.n_experts, ep.size))
         except BaseException:
-            _stop(workers)
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            if comm is not None:
+                comm.close()
+            _stop(workers, grace_s=0.0)
             raise
         log.info(
             "expert parallel group of %d ranks (%d configured), %d slots per rank",
@@ -130,8 +122,8 @@ class ExpertGroup:
 
     def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The runner's MoE for layer ``layer``: x [T, H] normalised -> [T, H]."""
-        world = self.size
-        return self._member.moe(layer, x, lambda pairs: header(world, OP_MOE, layer, 0, pairs)[:, 3])
+        comm = self._member.comm
+        return self._member.moe(layer, x, lambda pairs: header(comm, OP_MOE, layer, 0, pairs)[:, 3])
 
     def end_step(self) -> float:
         """After a forward: the step's expert counts enter the window; every ``rebalance_steps``
@@ -146,12 +138,12 @@ class ExpertGroup:
         """Gather the counts, compute a placement, move expert weights, switch. ``load`` [L, E]
         replaces the measured counts (tests, benchmarks). Returns the pause in seconds."""
         t0 = time.perf_counter()
-        header(self.size, OP_REBALANCE)
+        header(self._member.comm, OP_REBALANCE)
         total = self.window.total().clone()
-        dist.all_reduce(total)  # the workers add the pairs they routed themselves
+        self._member.comm.all_reduce(total)  # the workers add the pairs they routed themselves
         ep = self.options.ep
         new = rebalance(load if load is not None else total, ep.size, ep.slots_per_rank, self.options.policy)
-        dist.broadcast(new.to_tensor(), 0)
+        self._member.comm.broadcast(new.to_tensor())
         self._member.install(new, held_by(self.placement))
         self.last_pause_s = time.perf_counter() - t0
         self.rebalances += 1
@@ -160,7 +152,7 @@ class ExpertGroup:
     def check(self, full: dict[str, torch.Tensor], seed: int = 0, tokens: int = 16) -> float:
         """Every rank routes its own tokens (data-parallel); the largest difference from the
         single-process MoE over all layers and ranks."""
-        header(self.size, OP_CHECK, seed, tokens)
+        header(self._member.comm, OP_CHECK, seed, tokens)
         return self._member.check(seed, tokens, full)
 
     def close(self) -> None:
@@ -168,20 +160,14 @@ class ExpertGroup:
             return
         self._closed = True
         try:
-            header(self.size, OP_STOP)
+            header(self._member.comm, OP_STOP)
         finally:
-            dist.destroy_process_group()
+            self._member.comm.close()
             _stop(self._workers)
 
 
-def _set_timeout(timeout: timedelta) -> None:
-    """Collectives after the start may wait as long as the engine idles."""
-    pg = dist.distributed_c10d._get_default_group()
-    if hasattr(pg, "_set_default_timeout"):
-        pg._set_default_timeout(timeout)
-
-
 def _stop(workers: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Wait for each worker to exit (it does after STOP), then kill what remains."""
     for p in workers:
         try:
             p.wait(timeout=grace_s)

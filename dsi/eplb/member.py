@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from dsi.engine import invariant
-from dsi.eplb.dispatch import CountExchange, ep_moe, exchange_counts
+from dsi.eplb.comm import Comm
+from dsi.eplb.dispatch import CountExchange, ep_moe
 from dsi.eplb.experts import ExpertStore, Held, held_by
 from dsi.eplb.placement import Placement
 from dsi.model.config import ModelConfig
@@ -50,29 +50,31 @@ class GroupSpec:
 
 
 class Member:
-    def __init__(self, rank: int, spec: GroupSpec, dense: dict[str, torch.Tensor]) -> None:
+    def __init__(self, comm: Comm, spec: GroupSpec, dense: dict[str, torch.Tensor]) -> None:
         cfg = spec.model
-        self.rank, self.spec = rank, spec
+        self.comm, self.rank, self.spec = comm, comm.rank, spec
         self.mm: Matmul = invariant.mm if spec.batch_invariant else torch.matmul
         self.store = ExpertStore(cfg.hidden, cfg.expert_dim, dense)
         self.placement: Placement | None = None
         self.counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.int64)  # this rank's pairs
 
-    def moe(self, layer: int, x: torch.Tensor, exchange: CountExchange = exchange_counts) -> torch.Tensor:
+    def moe(self, layer: int, x: torch.Tensor, exchange: CountExchange | None = None) -> torch.Tensor:
         assert self.placement is not None
         cfg = self.spec.model
-        return ep_moe(x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer], exchange)
+        return ep_moe(
+            self.comm, x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer], exchange
+        )
 
     def install(self, new: Placement, held: Held | None = None) -> int:
         """Collective: move expert weights to ``new`` and switch to it; returns experts received."""
-        got = self.store.move(self.rank, held if held is not None else held_by(self.placement), new)
+        got = self.store.move(self.comm, held if held is not None else held_by(self.placement), new)
         self.placement = new
         return got
 
     def gather_counts(self) -> torch.Tensor:
         """Collective: [L, E] pairs routed by every rank since the last call."""
         total = self.counts.clone()
-        dist.all_reduce(total)
+        self.comm.all_reduce(total)
         self.counts.zero_()
         return total
 
@@ -81,7 +83,7 @@ class Member:
         flat = torch.empty(
             2 + cfg.n_layers * self.spec.num_ranks * self.spec.slots_per_rank, dtype=torch.int64
         )
-        dist.broadcast(flat, 0)
+        self.comm.broadcast(flat)
         return Placement.from_tensor(flat, cfg.n_layers)
 
     def check(self, seed: int, tokens: int, full: dict[str, torch.Tensor] | None) -> float:
@@ -95,8 +97,8 @@ class Member:
             y = self.moe(layer, x)
             xs = [torch.empty_like(x) for _ in range(self.spec.num_ranks)]
             ys = [torch.empty_like(y) for _ in range(self.spec.num_ranks)]
-            dist.all_gather(xs, x)
-            dist.all_gather(ys, y)
+            self.comm.all_gather(xs, x)
+            self.comm.all_gather(ys, y)
             if full is not None:
                 for xr, yr in zip(xs, ys, strict=True):
                     ref = moe(xr, full, f"layers.{layer}.", cfg, self.mm)
@@ -105,22 +107,22 @@ class Member:
 
 
 def header(
-    world: int, op: int = 0, a: int = 0, b: int = 0, pairs: torch.Tensor | None = None
+    comm: Comm, op: int = 0, a: int = 0, b: int = 0, pairs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Collective that opens every step: one all-to-all of [world, 4] int64 rows
     ``(op, a, b, pairs for that rank)``. Rank 0 names the operation (the others send op 0); an
     MoE step carries its pair counts in it, saving a separate count exchange. Returns the rows
     received, one from each rank: row 0 names the operation."""
-    send = torch.zeros(world, 4, dtype=torch.int64)
+    send = torch.zeros(comm.world, 4, dtype=torch.int64)
     send[:, 0], send[:, 1], send[:, 2] = op, a, b
     if pairs is not None:
         send[:, 3] = pairs
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send)
+    comm.all_to_all(recv, send)
     return recv
 
 
-def receive_dense(spec: GroupSpec) -> dict[str, torch.Tensor]:
+def receive_dense(comm: Comm, spec: GroupSpec) -> dict[str, torch.Tensor]:
     """Collective (non-zero ranks): the router and shared-expert weights, from rank 0."""
     cfg = spec.model
     shapes = {
@@ -133,17 +135,17 @@ def receive_dense(spec: GroupSpec) -> dict[str, torch.Tensor]:
     for i in range(cfg.n_layers):
         for name in DENSE:
             t = torch.empty(shapes[name])
-            dist.broadcast(t, 0)
+            comm.broadcast(t)
             dense[f"layers.{i}.{name}"] = t
     return dense
 
 
-def send_dense(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def send_dense(comm: Comm, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Collective (rank 0): the counterpart of :func:`receive_dense`."""
     dense = {}
     for i in range(cfg.n_layers):
         for name in DENSE:
             t = weights[f"layers.{i}.{name}"].contiguous()
-            dist.broadcast(t, 0)
+            comm.broadcast(t)
             dense[f"layers.{i}.{name}"] = t
     return dense

@@ -1,8 +1,8 @@
-"""An expert-parallel worker rank: ``python -m dsi.eplb.worker INIT_URL RANK WORLD``.
+"""An expert-parallel worker rank: ``python -m dsi.eplb.worker HOST PORT RANK WORLD``.
 
-Started by :class:`dsi.eplb.group.ExpertGroup` (rank 0); runs rank 0's operations in the order it
-names them until STOP, or until rank 0 goes away (its connection drops, or this process's parent
-changes)."""
+Started by :class:`dsi.eplb.group.ExpertGroup` (rank 0, which serves the group's store at
+HOST:PORT); runs the operations rank 0 names, in order, until STOP, or until rank 0 goes away
+(its connections drop, or this process's parent changes)."""
 
 from __future__ import annotations
 
@@ -12,42 +12,44 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 
+from dsi.eplb.comm import Comm
 from dsi.eplb.experts import rank0_holds_all
-from dsi.eplb.group import IDLE_TIMEOUT, _set_timeout
+from dsi.eplb.group import IDLE_TIMEOUT
 from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, receive_dense
+
+CONNECT_S = 120.0
 
 
 def main(argv: list[str]) -> int:
-    init, rank, world = argv[0], int(argv[1]), int(argv[2])
+    host, port, rank, world = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     torch.set_num_threads(1)
     _exit_with_parent(os.getppid())
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    _set_timeout(IDLE_TIMEOUT)
+    comm = Comm.connect(host, port, rank, world, CONNECT_S, IDLE_TIMEOUT)
     size = torch.empty(1, dtype=torch.int64)
-    dist.broadcast(size, 0)
+    comm.broadcast(size)
     blob = torch.empty(int(size), dtype=torch.uint8)
-    dist.broadcast(blob, 0)
+    comm.broadcast(blob)
     spec = GroupSpec.from_tensor(blob)
-    member = Member(rank, spec, receive_dense(spec))
-    first = member.receive_placement()
-    member.install(first, rank0_holds_all(spec.model.n_layers, spec.model.n_experts, world))
-    hidden = spec.model.hidden
+    member = Member(comm, spec, receive_dense(comm, spec))
+    member.install(
+        member.receive_placement(), rank0_holds_all(spec.model.n_layers, spec.model.n_experts, world)
+    )
+    nothing = torch.empty(0, spec.model.hidden)
     while True:
-        rows = header(world)
+        rows = header(comm)
         op, a, b = rows[0, :3].tolist()
         if op == OP_MOE:
-            member.moe(a, torch.empty(0, hidden), lambda _pairs, rows=rows: rows[:, 3])
+            member.moe(a, nothing, lambda _pairs, rows=rows: rows[:, 3])
         elif op == OP_REBALANCE:
-            dist.all_reduce(member.counts)
+            comm.all_reduce(member.counts)  # the pairs this rank routed itself (none in an engine)
             member.counts.zero_()
             member.install(member.receive_placement())
         elif op == OP_CHECK:
             member.check(a, b, None)
         elif op == OP_STOP:
             break
-    dist.destroy_process_group()
+    comm.close()
     return 0
 
 
