@@ -1,4 +1,4 @@
-"""An expert-parallel worker rank: ``python -m dsi.eplb.worker HOST PORT RANK WORLD``.
+"""An expert-parallel worker rank: ``python -m dsi.eplb.worker HOST PORT RANK WORLD THREADS``.
 
 Started by :class:`dsi.eplb.group.ExpertGroup` (rank 0, which serves the group's store at
 HOST:PORT); runs the operations rank 0 names, in order, until STOP, or until rank 0 goes away
@@ -22,8 +22,8 @@ CONNECT_S = 120.0
 
 
 def main(argv: list[str]) -> int:
-    host, port, rank, world = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    torch.set_num_threads(1)
+    host, port, rank, world, threads = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
+    torch.set_num_threads(threads)
     _exit_with_parent(os.getppid())
     comm = Comm.connect(host, port, rank, world, CONNECT_S, IDLE_TIMEOUT)
     size = torch.empty(1, dtype=torch.int64)
