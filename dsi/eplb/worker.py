@@ -65,4 +65,7 @@ def _exit_with_parent(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # nothing to clean up after STOP: skip torch's slow interpreter teardown

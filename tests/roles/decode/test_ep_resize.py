@@ -7,7 +7,7 @@ import pytest
 import zmq.asyncio
 
 from dsi.config import EngineOptions, ModelConfig
-from dsi.engine.engine import Engine
+from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.eplb import initial_placement, resize
 from dsi.eplb.group import DEVICES_ENV
@@ -48,7 +48,7 @@ async def test_four_rank_decode_with_three_healthy_ranks(monkeypatch):
         prompt = [0, 100, 200, 300, 400]
         params = SamplingParams(max_tokens=4, temperature=0)
         chunks = [c async for c in peer.stream(Generate("r1", prompt, params))]
-        engine = Engine(cfg, w)
+        engine = Engine(cfg, w, EngineConfig(num_blocks=8, num_slots=1, max_running=1))
         engine.add_request("x", prompt, params)
         single = next(o for o in engine.run_until_done() if o.finished).output
         engine.close()
