@@ -71,13 +71,6 @@ class Member:
         self.placement = new
         return got
 
-    def gather_counts(self) -> torch.Tensor:
-        """Collective: [L, E] pairs routed by every rank since the last call."""
-        total = self.counts.clone()
-        self.comm.all_reduce(total)
-        self.counts.zero_()
-        return total
-
     def receive_placement(self) -> Placement:
         cfg = self.spec.model
         flat = torch.empty(
