@@ -50,8 +50,8 @@ from dsi.transport.ports import free_port
 
 log = logging.getLogger(__name__)
 DEVICES_ENV = "DSI_EP_DEVICES"  # CPU ranks that count as healthy devices (simulates failed ones)
-IDLE_TIMEOUT = timedelta(days=7)
-HOST = "127.0.0.1"  # the group's ranks are processes of one host  # workers wait for rank 0's next operation this long
+IDLE_TIMEOUT = timedelta(days=7)  # workers wait for rank 0's next operation this long
+HOST = "127.0.0.1"  # the group's ranks are processes of one host
 
 
 def threads_per_rank(size: int) -> int:
