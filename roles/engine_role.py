@@ -31,6 +31,8 @@ from dsi.config.sections import EngineSection
 from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 from dsi.engine.images import ImageEmbeds, unpacked
+from dsi.eplb import EpSize, policy_for, resize
+from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
 from dsi.errors import DsiError, InvalidRequest
 from dsi.messages import ALL
 from dsi.messages.balancer import LoadReport
@@ -159,6 +161,8 @@ class EngineRole(RoleActor):
         self.incoming_tokens = 0
         self.started_at = time.time()
         self.reporter: LoadReporter | None = None
+        self.ep: EpSize | None = None  # the expert-parallel group's size, once started
+        self.experts: ExpertGroup | None = None  # its rank 0 (the engine owns and closes it)
 
     @property
     def shape(self) -> EngineShape:
@@ -225,9 +229,37 @@ class EngineRole(RoleActor):
             batch_invariant=s.compute.batch_invariant,
             async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async",
         )
-        service = EngineService.create(model, weights, cfg)
+        experts = self.experts = self._start_experts(model, weights)
+        try:
+            service = EngineService.create(model, weights, cfg, experts)
+        except BaseException:
+            if experts is not None:
+                experts.close()
+            raise
         log.info("%s: engine ready (%s, %d pages)", self.name, model.name, cfg.num_blocks)
         return service
+
+    def _start_experts(self, model: ModelConfig, weights: dict) -> ExpertGroup | None:
+        """The instance's expert-parallel group, sized for the healthy ranks (EP resize), or None
+        when it is configured for one rank."""
+        o = self.settings.options
+        if o.ep_size == 1:
+            return None
+        healthy = healthy_ranks(o.ep_size)
+        self.ep = resize(o.ep_size, healthy, model.n_experts, o.ep_redundant)
+        if self.ep.size < o.ep_size:
+            log.warning(
+                "%s: %d of %d expert-parallel ranks healthy: serving with %d (capacity %.2f)",
+                self.name, healthy, o.ep_size, self.ep.size, self.ep.capacity,
+            )  # fmt: skip
+        options = EpOptions(
+            self.ep,
+            policy_for(self.kind),
+            window_steps=o.ep_window_steps,
+            rebalance_steps=o.ep_rebalance_steps,
+            batch_invariant=self.settings.compute.batch_invariant,
+        )
+        return ExpertGroup.start(model, weights, options)
 
     def load(self) -> Load:
         if self.service is None:
@@ -239,6 +271,8 @@ class EngineRole(RoleActor):
             kv_tokens=now.kv_tokens,
             inbox=self.inbox_depth,
             uncached_tokens=now.prompt_tokens - now.cached_tokens,
+            ep_ranks=self.ep.size if self.ep is not None else 0,
+            ep_configured=self.ep.configured if self.ep is not None else 0,
         )
 
     # ---- load reports to the balancers -----------------------------------------------------------

@@ -21,6 +21,7 @@ _BENCHES = (
     "dsi.bench.route",
     "dsi.bench.soak",
     "dsi.bench.encoder",
+    "dsi.bench.eplb",
 )
 
 

@@ -161,6 +161,8 @@ def format_table(instances: list[InstanceInfo]) -> str:
 def _row(info: InstanceInfo) -> tuple[str, ...]:
     load = info.load
     summary = f"run={load.running} queue={load.queued} kv={load.kv_tokens} inbox={load.inbox}"
+    if load.ep_configured:  # an expert-parallel group: ranks serving / configured
+        summary += f" ep={load.ep_ranks}/{load.ep_configured}"
     return (
         info.instance_id,
         info.role,

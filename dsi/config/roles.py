@@ -96,6 +96,13 @@ class EngineOptions:
     num_blocks: int = field(
         default=1024, metadata=spec(checks=(greater(1),))
     )  # Block KV pages, null page included
+    # Expert parallelism (see dsi.eplb): ranks of the instance's EP group (1 = the MoE runs in the
+    # engine process), redundant expert slots per rank, steps of expert counts a rebalance looks
+    # at, and steps between rebalances (0 = never).
+    ep_size: int = field(default=1, metadata=spec(checks=(greater(0), at_most(64))))
+    ep_redundant: int = field(default=1, metadata=spec(checks=(at_least(0),)))
+    ep_window_steps: int = field(default=256, metadata=spec(checks=(greater(0),)))
+    ep_rebalance_steps: int = field(default=1024, metadata=spec(checks=(at_least(0),)))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

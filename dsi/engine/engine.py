@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine.admission import check_cached, check_prompt, check_state
+from dsi.engine.experts import ExpertLayer
 from dsi.engine.full_pages import FullPages
 from dsi.engine.images import ImageEmbeds, block_extras, check_images, packed, unpacked
 from dsi.engine.leases import Leases
@@ -115,13 +116,21 @@ class Engine:
         cfg: ModelConfig | LlamaConfig,
         weights: dict[str, torch.Tensor],
         config: EngineConfig | None = None,
+        experts: ExpertLayer | None = None,
     ) -> None:
+        """``experts``: an expert-parallel MoE (V4 shape only); the engine closes it."""
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
         self.device = "cpu"  # where the forward runs; weights and pages live in host memory
-        runner = DenseRunner if cfg.family == "llama" else ModelRunner
-        self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+        self.experts = experts
+        if cfg.family == "llama":
+            if experts is not None:
+                raise ValueError("expert parallelism needs an MoE model")
+            self.runner = DenseRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+        else:
+            moe_layer = experts.moe if experts is not None else None
+            self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant, moe_layer)
         self.scheduler = Scheduler(
             self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
         )
@@ -282,6 +291,8 @@ class Engine:
             self._inflight = None
         if self._worker is not None:
             self._worker.shutdown(wait=True)
+        if self.experts is not None:
+            self.experts.close()
 
     # ---- disaggregation --------------------------------------------------------------------------
     def export_request(self, request_id: str, skip: int = 0) -> RequestState:
@@ -432,6 +443,8 @@ class Engine:
             if fill:
                 sl.tokens[-1] = self._last_token[id(req)]
         logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
+        if self.experts is not None:
+            self.experts.end_step()  # a rebalance runs here, between this step and the next
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in chosen]
         sampled = sample(

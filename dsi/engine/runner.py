@@ -14,11 +14,16 @@ when position B - 1 is computed::
 
 Only when those keys are all real (B - 128 >= the slice's producer SWA start).
 
+``moe_layer``: the MoE of each layer, by default computed here; an expert-parallel group
+(``dsi.eplb``) passes its all-to-all MoE instead.
+
 ``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
 logits are the same bits whatever else the step holds and however its prompt was chunked.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -32,6 +37,7 @@ from dsi.kvcache.state_slots import StateSlots
 from dsi.model.config import ModelConfig
 from dsi.model.ops import Matmul, attend, compress_pairs, moe, rms_norm, rope
 
+MoeLayer = Callable[[int, torch.Tensor], torch.Tensor]  # (layer, normalised x [T, H]) -> [T, H]
 Snapshots = dict[
     int, tuple[int, torch.Tensor]
 ]  # slice index -> (B, [n_producer, 2, block_size, n_kv_heads, D])
@@ -45,11 +51,13 @@ class ModelRunner:
         num_blocks: int,
         num_slots: int,
         batch_invariant: bool = True,
+        moe_layer: MoeLayer | None = None,
     ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights
+        self.moe: MoeLayer = moe_layer or self._local_moe
         self.layout = BlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)
@@ -162,8 +170,10 @@ class ModelRunner:
                 )
             self._write_ring(s, i, k_rot[a:b], v[a:b])
         x = x + self.mm(out, w[p + "wo"])
-        x = x + moe(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w, p, cfg, self.mm)
-        return x
+        return x + self.moe(i, rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps))
+
+    def _local_moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return moe(x, self.w, f"layers.{i}.", self.cfg, self.mm)
 
     # ---- ring snapshots --------------------------------------------------------------------------
     def _boundary(self, s: StepSlice) -> int:

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from dsi.engine.engine import Engine, EngineConfig, RequestOutput
+from dsi.engine.experts import ExpertLayer
 from dsi.engine.images import ImageEmbeds
 from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
@@ -86,10 +87,15 @@ class EngineService:
 
     @classmethod
     def create(
-        cls, model: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig
+        cls,
+        model: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        config: EngineConfig,
+        experts: ExpertLayer | None = None,
     ) -> EngineService:
-        """Build the engine and its service (blocking: allocates the pools; run it off the event loop)."""
-        return cls(Engine(model, weights, config))
+        """Build the engine and its service (blocking: allocates the pools; run it off the event loop).
+        ``experts``: an expert-parallel MoE the engine uses and closes."""
+        return cls(Engine(model, weights, config, experts))
 
     @property
     def running(self) -> int:

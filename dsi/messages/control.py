@@ -24,6 +24,14 @@ class Load(Message):
     inbox: int = 0  # messages waiting in the actor's inbox
     uncached_tokens: int = 0  # prompt tokens admitted without a prefix hit since the process started
     queued_pixels: int = 0  # encoder: image pixels waiting or being encoded
+    # Expert parallelism (dsi.eplb): ranks serving in the instance's EP group and ranks configured;
+    # fewer serving than configured (failed devices at start) is reduced capacity. 0 = no EP group.
+    ep_ranks: int = 0
+    ep_configured: int = 0
+
+    def capacity_share(self) -> float:
+        """Share of the configured capacity this instance serves with (1.0 without EP)."""
+        return self.ep_ranks / self.ep_configured if self.ep_configured else 1.0
 
 
 class Heartbeat(Message):

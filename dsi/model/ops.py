@@ -39,25 +39,50 @@ def moe(
     token's two or more expert outputs are added in expert order. ``mm``: the product to use
     (the engine's batch-invariant one, or plain ``@``).
     """
-    probs = torch.softmax(mm(x, w[prefix + "router"]), dim=-1)  # [T, E]
-    top_w, top_i = probs.topk(cfg.top_k, dim=-1)  # [T, k]
-    top_w = top_w / top_w.sum(-1, keepdim=True)
-    shared = mm(F.silu(mm(x, w[prefix + "s1"])) * mm(x, w[prefix + "s3"]), w[prefix + "s2"])
+    top_w, top_i = route(x, w[prefix + "router"], cfg.top_k, mm)  # [T, k]
+    shared = shared_expert(x, w, prefix, mm)
     w1, w3, w2 = w[prefix + "w1"], w[prefix + "w3"], w[prefix + "w2"]
-    order = top_i.reshape(-1).argsort(stable=True)  # pair index, grouped by expert
-    counts = torch.bincount(top_i.reshape(-1), minlength=cfg.n_experts).tolist()
-    rows = order // cfg.top_k
-    xs = x[rows]
-    ys = torch.empty_like(xs)
+    pairs = top_i.reshape(-1)  # pair t * k + j: token t's j-th expert
+    order = pairs.argsort(stable=True)  # pair index, grouped by expert
+    counts = torch.bincount(pairs, minlength=cfg.n_experts).tolist()
+    xs = x[order // cfg.top_k]
+    ys = torch.empty_like(xs)  # in pair order
     a = 0
     for e, n in enumerate(counts):
         if n:
-            xe = xs[a : a + n]
-            ys[a : a + n] = mm(F.silu(mm(xe, w1[e])) * mm(xe, w3[e]), w2[e])
+            ys[order[a : a + n]] = expert_ffn(xs[a : a + n], w1[e], w3[e], w2[e], mm)
         a += n
+    return combine(x, top_i, top_w, ys) + shared
+
+
+def expert_ffn(
+    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, mm: Matmul = torch.matmul
+) -> torch.Tensor:
+    """One routed expert (SwiGLU): x [N, H], w1 / w3 [H, F], w2 [F, H] -> [N, H]. Row i of the
+    result depends only on row i of x (with a row-invariant ``mm``), wherever the expert runs."""
+    return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
+
+
+def combine(x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """Weighted sum of each token's expert outputs, added in expert order (a fixed order, so the
+    bits do not depend on where the experts ran). x: [T, H]; top_i, top_w: [T, k];
+    ys: [T * k, H] output of pair ``t * k + j`` -> [T, H]."""
+    k = top_i.shape[1]
+    order = top_i.reshape(-1).argsort(stable=True)
     out = torch.zeros_like(x)
-    out.index_add_(0, rows, ys * top_w.reshape(-1)[order, None])
-    return out + shared
+    out.index_add_(0, order // k, ys[order] * top_w.reshape(-1)[order, None])
+    return out
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, mm: Matmul) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing with the weights renormalised over the chosen k: x [T, H] -> ([T, k], [T, k])."""
+    probs = torch.softmax(mm(x, router), dim=-1)  # [T, E]
+    top_w, top_i = probs.topk(top_k, dim=-1)
+    return top_w / top_w.sum(-1, keepdim=True), top_i
+
+
+def shared_expert(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, mm: Matmul) -> torch.Tensor:
+    return mm(F.silu(mm(x, w[prefix + "s1"])) * mm(x, w[prefix + "s3"]), w[prefix + "s2"])
 
 
 def attend(

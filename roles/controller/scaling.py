@@ -8,7 +8,9 @@ per scaled role, the instances the registry holds and their last heartbeat loads
     decode demand    active requests: running + queued summed over the live instances, the most
                      seen at any sweep (each heartbeat interval) since the previous decision, so
                      that the gaps between one request and the next do not read as a drop
-    capacity         per serving instance, from [autoscale.ROLE] capacity
+    capacity         per serving instance, from [autoscale.ROLE] capacity, times the mean share
+                     of their configured capacity the serving instances report (an EP group that
+                     came up with fewer healthy ranks, Load.ep_ranks / ep_configured)
 
 and applies the decision's moves to the registry at once::
 
@@ -168,7 +170,7 @@ class Scaler:
             serving=counts["serving"],
             ready=counts["ready"],
             starting=counts["starting"],
-            capacity=state.config.capacity,
+            capacity=state.config.capacity * _capacity_share(live),
             demand=state.demand,
             manual=state.manual,
         )
@@ -315,3 +317,10 @@ def _decision_entry(name: ScaledRole, decision: Decision, at: float) -> ScaleDec
         pool_target=got.pool_target,
         reasons=[str(reason) for reason in got.reasons],
     )
+
+
+def _capacity_share(live: list[InstanceInfo]) -> float:
+    """Mean share of its configured capacity a serving instance reports (an EP group that came up
+    with fewer healthy ranks serves less); 1.0 with none serving."""
+    shares = [i.load.capacity_share() for i in live if i.state == "serving"]
+    return sum(shares) / len(shares) if shares else 1.0

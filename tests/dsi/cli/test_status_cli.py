@@ -87,3 +87,19 @@ authorized_keys_dir = "{keys["authorized_dir"]}"
         address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
         assert "cannot reach the controller" in capsys.readouterr().err
+
+
+def test_an_expert_parallel_instance_shows_its_ranks():
+    info = InstanceInfo(
+        "decode-0",
+        "decode",
+        "10.0.0.3",
+        7,
+        "tcp://10.0.0.3:7120",
+        "serving",
+        Load(ep_ranks=3, ep_configured=4),
+        last_seen_s=0.5,
+        started_at=1.0e9,
+    )
+    assert "ep=3/4" in format_table([info]).splitlines()[1].split()
+    assert "ep=" not in format_table([INFO])

@@ -177,3 +177,13 @@ def test_decode_demand_is_the_peak_seen_since_the_last_decision():
     assert decision.inputs.decode.demand == 2.0
     decision, _ = scaler.decide(11.0)  # the peak starts over after each decision
     assert decision.inputs.decode.demand == 0.0
+
+
+def test_an_ep_group_with_fewer_healthy_ranks_counts_as_less_capacity():
+    registry, scaler = cluster(min_instances=2, ready_pool=0)
+    # decode-0 serves with 3 of its 4 expert-parallel ranks, decode-1 with all of them.
+    registry.heartbeat(beat("decode-0", running=3, ep_ranks=3, ep_configured=4), 0.0)
+    registry.heartbeat(beat("decode-1", running=0, ep_ranks=4, ep_configured=4), 0.0)
+    decision, _ = scaler.decide(10.0)
+    assert decision.inputs.decode.capacity == pytest.approx(0.875)  # 1.0 x mean(3/4, 4/4)
+    assert decision.decode.need == 4  # 3 requests need ceil(3 / 0.875) instances, not 3

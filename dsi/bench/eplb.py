@@ -1,0 +1,176 @@
+"""``dsi bench eplb``: rank load balance of expert parallelism before and after EPLB, and the
+pause of one live rebalance.
+
+    dsi bench eplb [--experts 64] [--top-k 6] [--ranks 8] [--redundant 1] [--layers 4]
+                   [--tokens 4096] [--steps 16] [--skew 1.0] [--pause-ranks 4] [--json]
+
+Trace: per layer, a Zipf popularity over the experts (weight 1 / rank**skew, shuffled per layer);
+each step routes ``--tokens`` tokens to ``--top-k`` distinct experts drawn from it (Gumbel top-k).
+The placement is computed from the first ``--steps`` steps (the window) and measured on the next
+``--steps`` (held out), with each step's pairs routed among replicas by load (``pick_slots``).
+
+    before   experts split evenly over the ranks in order, no replicas (E / ranks per rank)
+    after    dsi.eplb.rebalance (global policy), ``--redundant`` extra slots per rank
+
+Imbalance is max / mean rank load: ``imbalance_*`` over the held-out window's total per layer
+(what the placement controls), ``*_step`` the mean over steps (includes the sampling noise of
+one step's tokens), both averaged over layers.
+
+Pause: a live tiny-model EP group of ``--pause-ranks`` gloo processes rebalances ``--runs``
+times between two skewed loads (so expert weights really move); ``pause_ms`` is the median time
+of one rebalance (gather counts, placement, weight moves, switch), ``step_ms`` the median
+forward of a 64-token prefill step through the same group, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from dsi.eplb import Placement, imbalance, pick_slots, rebalance, resize
+from dsi.eplb.group import EpOptions, ExpertGroup
+
+
+def skewed_trace(
+    layers: int, experts: int, top_k: int, tokens: int, steps: int, skew: float, seed: int
+) -> list[list[torch.Tensor]]:
+    """Per step, per layer: [tokens * top_k] int64 logical experts of the token-expert pairs."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.arange(1, experts + 1, dtype=torch.float64).pow(-skew)
+    logp = [base[torch.randperm(experts, generator=gen)].log().float() for _ in range(layers)]
+    out = []
+    for _ in range(steps):
+        row = []
+        for lp in logp:
+            u = torch.rand(tokens, experts, generator=gen).clamp_min(1e-20)
+            row.append((lp - (-u.log()).log()).topk(top_k, dim=-1).indices.reshape(-1))
+        out.append(row)
+    return out
+
+
+def rank_loads(trace: list[list[torch.Tensor]], placement: Placement) -> torch.Tensor:
+    """[steps, L, ranks] pairs each rank computes, routed among replicas by load."""
+    per = placement.slots_per_rank
+    return torch.stack(
+        [
+            torch.stack(
+                [
+                    torch.bincount(pick_slots(pairs, placement, i) // per, minlength=placement.num_ranks)
+                    for i, pairs in enumerate(step)
+                ]
+            )
+            for step in trace
+        ]
+    ).double()
+
+
+def balance(args: argparse.Namespace) -> dict:
+    trace = skewed_trace(
+        args.layers, args.experts, args.top_k, args.tokens, 2 * args.steps, args.skew, args.seed
+    )
+    window, held_out = trace[: args.steps], trace[args.steps :]
+    counts = torch.zeros(args.layers, args.experts, dtype=torch.int64)
+    for step in window:
+        for i, pairs in enumerate(step):
+            counts[i] += torch.bincount(pairs, minlength=args.experts)
+    if args.experts % args.ranks:
+        raise SystemExit(
+            "--experts must be a multiple of --ranks (the 'before' placement splits them evenly)"
+        )
+    even = Placement(torch.arange(args.experts).repeat(args.layers, 1), args.ranks, args.experts)
+    t0 = time.perf_counter()
+    placed = rebalance(counts, args.ranks, args.experts // args.ranks + args.redundant, "global")
+    policy_ms = (time.perf_counter() - t0) * 1e3
+    before, after = rank_loads(held_out, even), rank_loads(held_out, placed)
+    figures = {
+        "imbalance_before": imbalance(before.sum(0)),
+        "imbalance_after": imbalance(after.sum(0)),
+        "imbalance_after_window": imbalance(placed.rank_load(counts)),
+        "imbalance_before_step": statistics.fmean(imbalance(s) for s in before),
+        "imbalance_after_step": statistics.fmean(imbalance(s) for s in after),
+        "policy_ms": policy_ms,
+    }
+    figures["before_vs_after"] = figures["imbalance_before"] / figures["imbalance_after"]
+    return figures
+
+
+def pause(args: argparse.Namespace) -> dict:
+    """Rebalances and prefill steps of a live tiny-model EP group."""
+    from dsi.engine.batch import StepSlice
+    from dsi.engine.runner import ModelRunner
+    from dsi.model.config import TINY
+    from dsi.model.weights import init_weights
+
+    cfg, w = TINY, init_weights(TINY)
+    ep = resize(args.pause_ranks, args.pause_ranks, cfg.n_experts, args.redundant)
+    group = ExpertGroup.start(cfg, w, EpOptions(ep))
+    try:
+        hot = torch.ones(cfg.n_layers, cfg.n_experts)
+        loads = [hot.clone(), hot.clone()]
+        loads[0][:, 0], loads[1][:, -1] = 50.0, 50.0  # the hot expert moves from run to run
+        pauses = [group.rebalance(loads[r % 2]) * 1e3 for r in range(args.runs)]
+        runner = ModelRunner(cfg, w, num_blocks=4, num_slots=1, moe_layer=group.moe)
+        slot, table = runner.slots.allocate(), runner.pool.allocate(1)
+        prompt = list(range(1000, 1064))
+        steps = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            runner.forward([StepSlice(slot, table, 0, prompt, 0, True)])
+            steps.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        group.close()
+    return {
+        "pause_ms": statistics.median(pauses),
+        "pause_ms_runs": pauses,
+        "step_ms": statistics.median(steps),
+        "pause_vs_step": statistics.median(pauses) / statistics.median(steps),
+        "pause_ranks": ep.size,
+    }
+
+
+def _main(args: argparse.Namespace) -> int:
+    figures = {
+        "experts": args.experts,
+        "top_k": args.top_k,
+        "ranks": args.ranks,
+        "redundant_per_rank": args.redundant,
+        "tokens_per_step": args.tokens,
+        "steps": args.steps,
+        "skew": args.skew,
+    } | balance(args)
+    if args.pause_ranks > 1:
+        figures |= pause(args)
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    for key, value in figures.items():
+        print(f"{key:24s} {value:.3f}" if isinstance(value, float) else f"{key:24s} {value}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "eplb",
+        help="rank load imbalance before / after EPLB on a skewed routing trace, and one rebalance's pause",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--experts", type=int, default=64, help="logical experts per layer")
+    parser.add_argument("--top-k", type=int, default=6, help="experts per token")
+    parser.add_argument("--ranks", type=int, default=8, help="EP ranks")
+    parser.add_argument("--redundant", type=int, default=1, help="redundant expert slots per rank")
+    parser.add_argument("--layers", type=int, default=4, help="MoE layers")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per step")
+    parser.add_argument(
+        "--steps", type=int, default=16, help="steps in the window (and in the held-out part)"
+    )
+    parser.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of expert popularity")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pause-ranks", type=int, default=4, help="ranks of the live group timed for the pause (1 = skip)"
+    )
+    parser.add_argument("--runs", type=int, default=5, help="rebalances (and steps) timed")
+    parser.set_defaults(func=_main)
