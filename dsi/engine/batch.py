@@ -14,6 +14,8 @@ class StepSlice:
     ``consumer_start`` (decoder-side bounded replay). ``sample`` asks for the logits of the
     last position. With a prefix hit, producer SWA keys start at ``producer_start`` (R) and the
     page entries of positions below ``cached_end`` (H) hold loaded latents that are never written.
+    ``num_logits`` (with ``sample``): how many trailing positions' logits are wanted, more than
+    one for a speculative verify slice (its last token and its drafts).
     """
 
     slot: int
@@ -24,6 +26,7 @@ class StepSlice:
     sample: bool
     producer_start: int = 0
     cached_end: int = 0
+    num_logits: int = 1
 
     @property
     def end(self) -> int:

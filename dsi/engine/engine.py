@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine.admission import check_cached, check_prompt, check_state
+from dsi.engine.batch import StepSlice
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
 from dsi.engine.load import EngineLoad
@@ -54,6 +55,9 @@ from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
+from dsi.engine.speculator import MODES, Speculator
+from dsi.engine.step_curve import StepCurve
+from dsi.engine.step_curve import measure as measure_curve
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
@@ -74,10 +78,19 @@ class EngineConfig:
     root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
     collect_full_pages: bool = False  # queue a FullPage copy of every page that fills (decode persistence)
     collect_ring_snapshots: bool = False  # queue a RingSnapshot of every finished or exported request
+    speculative: str = "off"  # "off" | "fixed" (num_drafts each step) | "dspark" (variable length)
+    num_drafts: int = 5  # drafts proposed per request and step (1..5)
+    step_curve: StepCurve | None = None  # dspark: a curve to use instead of measuring one at start-up
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
             raise ValueError("engine sizes must be positive (num_blocks >= 2)")
+        if self.speculative not in MODES:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}")
+        if self.speculative != "off" and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding steps with sync scheduling (async_scheduling must not be on)"
+            )
 
 
 def auto_async(device: str) -> bool:
@@ -114,7 +127,9 @@ class Engine:
         cfg: ModelConfig | LlamaConfig,
         weights: dict[str, torch.Tensor],
         config: EngineConfig | None = None,
+        draft: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """``draft``: the draft weights (:mod:`dsi.model.draft`), needed when speculating."""
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
@@ -147,6 +162,7 @@ class Engine:
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
+        self.spec = self._speculator(weights, draft) if c.speculative != "off" else None
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -245,6 +261,8 @@ class Engine:
             step = self.scheduler.schedule()
             if not step.slices:
                 return self._collect([])
+            if self.spec is not None:
+                self._add_drafts(step)
             return self._update(step, self._execute(step))
         if self._inflight is None:
             step = self.scheduler.schedule()
@@ -408,47 +426,62 @@ class Engine:
         self.full_pages.update(req, req.num_computed)
 
     # ---- internals ---------------------------------------------------------------------------------
-    def _execute(self, step: Step) -> list[Sampled]:
-        """Runs on the worker: fill placeholders from the previous step, forward, sample."""
+    def _execute(self, step: Step) -> list[list[Sampled]]:
+        """Runs on the worker: fill placeholders from the previous step, forward, sample (verify
+        the drafts of verify slices); per sampled slice, the tokens it emits."""
         t0 = time.perf_counter()
         for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
             if fill:
                 sl.tokens[-1] = self._last_token[id(req)]
-        logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
+        hidden: list[torch.Tensor] | None = [] if self.spec is not None else None
+        logits = self.runner.forward(
+            step.slices, step.snapshots if self.ring_snapshots.collect else None, hidden
+        )
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
-        counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in chosen]
+        rows = _first_rows([sl.num_logits for sl, _ in chosen])
+        single = [i for i, (sl, _) in enumerate(chosen) if sl.num_logits == 1]
+        plain = [chosen[i] for i in single]
+        counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in plain]
         sampled = sample(
-            logits,
-            [r.params for _, r in chosen],
-            [r.seed for _, r in chosen],
-            [sl.end for sl, _ in chosen],
-            [constraint_at(sl.end, r) for sl, r in chosen],
+            logits if len(single) == len(rows) else logits[[rows[i] for i in single]],
+            [r.params for _, r in plain],
+            [r.seed for _, r in plain],
+            [sl.end for sl, _ in plain],
+            [constraint_at(sl.end, r) for sl, r in plain],
             counts,
         )
-        for (_, req), s in zip(chosen, sampled, strict=True):
-            self._last_token[id(req)] = s.token
-            self._output_counts.add(req, s.token)
-            req.constraint_pos += req.constraint is not None
+        out: list[list[Sampled]] = [[s] for s in sampled]
+        if len(single) != len(rows):  # verify slices: drafts checked against their rows
+            out = self._verify(step, chosen, rows, logits, single, sampled)
+        for (_, req), new in zip(chosen, out, strict=True):
+            for s in new:
+                self._last_token[id(req)] = s.token
+                self._output_counts.add(req, s.token)
+                req.constraint_pos += req.constraint is not None
+        if self.spec is not None and hidden is not None:
+            self._propose(step, chosen, rows, hidden[0], out)
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
-        return sampled
+        return out
 
-    def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
+    def _update(self, step: Step, sampled: list[list[Sampled]]) -> list[RequestOutput]:
         self._count(step)
+        self._rollback(step)  # before hashing: rejected positions fill no page
         self.ring_snapshots.commit(step.requests, step.snapshots)  # before finishing: queued on finish
         self._hash_full_pages(step)  # before finishing: a finishing request's pages are freed below
         touched: dict[int, tuple[Request, list[Sampled]]] = {}
         chosen = [req for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
-        for req, s in zip(chosen, sampled, strict=True):
+        for req, new in zip(chosen, sampled, strict=True):
             req.in_flight -= 1
-            if req.finished:
-                continue  # finished while this step ran; its token is discarded
-            req.output.append(s.token)
-            req.logprobs.append(s.logprob)
-            req.top_logprobs.append(s.top)
-            touched.setdefault(id(req), (req, []))[1].append(s)
-            reason = s.finish or stop_reason(req, s.token, self.cfg.max_context, self.cfg.eos_id)
-            if reason:
-                self._finish(req, reason)
+            for s in new:
+                if req.finished:
+                    break  # finished while this step ran (or by an earlier token): discarded
+                req.output.append(s.token)
+                req.logprobs.append(s.logprob)
+                req.top_logprobs.append(s.top)
+                touched.setdefault(id(req), (req, []))[1].append(s)
+                reason = s.finish or stop_reason(req, s.token, self.cfg.max_context, self.cfg.eos_id)
+                if reason:
+                    self._finish(req, reason)
         for req in step.to_free:
             self._release(req)
         return self._collect(touched.values())
@@ -458,7 +491,119 @@ class Engine:
         for sl, req in zip(step.slices, step.requests, strict=True):
             if (req.finished and not req.prefill_only) or req.slot < 0:
                 continue
-            self.full_pages.update(req, min(sl.end, req.num_tokens))
+            self.full_pages.update(req, min(sl.end, req.num_tokens, req.num_computed))
+
+    # ---- speculative decoding (sync scheduling) -----------------------------------------------------
+    def _speculator(
+        self, weights: dict[str, torch.Tensor], draft: dict[str, torch.Tensor] | None
+    ) -> Speculator:
+        c = self.config
+        if self.cfg.family != "v4":
+            raise ValueError("speculative decoding needs the V4 shape (a draft fed by its hidden states)")
+        if draft is None:
+            raise ValueError("speculative decoding needs draft weights (dsi model train-draft)")
+        spec = Speculator(c.speculative, c.num_drafts, draft, weights["embed"], self.cfg.norm_eps)
+        if c.speculative == "dspark":
+            spec.curve = c.step_curve or self._measure_curve(spec)
+        return spec
+
+    def _measure_curve(self, spec: Speculator) -> StepCurve:
+        """The step-time curve of this engine, on scratch slots and pages given back after."""
+        pool, slots, bs = self.runner.pool, self.runner.slots, self.cfg.block_size
+
+        def allocate(b: int, tokens: int) -> tuple[list[int], list[list[int]]]:
+            return [slots.allocate() for _ in range(b)], [pool.allocate(-(-tokens // bs)) for _ in range(b)]
+
+        def free(ids: list[int], tables: list[list[int]]) -> None:
+            for slot, table in zip(ids, tables, strict=True):
+                self.runner.rollback(slot, 0)
+                slots.free(slot)
+                pool.free(table)
+
+        def propose(b: int) -> None:
+            spec.propose(
+                [Request(str(i), [0], SamplingParams(temperature=0), 0, 0) for i in range(b)],
+                torch.zeros(b, self.cfg.hidden),
+                [0] * b,
+                [1] * b,
+            )
+
+        curve = measure_curve(self.runner.forward, propose, allocate, free, self.config.max_running)
+        spec.clear()
+        return curve
+
+    def _add_drafts(self, step: Step) -> None:
+        """Give the decode slices of a scheduled step their drafts (the speculator's lengths)."""
+        assert self.spec is not None
+        decode = [
+            i
+            for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True))
+            if sl.sample and len(sl.tokens) == 1 and not step.fills[i] and self.spec.eligible(req)
+        ]
+        if not decode:
+            return
+        budget = self.config.max_batch_tokens - step.num_tokens
+        plan = self.spec.plan([step.requests[i] for i in decode], step.num_tokens, budget)
+        for i in decode:
+            req = step.requests[i]
+            n = plan.get(id(req), 0)
+            if n:
+                self.scheduler.add_drafts(step, i, self.spec.drafts_of(req, n))
+
+    def _verify(
+        self,
+        step: Step,
+        chosen: list[tuple[StepSlice, Request]],
+        rows: list[int],
+        logits: torch.Tensor,
+        single: list[int],
+        sampled: list[Sampled],
+    ) -> list[list[Sampled]]:
+        assert self.spec is not None
+        out: list[list[Sampled]] = [[] for _ in chosen]
+        for i, s in zip(single, sampled, strict=True):
+            out[i] = [s]
+        index = {id(sl): j for j, sl in enumerate(step.slices)}
+        for i, (sl, req) in enumerate(chosen):
+            if sl.num_logits > 1:
+                v = self.spec.verify(req, logits[rows[i] : rows[i] + sl.num_logits], sl.start)
+                out[i] = v.tokens
+                step.accepted[index[id(sl)]] = v.accepted
+        return out
+
+    def _propose(
+        self,
+        step: Step,
+        chosen: list[tuple[StepSlice, Request]],
+        rows: list[int],
+        hidden: torch.Tensor,
+        out: list[list[Sampled]],
+    ) -> None:
+        """Draft for every eligible request that got tokens: fed by the hidden state of the row
+        whose logits gave its last token (drafts of a finishing request are simply unused)."""
+        assert self.spec is not None
+        reqs, picks, last, positions = [], [], [], []
+        for i, (sl, req) in enumerate(chosen):
+            if not self.spec.eligible(req) or req.finished:
+                continue
+            reqs.append(req)
+            picks.append(rows[i] + len(out[i]) - 1)
+            last.append(out[i][-1].token)
+            # where the first draft sits: after the last token emitted (appended by _update)
+            positions.append(sl.end - sl.num_logits + len(out[i]) + 1)
+        self.spec.propose(reqs, hidden[picks], last, positions)
+
+    def _rollback(self, step: Step) -> None:
+        """Verify slices: keep the positions of the accepted drafts, drop the rest."""
+        for j, accepted in step.accepted.items():
+            sl, req = step.slices[j], step.requests[j]
+            end = sl.start + accepted + 1
+            self.scheduler.rollback(req, end)
+            if req.slot >= 0:
+                self.runner.rollback(req.slot, end)
+            for k, (boundary, _snap) in list(step.snapshots.items()):
+                if k == j and boundary > end:
+                    del step.snapshots[k]
 
     def _count(self, step: Step) -> None:
         """Prompt positions this step computed, and which of them only rebuilt SWA rings."""
@@ -488,6 +633,8 @@ class Engine:
             self.stats.ring_snapshots += 1
 
     def _release(self, req: Request) -> None:
+        if self.spec is not None:
+            self.spec.forget(req)
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
         self._output_counts.drop(req)
@@ -527,3 +674,12 @@ class Engine:
             self._inflight = None
             # _update's outputs already include the earlier pending ones (and it empties the list)
             self._pending = self._update(step, future.result())
+
+
+def _first_rows(counts: list[int]) -> list[int]:
+    """The first logits row of each sampled slice, from each slice's row count."""
+    rows, a = [], 0
+    for n in counts:
+        rows.append(a)
+        a += n
+    return rows
