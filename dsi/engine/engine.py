@@ -246,6 +246,9 @@ class Engine:
             st.cached_tokens,
             st.replay_tokens,
             st.computed_prompt_tokens,
+            self.config.speculative,
+            self.spec.curve if self.spec is not None else None,
+            tuple(self.spec.stats.accept_rates(self.spec.k)) if self.spec is not None else (),
         )
 
     def request_stats(self, request_id: str) -> RequestStats | None:
@@ -502,7 +505,9 @@ class Engine:
             raise ValueError("speculative decoding needs the V4 shape (a draft fed by its hidden states)")
         if draft is None:
             raise ValueError("speculative decoding needs draft weights (dsi model train-draft)")
-        spec = Speculator(c.speculative, c.num_drafts, draft, weights["embed"], self.cfg.norm_eps)
+        spec = Speculator(
+            c.speculative, c.num_drafts, draft, weights["embed"], self.cfg.norm_eps, self.cfg.max_context
+        )
         if c.speculative == "dspark":
             spec.curve = c.step_curve or self._measure_curve(spec)
         return spec

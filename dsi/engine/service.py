@@ -85,10 +85,15 @@ class EngineService:
 
     @classmethod
     def create(
-        cls, model: ModelConfig, weights: dict[str, torch.Tensor], config: EngineConfig
+        cls,
+        model: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        config: EngineConfig,
+        draft: dict[str, torch.Tensor] | None = None,
     ) -> EngineService:
-        """Build the engine and its service (blocking: allocates the pools; run it off the event loop)."""
-        return cls(Engine(model, weights, config))
+        """Build the engine and its service (blocking: allocates the pools, measures the step-time
+        curve of a dspark engine; run it off the event loop). ``draft``: speculative decoding's."""
+        return cls(Engine(model, weights, config, draft))
 
     @property
     def running(self) -> int:

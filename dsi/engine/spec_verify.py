@@ -17,6 +17,12 @@ probability ``min(1, p(d_i) / q_i(d_i))``; the first rejection emits a draw from
 draw at that position. Every emitted token is distributed exactly as the target's sampler would
 draw it. The random numbers come from generators seeded by (request seed, position, salt), so a
 request's output does not depend on its batch.
+
+Structured output: row i is masked by the constraint as it stands after the drafts before it
+(one mask per draft position); the constraint is advanced by each accepted draft in turn, so a
+rejected draft never reaches it, and then by the emitted token, whose ``finish`` says "stop" when
+the output is complete ("error": the grammar refused it). A constraint complete after an
+accepted draft ends the emitted tokens there.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 
 from dsi.engine.params import SamplingParams
 from dsi.engine.sampler import Sampled, generator, race, target_probs
+from dsi.structured import TokenConstraint, apply_bitmask, bitmask_words
 
 ACCEPT_SALT = 1  # the uniform of the acceptance test at a position
 RESIDUAL_SALT = 2  # the draw from the residual distribution after a rejection
@@ -46,51 +53,77 @@ def verify(
     params: SamplingParams,
     seed: int,
     start: int,
+    constraint: TokenConstraint | None = None,
 ) -> Verified:
-    """logits: [k + 1, V] rows of a verify slice starting at position ``start``; drafts: [k] ids;
-    q: [k, V] the draft's probabilities of each draft position (None for greedy requests, whose
-    drafts are the draft's argmax)."""
-    k = len(drafts)
-    if params.greedy:
-        targets = logits.argmax(dim=-1).tolist()
-        j = 0
-        while j < k and drafts[j] == targets[j]:
-            j += 1
-        tokens = targets[: j + 1]
-    else:
-        tokens, j = _verify_sampled(logits, drafts, q, params, seed, start)
-    return Verified(_with_logprobs(logits, tokens, params), j)
+    """logits: [k + 1, V] rows of a verify slice starting at position ``start`` (masked in place
+    when constrained); drafts: [k] ids; q: [k, V] the draft's probabilities of each draft
+    position (None for greedy requests, whose drafts are the draft's argmax); constraint: the
+    request's, having accepted its output so far (advanced here)."""
+    tokens: list[int] = []
+    finish: str | None = None
+    j = 0
+    for i in range(len(drafts) + 1):
+        row = _masked(logits, i, constraint)
+        d = drafts[i] if i < len(drafts) else None
+        token, accepted = _decide(
+            row, d, None if q is None or d is None else q[i], params, seed, start + i + 1
+        )
+        tokens.append(token)
+        if constraint is not None:
+            if not constraint.accept(token):
+                finish = "error"
+                break
+            if constraint.is_done():
+                finish = "stop"
+                break
+        if not accepted:
+            break
+        j += 1
+    out = _with_logprobs(logits, tokens, params)
+    out[-1].finish = finish
+    return Verified(out, min(j, len(tokens) - 1))
 
 
-def _verify_sampled(
-    logits: torch.Tensor,
-    drafts: list[int],
+def _masked(logits: torch.Tensor, i: int, constraint: TokenConstraint | None) -> torch.Tensor:
+    if constraint is None:
+        return logits[i]
+    bitmask = torch.empty(1, bitmask_words(logits.shape[-1]), dtype=torch.int32)
+    constraint.fill_mask(bitmask[0])
+    logits[i : i + 1] = apply_bitmask(logits[i : i + 1], bitmask)
+    return logits[i]
+
+
+def _decide(
+    row: torch.Tensor,
+    draft: int | None,
     q: torch.Tensor | None,
     params: SamplingParams,
     seed: int,
-    start: int,
-) -> tuple[list[int], int]:
+    position: int,
+) -> tuple[int, bool]:
+    """(token emitted at ``position`` from target row ``row``, whether the draft was accepted):
+    the draft itself when accepted, else the target's choice (greedy: argmax; sampled: the
+    residual draw after a rejection, or the target's own draw when there is no draft left)."""
+    if params.greedy:
+        token = int(row.argmax())
+        return token, token == draft
+    p = target_probs(row, params)
+    if draft is None:
+        return race(p, seed, position), False
     if q is None:
         raise ValueError("a sampled request's drafts need the draft probabilities")
-    tokens: list[int] = []
-    for i, d in enumerate(drafts):
-        position = start + i + 1  # where d sits
-        p = target_probs(logits[i], params)
-        p = p / p.sum()
-        u = float(torch.rand((), generator=generator(seed, position, ACCEPT_SALT)))
-        if u * float(q[i, d]) < float(p[d]):
-            tokens.append(d)
-            continue
-        residual = (p - q[i]).clamp(min=0)
-        if float(residual.sum()) <= 0:  # p == q (up to rounding): any draw from p is right
-            residual = p
-        tokens.append(race(residual, seed, position, RESIDUAL_SALT))
-        return tokens, i
-    tokens.append(race(target_probs(logits[len(drafts)], params), seed, start + len(drafts) + 1))
-    return tokens, len(drafts)
+    p = p / p.sum()
+    u = float(torch.rand((), generator=generator(seed, position, ACCEPT_SALT)))
+    if u * float(q[draft]) < float(p[draft]):
+        return draft, True
+    residual = (p - q).clamp(min=0)
+    if float(residual.sum()) <= 0:  # p == q (up to rounding): any draw from p is right
+        residual = p
+    return race(residual, seed, position, RESIDUAL_SALT), False
 
 
 def _with_logprobs(logits: torch.Tensor, tokens: list[int], params: SamplingParams) -> list[Sampled]:
+    """Logprobs of the (masked) untempered rows, as the sampler reports them."""
     if not (params.logprobs or params.top_logprobs):
         return [Sampled(t, 0.0, []) for t in tokens]
     logp = torch.log_softmax(logits[: len(tokens)], dim=-1)

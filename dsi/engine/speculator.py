@@ -8,9 +8,9 @@ One step of a speculating request (sync scheduling; see the engine's docstring):
     step N+1: lengths chosen (fixed K, or dspark_lengths over the confidences and the step curve)
 
 Which requests speculate: decoding ones (one token behind), not prefill-only, without
-penalties (their logits depend on the output so far) and without structured output (the mask
-of a draft position would need the grammar advanced through the drafts before it). The others
-decode one token per step in the same batch.
+penalties (their logits depend on the output so far; they decode one token per step in the
+same batch). Structured output does: each verified position is masked by the grammar advanced
+through the drafts before it (``spec_verify``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsi.engine.request import Request
+from dsi.engine.request import Request, constraint_at
 from dsi.engine.sampler import race
 from dsi.engine.spec_policy import dspark_lengths, fixed_lengths
 from dsi.engine.spec_verify import DRAFT_SALT, Verified, verify
@@ -62,6 +62,7 @@ class Speculator:
         draft: dict[str, torch.Tensor],
         embed: torch.Tensor,
         eps: float,
+        max_context: int,
     ) -> None:
         if mode not in MODES[1:]:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {mode!r}")
@@ -73,14 +74,14 @@ class Speculator:
         self.embed = embed
         self.vocab = draft["draft.vocab"]
         self.eps = eps
+        self.max_context = max_context
         self.curve: StepCurve | None = None
         self.stats = SpecStats()
         self._drafts: dict[int, Drafts] = {}
 
     @staticmethod
     def eligible(req: Request) -> bool:
-        p = req.params
-        return not (req.prefill_only or p.penalized or p.structured is not None)
+        return not (req.prefill_only or req.params.penalized)
 
     def forget(self, req: Request) -> None:
         self._drafts.pop(id(req), None)
@@ -98,7 +99,8 @@ class Speculator:
             d = self._drafts.get(id(req))
             if d is None or d.position != req.num_tokens:
                 continue
-            room = req.params.max_tokens - len(req.output) - 1  # tokens it may still emit after t_0
+            # tokens it may still emit after t_0, and positions the context still holds
+            room = min(req.params.max_tokens - len(req.output), self.max_context - req.num_tokens) - 1
             n = min(len(d.tokens), room)
             if n > 0:
                 reqs.append(req)
@@ -134,7 +136,8 @@ class Speculator:
             assert d.probs is not None
             q = torch.zeros(k, logits.shape[1])
             q[:, self.vocab] = d.probs[:k]
-        out = verify(logits, d.tokens[:k], q, req.params, req.seed, start)
+        constraint = constraint_at(start + 1, req)  # having accepted the output so far
+        out = verify(logits, d.tokens[:k], q, req.params, req.seed, start, constraint)
         st = self.stats
         st.verify_slices += 1
         st.emitted += len(out.tokens)

@@ -128,7 +128,7 @@ def train(
         loss.backward()
         opt.step()
         if step % 100 == 0:
-            log(f"step {step}: loss {float(loss):.3f}")
+            log(f"step {step}: loss {float(loss.detach()):.3f}")
     out = {k: v.detach() for k, v in dw.items()}
     acc = evaluate(out, embed, corpus, targets, held, s.drafts, cfg.norm_eps)
     report = {

@@ -95,3 +95,28 @@ def test_sampled_requests_speculate_and_stop_at_max_tokens(mini):
     outs, spec = _run(mini, "fixed", draft, params)
     assert all(len(o) == 9 for o in outs.values())
     assert spec.stats.verify_slices > 0
+
+
+def test_structured_output_is_the_same_with_drafts(tiny):
+    """Greedy structured output: each verified position masked by the grammar advanced through
+    the drafts before it; the drafts are the true continuation with one wrong token."""
+    from dsi.structured import StructuredSpec
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg, w = tiny
+    draft = init_draft(cfg.hidden, torch.arange(512))
+    spec = StructuredSpec.for_regex(r"[a-z]{3,8}-[0-9]{2}")
+    params = SamplingParams(max_tokens=16, temperature=0, structured=spec)
+    outs = {}
+    try:
+        for mode in ("off", "fixed"):
+            engine = Engine(cfg, w, EngineConfig(async_scheduling=False, speculative=mode), draft=draft)
+            if mode == "fixed":
+                _steer(engine.spec, {"0": outs["off"][0]})
+            engine.add_request("0", [100, 200, 300], params)
+            done = [o for o in engine.run_until_done() if o.finished]
+            outs[mode] = (done[0].output, done[0].finish_reason)
+    finally:
+        torch.set_num_threads(before)
+    assert outs["fixed"] == outs["off"] and outs["off"][1] == "stop"
