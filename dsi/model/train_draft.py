@@ -53,22 +53,25 @@ class TrainSettings:
 class Corpus:
     hidden: torch.Tensor  # [N, H]
     tokens: torch.Tensor  # [N, K + 1] y_{t+1} .. y_{t+1+K}
+    sequence: torch.Tensor  # [N] the prompt each example comes from
 
 
-def prompts_for(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+def prompts_for(n: int, lo: int, hi: int, seed: int, vocab: int = 120_000) -> list[list[int]]:
+    """n seeded prompts of lo..hi random ids in [100, min(vocab, 120000))."""
     rng = random.Random(seed)
-    return [[rng.randrange(100, 120_000) for _ in range(rng.randrange(lo, hi + 1))] for _ in range(n)]
+    top = min(vocab, 120_000)
+    return [[rng.randrange(100, top) for _ in range(rng.randrange(lo, hi + 1))] for _ in range(n)]
 
 
 def collect(cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings) -> Corpus:
     """Steps 1 and 2: greedy outputs and the hidden states they came from."""
-    prompts = prompts_for(s.prompts, *s.prompt_len, seed=s.seed)
+    prompts = prompts_for(s.prompts, *s.prompt_len, seed=s.seed, vocab=cfg.vocab_size)
     engine = Engine(cfg, w, EngineConfig(async_scheduling=False, max_running=s.prompts, num_slots=s.prompts))
     params = SamplingParams(max_tokens=s.tokens, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
     outputs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
-    hidden, tokens = [], []
+    hidden, tokens, sequence = [], [], []
     runner, bs = engine.runner, cfg.block_size
     for i, p in enumerate(prompts):
         out = outputs[str(i)]
@@ -84,13 +87,15 @@ def collect(cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings) -> C
         for t in range(n - k - 1):  # h of the position that chose out[t]; tokens out[t .. t + K]
             hidden.append(rows[0][t + 1])
             tokens.append(out[t + 1 : t + k + 2])
+            sequence.append(i)
     engine.close()
-    return Corpus(torch.stack(hidden), torch.tensor(tokens, dtype=torch.long))
+    return Corpus(torch.stack(hidden), torch.tensor(tokens, dtype=torch.long), torch.tensor(sequence))
 
 
-def draft_vocab(corpus: Corpus, size: int) -> torch.Tensor:
-    """Step 3: the ``size`` ids the outputs use most (ties by id), padded with the lowest unused ids."""
-    counts = Counter(corpus.tokens.reshape(-1).tolist())
+def draft_vocab(tokens: torch.Tensor, size: int) -> torch.Tensor:
+    """Step 3: the ``size`` ids the training outputs use most (ties by id), padded with the
+    lowest unused ids."""
+    counts = Counter(tokens.reshape(-1).tolist())
     ids = [t for t, _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))][:size]
     used = set(ids)
     pad = (t for t in range(size * 2) if t not in used)
@@ -101,19 +106,21 @@ def draft_vocab(corpus: Corpus, size: int) -> torch.Tensor:
 def train(
     cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings, log=print
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Steps 1-4; returns (draft weights, a report of the data and the held-out accuracy)."""
+    """Steps 1-4; returns (draft weights, a report of the data and the acceptance per draft
+    position on the held-out prompts, whose outputs it never trained on)."""
     t0 = time.perf_counter()
     torch.manual_seed(s.seed)
     corpus = collect(cfg, w, s)
     log(f"collected {corpus.hidden.shape[0]} examples in {time.perf_counter() - t0:.0f} s")
-    vocab = draft_vocab(corpus, s.vocab)
+    gen = torch.Generator().manual_seed(s.seed)
+    # held out: every example of the last tenth of the prompts (examples of one output overlap)
+    cut = s.prompts - max(1, s.prompts // 10)
+    held = torch.nonzero(corpus.sequence >= cut)[:, 0]
+    train_rows = torch.nonzero(corpus.sequence < cut)[:, 0]
+    vocab = draft_vocab(corpus.tokens[train_rows], s.vocab)
     index = torch.full((cfg.vocab_size,), -100, dtype=torch.long)
     index[vocab] = torch.arange(len(vocab))
     targets = index[corpus.tokens[:, 1:]]  # [N, K] draft-vocab ids (-100: outside it)
-    gen = torch.Generator().manual_seed(s.seed)
-    order = torch.randperm(corpus.hidden.shape[0], generator=gen)
-    held = order[: max(1, len(order) // 10)]
-    train_rows = order[len(held) :]
     dw = init_draft(cfg.hidden, vocab, s.layers, s.ffn, s.seed)
     params = {k: v.requires_grad_(True) for k, v in dw.items() if k != "draft.vocab"}
     opt = torch.optim.Adam(params.values(), lr=s.lr)
