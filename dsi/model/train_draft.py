@@ -7,8 +7,10 @@ Step 3: the draft vocabulary is the ``vocab`` ids the outputs use most.
 Step 4: the draft is trained unrolled over its ``K`` steps with teacher forcing: step i is fed
 its own hidden state of step i - 1 and the true token, and learns the target's token (cross
 entropy over the draft vocabulary); the confidence head learns, by binary cross entropy, whether
-the draft's argmax equals that token. Seeded throughout: the same arguments give the same draft
-(up to the thread count's effect on float sums).
+the draft's argmax equals that token.
+Step 5: the confidence head alone is refitted on the held-out quarter of the prompts (see
+:func:`calibrate`). Seeded throughout: the same arguments give the same draft (up to the thread
+count's effect on float sums).
 
 Inputs per example (t: an output position whose token y_{t+1} the target chose)::
 
@@ -31,6 +33,7 @@ from dsi.engine.params import SamplingParams
 from dsi.model.config import ModelConfig
 from dsi.model.draft import draft_step, init_draft
 from dsi.model.hits import consumer_start
+from dsi.model.ops import rms_norm
 
 
 @dataclass(slots=True, frozen=True)
@@ -113,8 +116,8 @@ def train(
     corpus = collect(cfg, w, s)
     log(f"collected {corpus.hidden.shape[0]} examples in {time.perf_counter() - t0:.0f} s")
     gen = torch.Generator().manual_seed(s.seed)
-    # held out: every example of the last tenth of the prompts (examples of one output overlap)
-    cut = s.prompts - max(1, s.prompts // 10)
+    # held out: every example of the last quarter of the prompts (examples of one output overlap)
+    cut = s.prompts - max(1, s.prompts // 4)
     held = torch.nonzero(corpus.sequence >= cut)[:, 0]
     train_rows = torch.nonzero(corpus.sequence < cut)[:, 0]
     vocab = draft_vocab(corpus.tokens[train_rows], s.vocab)
@@ -137,12 +140,15 @@ def train(
         if step % 100 == 0:
             log(f"step {step}: loss {float(loss.detach()):.3f}")
     out = {k: v.detach() for k, v in dw.items()}
+    conf = calibrate(out, embed, corpus, targets, held, s.drafts, cfg.norm_eps)
     acc = evaluate(out, embed, corpus, targets, held, s.drafts, cfg.norm_eps)
     report = {
         "examples": int(corpus.hidden.shape[0]),
+        "held_out_examples": len(held),
         "steps": step + 1,
         "seconds": round(time.perf_counter() - t0, 1),
         "held_out_accept_pos": [round(a, 4) for a in acc],
+        "held_out_confidence_pos": [round(c, 4) for c in conf],
     }
     return out, report
 
@@ -158,6 +164,36 @@ def _loss(dw, embed, corpus, targets, pick, k: int, eps: float) -> torch.Tensor:
         total = total + F.binary_cross_entropy_with_logits(conf, hit)
         tok = corpus.tokens[pick, i + 1]  # teacher forcing: the true token feeds the next step
     return total
+
+
+def calibrate(dw, embed, corpus, targets, rows, k: int, eps: float, steps: int = 150) -> list[float]:
+    """Step 5: fit the confidence head alone (``conf_w``, ``conf_ab``) on the held-out prompts,
+    the chain fed its own proposals as at serving time: on the training outputs the draft is
+    right far more often than on new ones, and DSpark needs the probability of acceptance on
+    new ones. Returns the mean confidence per position after fitting."""
+    with torch.no_grad():  # the chain's features do not change: compute them once
+        h, tok = corpus.hidden[rows], corpus.tokens[rows, 0]
+        feats, labels = [], []
+        for i in range(k):
+            h, logits, _ = draft_step(dw, embed, h, tok, eps)
+            choice = logits.argmax(-1)
+            z = rms_norm(h, dw["draft.out_norm"], eps)
+            feats.append((z, torch.log_softmax(logits, dim=-1).amax(-1)))
+            labels.append((choice == targets[rows, i]).float())
+            tok = dw["draft.vocab"][choice]
+    w, ab = dw["draft.conf_w"].clone().requires_grad_(True), dw["draft.conf_ab"].clone().requires_grad_(True)
+    opt = torch.optim.Adam([w, ab], lr=0.05)
+    for _ in range(steps):
+        loss = sum(
+            F.binary_cross_entropy_with_logits(z @ w + ab[0] * top + ab[1], y)
+            for (z, top), y in zip(feats, labels, strict=True)
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dw["draft.conf_w"], dw["draft.conf_ab"] = w.detach(), ab.detach()
+    with torch.no_grad():
+        return [float(torch.sigmoid(z @ w + ab[0] * top + ab[1]).mean()) for z, top in feats]
 
 
 @torch.no_grad()
