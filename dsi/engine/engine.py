@@ -436,10 +436,13 @@ class Engine:
         for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
             if fill:
                 sl.tokens[-1] = self._last_token[id(req)]
-        hidden: list[torch.Tensor] | None = [] if self.spec is not None else None
-        logits = self.runner.forward(
-            step.slices, step.snapshots if self.ring_snapshots.collect else None, hidden
-        )
+        snapshots = step.snapshots if self.ring_snapshots.collect else None
+        hidden: list[torch.Tensor] | None = None
+        if self.spec is None:
+            logits = self.runner.forward(step.slices, snapshots)
+        else:  # the V4 runner: the draft is fed by its last hidden states
+            hidden = []
+            logits = self.runner.forward(step.slices, snapshots, hidden)
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
         rows = _first_rows([sl.num_logits for sl, _ in chosen])
         single = [i for i, (sl, _) in enumerate(chosen) if sl.num_logits == 1]
