@@ -538,7 +538,7 @@ class Engine:
 
         curve = measure_curve(self.runner.forward, propose, allocate, free, self.config.max_running)
         spec.clear()
-        return curve
+        return curve  # draft times are those of all K steps: what a step that verifies drafts pays
 
     def _add_drafts(self, step: Step) -> None:
         """Give the decode slices of a scheduled step their drafts (the speculator's lengths)."""

@@ -78,6 +78,10 @@ class Speculator:
         self.curve: StepCurve | None = None
         self.stats = SpecStats()
         self._drafts: dict[int, Drafts] = {}
+        # Draft steps the next proposal runs. dspark: one more than the longest prefix it chose
+        # last step (at least 1), so that when drafts do not pay their cost is one draft step
+        # (the confidences of position 1, one step stale), not K.
+        self.depth = num_drafts
 
     @staticmethod
     def eligible(req: Request) -> bool:
@@ -119,6 +123,8 @@ class Speculator:
                 budget,
             )
         self.stats.steps += 1
+        if self.mode == "dspark":
+            self.depth = min(self.k, max(lengths, default=0) + 1)
         for n in lengths:
             self.stats.lengths[n] = self.stats.lengths.get(n, 0) + 1
         return {id(r): n for r, n in zip(reqs, lengths, strict=True) if n}
@@ -159,7 +165,7 @@ class Speculator:
         drafts: list[list[int]] = [[] for _ in reqs]
         conf: list[list[float]] = [[] for _ in reqs]
         probs: list[list[torch.Tensor]] = [[] for _ in reqs]
-        for i in range(self.k):
+        for i in range(self.depth):
             h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps)
             choice = logits.argmax(dim=-1).tolist()
             for row, req in enumerate(reqs):
