@@ -12,12 +12,16 @@ count), and ``varlen_vs_fixed_b{B}`` = DSpark tok/s / fixed-5 tok/s.
 The draft is ``draft.safetensors`` of the model directory (``dsi model train-draft``); the target
 is the seeded random-weight tiny model, whose greedy text is not language: acceptance rates here
 measure how well the draft imitates that model, not what a trained target would give.
+``--simulated-draft`` replaces the proposals by the true continuation, each request keeping a
+draft token with its own known probability, to show the two policies with a draft of known
+quality on the same engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -35,7 +39,26 @@ from dsi.model.weights import load_model
 MODES = ("off", "fixed", "dspark")
 
 
-def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int) -> dict:
+def _simulate(spec, truth: dict[str, list[int]]) -> None:
+    """Replace the draft's proposals by the true greedy continuation, each request r keeping a
+    draft token with its own probability a_r in [0.2, 0.95] (seeded by request and position)
+    and a confidence of exactly a_r: a draft of known, varied quality, calibrated."""
+    propose = spec.propose
+
+    def simulated(reqs, hidden, tokens, positions):
+        propose(reqs, hidden, tokens, positions)
+        for req, pos in zip(reqs, positions, strict=True):
+            d = spec._drafts[id(req)]
+            a = 0.2 + 0.75 * random.Random(int(req.request_id)).random()
+            rng = random.Random(int(req.request_id) * 100_003 + pos)
+            rest = truth[req.request_id][pos - len(req.prompt) :][: len(d.tokens)]
+            d.tokens[: len(rest)] = [t if rng.random() < a else t + 1 for t in rest]
+            d.confidence = [a] * len(d.tokens)
+
+    spec.propose = simulated
+
+
+def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int, truth=None) -> dict:
     b = len(prompts)
     engine = Engine(
         cfg,
@@ -43,6 +66,8 @@ def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int) -> dic
         EngineConfig(async_scheduling=False, speculative=mode, num_drafts=5, max_running=b, num_slots=b),
         draft=draft if mode != "off" else None,
     )
+    if truth is not None and engine.spec is not None:
+        _simulate(engine.spec, truth)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
@@ -78,7 +103,7 @@ def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int) -> dic
     return out
 
 
-def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int) -> dict:
+def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int, simulated: bool = False) -> dict:
     cfg, w = load_model(ensure_model(model, "tiny"))
     draft = load_draft(model, cfg.hidden)
     result: dict = {
@@ -87,15 +112,19 @@ def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int) -> dic
         "decode_tokens": tokens,
         "repeats": repeats,
         "torch_threads": torch.get_num_threads(),
+        "simulated_draft": simulated,
     }
     reached, accepted = [0] * 5, [0] * 5
     identical = True
     for b in batches:
         prompts = prompts_for(b, 16, 64, seed=1000 + b)  # held out: training used seed 0
         runs: dict[str, list[dict]] = {m: [] for m in MODES}
+        truth = None
         for _ in range(repeats):  # interleaved, so that a noisy neighbour slows every mode alike
             for m in MODES:
-                runs[m].append(_run(cfg, w, draft, m, prompts, tokens))
+                runs[m].append(_run(cfg, w, draft, m, prompts, tokens, truth))
+                if simulated and truth is None:  # the off run comes first: its outputs are the truth
+                    truth = runs["off"][0]["outputs"]
                 print(f"  b{b} {m}: {runs[m][-1]['tok_s']:.1f} tok/s", file=sys.stderr)
         for m in MODES:
             result[f"tok_s_b{b}_{m}"] = round(statistics.median(r["tok_s"] for r in runs[m]), 2)
@@ -119,7 +148,7 @@ def _main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     batches = tuple(int(x) for x in args.batches.split(","))
     try:
-        result = run(args.model, args.tokens, batches, args.repeats)
+        result = run(args.model, args.tokens, batches, args.repeats, args.simulated_draft)
     except ValueError as exc:
         print(f"dsi bench spec: {exc}", file=sys.stderr)
         return 2
@@ -140,4 +169,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
+    parser.add_argument(
+        "--simulated-draft",
+        action="store_true",
+        help="replace the draft's proposals by the true continuation kept with a known per-request "
+        "probability (0.2-0.95), confidences exact: the policies with a draft of known quality",
+    )
     parser.set_defaults(func=_main)
