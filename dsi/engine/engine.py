@@ -154,7 +154,7 @@ class Engine:
         self.timings: list[StepTiming] = []
         self.async_scheduling = (
             c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
-        )
+        ) and c.speculative == "off"  # speculative decoding steps with sync scheduling
         self._worker = (
             ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
         )
