@@ -41,7 +41,6 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine.admission import check_cached, check_prompt, check_state
-from dsi.engine.batch import StepSlice
 from dsi.engine.full_pages import FullPages
 from dsi.engine.leases import Leases
 from dsi.engine.load import EngineLoad
@@ -55,9 +54,9 @@ from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
-from dsi.engine.speculator import MODES, Speculator
+from dsi.engine.spec_steps import build_speculator, propose_step, verify_step
+from dsi.engine.speculator import MODES
 from dsi.engine.step_curve import StepCurve
-from dsi.engine.step_curve import measure as measure_curve
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
@@ -162,7 +161,13 @@ class Engine:
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
-        self.spec = self._speculator(weights, draft) if c.speculative != "off" else None
+        self.spec = (
+            build_speculator(
+                cfg, c.speculative, c.num_drafts, c.step_curve, self.runner, weights, draft, c.max_running
+            )
+            if c.speculative != "off"
+            else None
+        )
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -458,14 +463,14 @@ class Engine:
         )
         out: list[list[Sampled]] = [[s] for s in sampled]
         if len(single) != len(rows):  # verify slices: drafts checked against their rows
-            out = self._verify(step, chosen, rows, logits, single, sampled)
+            out = verify_step(self.spec, step, chosen, rows, logits, single, sampled)
         for (_, req), new in zip(chosen, out, strict=True):
             for s in new:
                 self._last_token[id(req)] = s.token
                 self._output_counts.add(req, s.token)
                 req.constraint_pos += req.constraint is not None
         if self.spec is not None and hidden is not None:
-            self._propose(step, chosen, rows, hidden[0], out)
+            propose_step(self.spec, chosen, rows, hidden[0], out)
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
         return out
 
@@ -500,46 +505,6 @@ class Engine:
             self.full_pages.update(req, min(sl.end, req.num_tokens, req.num_computed))
 
     # ---- speculative decoding (sync scheduling) -----------------------------------------------------
-    def _speculator(
-        self, weights: dict[str, torch.Tensor], draft: dict[str, torch.Tensor] | None
-    ) -> Speculator:
-        c = self.config
-        if self.cfg.family != "v4":
-            raise ValueError("speculative decoding needs the V4 shape (a draft fed by its hidden states)")
-        if draft is None:
-            raise ValueError("speculative decoding needs draft weights (dsi model train-draft)")
-        spec = Speculator(
-            c.speculative, c.num_drafts, draft, weights["embed"], self.cfg.norm_eps, self.cfg.max_context
-        )
-        if c.speculative == "dspark":
-            spec.curve = c.step_curve or self._measure_curve(spec)
-        return spec
-
-    def _measure_curve(self, spec: Speculator) -> StepCurve:
-        """The step-time curve of this engine, on scratch slots and pages given back after."""
-        pool, slots, bs = self.runner.pool, self.runner.slots, self.cfg.block_size
-
-        def allocate(b: int, tokens: int) -> tuple[list[int], list[list[int]]]:
-            return [slots.allocate() for _ in range(b)], [pool.allocate(-(-tokens // bs)) for _ in range(b)]
-
-        def free(ids: list[int], tables: list[list[int]]) -> None:
-            for slot, table in zip(ids, tables, strict=True):
-                self.runner.rollback(slot, 0)
-                slots.free(slot)
-                pool.free(table)
-
-        def propose(b: int) -> None:
-            spec.propose(
-                [Request(str(i), [0], SamplingParams(temperature=0), 0, 0) for i in range(b)],
-                torch.zeros(b, self.cfg.hidden),
-                [0] * b,
-                [1] * b,
-            )
-
-        curve = measure_curve(self.runner.forward, propose, allocate, free, self.config.max_running)
-        spec.clear()
-        return curve  # draft times are those of all K steps: what a step that verifies drafts pays
-
     def _add_drafts(self, step: Step) -> None:
         """Give the decode slices of a scheduled step their drafts (the speculator's lengths)."""
         assert self.spec is not None
@@ -557,49 +522,6 @@ class Engine:
             n = plan.get(id(req), 0)
             if n:
                 self.scheduler.add_drafts(step, i, self.spec.drafts_of(req, n))
-
-    def _verify(
-        self,
-        step: Step,
-        chosen: list[tuple[StepSlice, Request]],
-        rows: list[int],
-        logits: torch.Tensor,
-        single: list[int],
-        sampled: list[Sampled],
-    ) -> list[list[Sampled]]:
-        assert self.spec is not None
-        out: list[list[Sampled]] = [[] for _ in chosen]
-        for i, s in zip(single, sampled, strict=True):
-            out[i] = [s]
-        index = {id(sl): j for j, sl in enumerate(step.slices)}
-        for i, (sl, req) in enumerate(chosen):
-            if sl.num_logits > 1:
-                v = self.spec.verify(req, logits[rows[i] : rows[i] + sl.num_logits], sl.start)
-                out[i] = v.tokens
-                step.accepted[index[id(sl)]] = v.accepted
-        return out
-
-    def _propose(
-        self,
-        step: Step,
-        chosen: list[tuple[StepSlice, Request]],
-        rows: list[int],
-        hidden: torch.Tensor,
-        out: list[list[Sampled]],
-    ) -> None:
-        """Draft for every eligible request that got tokens: fed by the hidden state of the row
-        whose logits gave its last token (drafts of a finishing request are simply unused)."""
-        assert self.spec is not None
-        reqs, picks, last, positions = [], [], [], []
-        for i, (sl, req) in enumerate(chosen):
-            if not self.spec.eligible(req) or req.finished:
-                continue
-            reqs.append(req)
-            picks.append(rows[i] + len(out[i]) - 1)
-            last.append(out[i][-1].token)
-            # where the first draft sits: after the last token emitted (appended by _update)
-            positions.append(sl.end - sl.num_logits + len(out[i]) + 1)
-        self.spec.propose(reqs, hidden[picks], last, positions)
 
     def _rollback(self, step: Step) -> None:
         """Verify slices: keep the positions of the accepted drafts, drop the rest."""
