@@ -140,6 +140,7 @@ class EngineRole(RoleActor):
 
     kind = "engine"  # the role name this instance introduces itself with to its peers
     collect_full_pages = False
+    speculates = False  # [engine] speculative applies (decode engines)
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name)
@@ -213,11 +214,14 @@ class EngineRole(RoleActor):
             self.ctx.destroy(linger=0)
 
     def _build_service(self) -> EngineService:
+        from dsi.model.draft import load_draft
         from dsi.model.family import load_model_dir
         from dsi.model.prepare import ensure_model
 
         s = self.settings
         model, weights = load_model_dir(ensure_model(s.model.dir, s.model.config, s.model.gguf))
+        spec = s.compute.speculative if self.speculates else "off"
+        draft = load_draft(s.model.dir, model.hidden) if spec != "off" else None
         cfg = EngineConfig(
             num_blocks=s.options.num_blocks,
             max_batch_tokens=s.options.max_batch_tokens,
@@ -228,15 +232,20 @@ class EngineRole(RoleActor):
             collect_ring_snapshots=True,
             batch_invariant=s.compute.batch_invariant,
             async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async",
+            speculative=spec,
+            num_drafts=s.compute.num_drafts,
         )
         experts = self.experts = self._start_experts(model, weights)
         try:
-            service = EngineService.create(model, weights, cfg, experts)
+            service = EngineService.create(model, weights, cfg, experts, draft)
         except BaseException:
             if experts is not None:
                 experts.close()
             raise
         log.info("%s: engine ready (%s, %d pages)", self.name, model.name, cfg.num_blocks)
+        curve = service.load.step_curve
+        if curve is not None:
+            log.info("%s: speculative %s, step-time curve %s", self.name, spec, curve.as_dict())
         return service
 
     def _start_experts(self, model: ModelConfig, weights: dict) -> ExpertGroup | None:

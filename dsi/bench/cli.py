@@ -22,6 +22,7 @@ _BENCHES = (
     "dsi.bench.soak",
     "dsi.bench.encoder",
     "dsi.bench.eplb",
+    "dsi.bench.spec",
 )
 
 

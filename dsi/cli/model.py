@@ -1,5 +1,6 @@
-"""``dsi model init|info|import-gguf``: make a seeded model directory; print a config's shape and
-bytes; turn a GGUF file into a model directory (:mod:`dsi.model.gguf_import`)."""
+"""``dsi model init|info|train-draft|import-gguf``: make a seeded model directory; print a config's
+shape and bytes; train its DSpark draft (:mod:`dsi.model.train_draft`); turn a GGUF file into a
+model directory (:mod:`dsi.model.gguf_import`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=_info)
+    draft = cmds.add_parser(
+        "train-draft", help="self-distil the DSpark draft on the model's own greedy outputs (seeded)"
+    )
+    draft.add_argument(
+        "--model", required=True, type=Path, help="model directory (written: draft.safetensors)"
+    )
+    draft.add_argument("--prompts", type=int, default=64)
+    draft.add_argument("--tokens", type=int, default=96, help="greedy output tokens per prompt")
+    draft.add_argument("--steps", type=int, default=600)
+    draft.add_argument("--max-minutes", type=float, default=20.0)
+    draft.add_argument("--seed", type=int, default=0)
+    draft.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
+    draft.add_argument("--json", action="store_true")
+    draft.set_defaults(func=_train_draft)
     gguf = cmds.add_parser("import-gguf", help="dequantise a GGUF file into a model directory (llama family)")
     gguf.add_argument("file", type=Path)
     gguf.add_argument("--out", required=True, type=Path)
@@ -41,6 +56,31 @@ def _init(args: argparse.Namespace) -> int:
     if vision is not None:  # the shape's vision encoder, beside it (vision.json, vision.safetensors)
         save_vision(args.out, vision, init_vision_weights(vision))
     print(f"wrote {cfg.name} ({param_count(cfg) / 1e6:.1f} M parameters) to {args.out}")
+    return 0
+
+
+def _train_draft(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from dsi.model.draft import save_draft
+    from dsi.model.prepare import ensure_model
+    from dsi.model.train_draft import TrainSettings, train
+    from dsi.model.weights import load_model
+
+    torch.set_num_threads(args.threads)
+    cfg, weights = load_model(ensure_model(args.model, "tiny"))
+    settings = TrainSettings(
+        prompts=args.prompts,
+        tokens=args.tokens,
+        steps=args.steps,
+        max_seconds=60 * args.max_minutes,
+        seed=args.seed,
+    )
+    draft, report = train(cfg, weights, settings, log=lambda m: print(m, file=sys.stderr))
+    report["path"] = str(save_draft(args.model, draft))
+    print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
     return 0
 
 

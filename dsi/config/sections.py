@@ -131,3 +131,9 @@ class EngineSection:
     # "async" overlaps scheduling with the forward; "auto" takes the faster mode of the device
     # kind: sync on the CPU (the forward holds the GIL), async on CUDA.
     scheduling: Literal["auto", "async", "sync"] = "auto"
+    # Speculative decoding of the decode engines (dsi.engine.speculator): "fixed" verifies
+    # num_drafts drafts per request and step, "dspark" a variable number chosen from the
+    # draft's confidences and a step-time curve measured at start-up. It needs the model
+    # directory's draft.safetensors (dsi model train-draft) and steps with sync scheduling.
+    speculative: Literal["off", "fixed", "dspark"] = "off"
+    num_drafts: int = field(default=5, metadata=spec(checks=(at_least(1), at_most(5))))

@@ -18,6 +18,8 @@ class StepSlice:
     page entries of positions below ``cached_end`` (H) hold loaded latents that are never written.
     ``embeds``: (row within the slice, [n, hidden] rows) of image embeddings that replace the
     token embeddings of those positions (see dsi.engine.images).
+    ``num_logits`` (with ``sample``): how many trailing positions' logits are wanted, more than
+    one for a speculative verify slice (its last token and its drafts).
     """
 
     slot: int
@@ -29,6 +31,7 @@ class StepSlice:
     producer_start: int = 0
     cached_end: int = 0
     embeds: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    num_logits: int = 1
 
     @property
     def end(self) -> int:

@@ -56,6 +56,9 @@ from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
+from dsi.engine.spec_steps import build_speculator, propose_step, verify_step
+from dsi.engine.speculator import MODES
+from dsi.engine.step_curve import StepCurve
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
@@ -76,10 +79,19 @@ class EngineConfig:
     root_seed: int = 0  # cluster-wide seed of the page hash chain (cluster.root_seed)
     collect_full_pages: bool = False  # queue a FullPage copy of every page that fills (decode persistence)
     collect_ring_snapshots: bool = False  # queue a RingSnapshot of every finished or exported request
+    speculative: str = "off"  # "off" | "fixed" (num_drafts each step) | "dspark" (variable length)
+    num_drafts: int = 5  # drafts proposed per request and step (1..5)
+    step_curve: StepCurve | None = None  # dspark: a curve to use instead of measuring one at start-up
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
             raise ValueError("engine sizes must be positive (num_blocks >= 2)")
+        if self.speculative not in MODES:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}")
+        if self.speculative != "off" and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding steps with sync scheduling (async_scheduling must not be on)"
+            )
 
 
 def auto_async(device: str) -> bool:
@@ -117,8 +129,10 @@ class Engine:
         weights: dict[str, torch.Tensor],
         config: EngineConfig | None = None,
         experts: ExpertLayer | None = None,
+        draft: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """``experts``: an expert-parallel MoE (V4 shape only); the engine closes it."""
+        """``experts``: an expert-parallel MoE (V4 shape only); the engine closes it. ``draft``: the
+        draft weights (:mod:`dsi.model.draft`), needed when speculating."""
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
@@ -149,7 +163,7 @@ class Engine:
         self.timings: list[StepTiming] = []
         self.async_scheduling = (
             c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
-        )
+        ) and c.speculative == "off"  # speculative decoding steps with sync scheduling
         self._worker = (
             ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
         )
@@ -157,6 +171,13 @@ class Engine:
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
+        self.spec = (
+            build_speculator(
+                cfg, c.speculative, c.num_drafts, c.step_curve, self.runner, weights, draft, c.max_running
+            )
+            if c.speculative != "off"
+            else None
+        )
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -248,6 +269,9 @@ class Engine:
             st.cached_tokens,
             st.replay_tokens,
             st.computed_prompt_tokens,
+            self.config.speculative,
+            self.spec.curve if self.spec is not None else None,
+            tuple(self.spec.stats.accept_rates(self.spec.k)) if self.spec is not None else (),
         )
 
     def request_stats(self, request_id: str) -> RequestStats | None:
@@ -263,6 +287,8 @@ class Engine:
             step = self.scheduler.schedule()
             if not step.slices:
                 return self._collect([])
+            if self.spec is not None:
+                self._add_drafts(step)
             return self._update(step, self._execute(step))
         if self._inflight is None:
             step = self.scheduler.schedule()
@@ -436,49 +462,67 @@ class Engine:
         self.full_pages.update(req, req.num_computed)
 
     # ---- internals ---------------------------------------------------------------------------------
-    def _execute(self, step: Step) -> list[Sampled]:
-        """Runs on the worker: fill placeholders from the previous step, forward, sample."""
+    def _execute(self, step: Step) -> list[list[Sampled]]:
+        """Runs on the worker: fill placeholders from the previous step, forward, sample (verify
+        the drafts of verify slices); per sampled slice, the tokens it emits."""
         t0 = time.perf_counter()
         for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
             if fill:
                 sl.tokens[-1] = self._last_token[id(req)]
-        logits = self.runner.forward(step.slices, step.snapshots if self.ring_snapshots.collect else None)
+        snapshots = step.snapshots if self.ring_snapshots.collect else None
+        hidden: list[torch.Tensor] | None = None
+        if self.spec is None:
+            logits = self.runner.forward(step.slices, snapshots)
+        else:  # the V4 runner: the draft is fed by its last hidden states
+            hidden = []
+            logits = self.runner.forward(step.slices, snapshots, hidden)
         if self.experts is not None:
             self.experts.end_step()  # a rebalance runs here, between this step and the next
         chosen = [(sl, req) for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
-        counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in chosen]
+        rows = _first_rows([sl.num_logits for sl, _ in chosen])
+        single = [i for i, (sl, _) in enumerate(chosen) if sl.num_logits == 1]
+        plain = [chosen[i] for i in single]
+        counts = [self._output_counts.before(r, sl.end, self._last_token.get(id(r))) for sl, r in plain]
         sampled = sample(
-            logits,
-            [r.params for _, r in chosen],
-            [r.seed for _, r in chosen],
-            [sl.end for sl, _ in chosen],
-            [constraint_at(sl.end, r) for sl, r in chosen],
+            logits if len(single) == len(rows) else logits[[rows[i] for i in single]],
+            [r.params for _, r in plain],
+            [r.seed for _, r in plain],
+            [sl.end for sl, _ in plain],
+            [constraint_at(sl.end, r) for sl, r in plain],
             counts,
         )
-        for (_, req), s in zip(chosen, sampled, strict=True):
-            self._last_token[id(req)] = s.token
-            self._output_counts.add(req, s.token)
-            req.constraint_pos += req.constraint is not None
+        out: list[list[Sampled]] = [[s] for s in sampled]
+        if len(single) != len(rows):  # verify slices: drafts checked against their rows
+            out = verify_step(self.spec, step, chosen, rows, logits, single, sampled)
+        for (_, req), new in zip(chosen, out, strict=True):
+            for s in new:
+                self._last_token[id(req)] = s.token
+                self._output_counts.add(req, s.token)
+                req.constraint_pos += req.constraint is not None
+        if self.spec is not None and hidden is not None:
+            propose_step(self.spec, chosen, rows, hidden[0], out)
         self.timings.append(StepTiming(t0, time.perf_counter(), step.num_tokens))
-        return sampled
+        return out
 
-    def _update(self, step: Step, sampled: list[Sampled]) -> list[RequestOutput]:
+    def _update(self, step: Step, sampled: list[list[Sampled]]) -> list[RequestOutput]:
         self._count(step)
+        self._rollback(step)  # before hashing: rejected positions fill no page
         self.ring_snapshots.commit(step.requests, step.snapshots)  # before finishing: queued on finish
         self._hash_full_pages(step)  # before finishing: a finishing request's pages are freed below
         touched: dict[int, tuple[Request, list[Sampled]]] = {}
         chosen = [req for sl, req in zip(step.slices, step.requests, strict=True) if sl.sample]
-        for req, s in zip(chosen, sampled, strict=True):
+        for req, new in zip(chosen, sampled, strict=True):
             req.in_flight -= 1
-            if req.finished:
-                continue  # finished while this step ran; its token is discarded
-            req.output.append(s.token)
-            req.logprobs.append(s.logprob)
-            req.top_logprobs.append(s.top)
-            touched.setdefault(id(req), (req, []))[1].append(s)
-            reason = s.finish or stop_reason(req, s.token, self.cfg.max_context, self.cfg.eos_id)
-            if reason:
-                self._finish(req, reason)
+            for s in new:
+                if req.finished:
+                    break  # finished while this step ran (or by an earlier token): discarded
+                req.output.append(s.token)
+                req.logprobs.append(s.logprob)
+                req.top_logprobs.append(s.top)
+                touched.setdefault(id(req), (req, []))[1].append(s)
+                reason = s.finish or stop_reason(req, s.token, self.cfg.max_context, self.cfg.eos_id)
+                if reason:
+                    self._finish(req, reason)
         for req in step.to_free:
             self._release(req)
         return self._collect(touched.values())
@@ -488,7 +532,38 @@ class Engine:
         for sl, req in zip(step.slices, step.requests, strict=True):
             if (req.finished and not req.prefill_only) or req.slot < 0:
                 continue
-            self.full_pages.update(req, min(sl.end, req.num_tokens))
+            self.full_pages.update(req, min(sl.end, req.num_tokens, req.num_computed))
+
+    # ---- speculative decoding (sync scheduling) -----------------------------------------------------
+    def _add_drafts(self, step: Step) -> None:
+        """Give the decode slices of a scheduled step their drafts (the speculator's lengths)."""
+        assert self.spec is not None
+        decode = [
+            i
+            for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True))
+            if sl.sample and len(sl.tokens) == 1 and not step.fills[i] and self.spec.eligible(req)
+        ]
+        if not decode:
+            return
+        budget = self.config.max_batch_tokens - step.num_tokens
+        plan = self.spec.plan([step.requests[i] for i in decode], step.num_tokens, budget)
+        for i in decode:
+            req = step.requests[i]
+            n = plan.get(id(req), 0)
+            if n:
+                self.scheduler.add_drafts(step, i, self.spec.drafts_of(req, n))
+
+    def _rollback(self, step: Step) -> None:
+        """Verify slices: keep the positions of the accepted drafts, drop the rest."""
+        for j, accepted in step.accepted.items():
+            sl, req = step.slices[j], step.requests[j]
+            end = sl.start + accepted + 1
+            self.scheduler.rollback(req, end)
+            if req.slot >= 0:
+                self.runner.rollback(req.slot, end)
+            for k, (boundary, _snap) in list(step.snapshots.items()):
+                if k == j and boundary > end:
+                    del step.snapshots[k]
 
     def _count(self, step: Step) -> None:
         """Prompt positions this step computed, and which of them only rebuilt SWA rings."""
@@ -518,6 +593,8 @@ class Engine:
             self.stats.ring_snapshots += 1
 
     def _release(self, req: Request) -> None:
+        if self.spec is not None:
+            self.spec.forget(req)
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
         self._output_counts.drop(req)
@@ -557,3 +634,12 @@ class Engine:
             self._inflight = None
             # _update's outputs already include the earlier pending ones (and it empties the list)
             self._pending = self._update(step, future.result())
+
+
+def _first_rows(counts: list[int]) -> list[int]:
+    """The first logits row of each sampled slice, from each slice's row count."""
+    rows, a = [], 0
+    for n in counts:
+        rows.append(a)
+        a += n
+    return rows

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsi.engine.step_curve import StepCurve
+
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
@@ -22,3 +24,9 @@ class EngineLoad:
     cached_tokens: int = 0  # of those, loaded from a cached prefix
     replay_tokens: int = 0  # prompt positions recomputed only to rebuild SWA rings
     computed_prompt_tokens: int = 0  # prompt positions run through the model (replay included)
+    # Speculative decoding ([engine] speculative): the mode, the step-time curve a dspark engine
+    # measured at start-up, and the acceptance rate of each draft position so far (None: never
+    # verified with every draft before it accepted).
+    speculative: str = "off"
+    step_curve: StepCurve | None = None
+    accept_rates: tuple[float | None, ...] = ()

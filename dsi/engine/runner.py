@@ -63,11 +63,29 @@ class ModelRunner:
         self.slots = StateSlots(cfg, num_slots)
         self._src_views = [self.layout.source_view(self.pool.pages, i) for i in range(len(cfg.kv_sources))]
         self._glob_view = self.layout.global_view(self.pool.pages)
+        # slot -> source -> (first position, [n, D] wc0 products) of its last verify slice
+        self._open_pairs: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
+
+    def rollback(self, slot: int, end: int) -> None:
+        """After a verify slice: positions >= ``end`` were rejected. Their SWA ring entries and
+        page entries are simply overwritten when those positions are computed again (the rings
+        hold ``window + rollback`` positions, so no entry inside the window of a kept position
+        was lost); only the compressor's open pair must be put back to position ``end - 1``."""
+        kept = self._open_pairs.pop(slot, {})
+        if end % 2 == 0:
+            return  # the pair (end - 2, end - 1) is closed: no open partial state
+        for src, (first, proj) in kept.items():
+            self.slots.partial[slot, src] = proj[end - 1 - first]
 
     @torch.no_grad()
-    def forward(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
-        """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
-        ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary."""
+    def forward(
+        self, batch: list[StepSlice], snapshots: Snapshots | None = None, hidden: list | None = None
+    ) -> torch.Tensor:
+        """Logits [sum of num_logits over the sampled slices, V], in batch order of the slices with
+        ``sample`` (each slice's rows in position order).
+        ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary.
+        ``hidden``: a list that gets the last layer's output of the same rows ([rows, H], before
+        the final norm), what a speculative draft is fed with."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
@@ -103,6 +121,7 @@ class ModelRunner:
                     s.sample,
                     s.producer_start,
                     s.cached_end,
+                    s.num_logits,
                 )
             )
             c_spans.append((offset, offset + n))
@@ -112,9 +131,11 @@ class ModelRunner:
         dec = self._decode_index(c_batch, c_spans, consumer=True)
         for i in range(cfg.n_producer, cfg.n_layers):
             xc = self._layer(i, xc, pc, c_batch, c_spans, dec)
-        last = [b - 1 for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample]
-        if any(s.sample and not s.tokens for s in c_batch):
+        last = [r for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample for r in _tail(b, s)]
+        if any(s.sample and len(s.tokens) < s.num_logits for s in c_batch):
             raise ValueError("a sampled slice ends before consumer_start")
+        if hidden is not None:
+            hidden.append(xc[last])
         h = rms_norm(xc[last], w["final_norm"], cfg.norm_eps)
         return self.mm(h, w["embed"].T)
 
@@ -320,6 +341,8 @@ class ModelRunner:
     ) -> None:
         """Latents of the pairs completed in this slice; the unpaired tail goes to partial state."""
         partial = self.slots.partial[s.slot, src]
+        if s.num_logits > 1:  # a verify slice: keep what each position would leave as partial state
+            self._open_pairs.setdefault(s.slot, {})[src] = (s.start, self.mm(xn, wc0))
         rows, first = xn, s.start
         lat = []
         if first % 2 == 1:  # complete the pair left open by the previous step
@@ -375,6 +398,11 @@ class ModelRunner:
             return view.new_zeros(0, view.shape[-1])
         blocks = torch.tensor(table, dtype=torch.long)[entries // per_block]
         return view[blocks, entries % per_block]
+
+
+def _tail(end: int, s: StepSlice) -> range:
+    """Activation rows of a sampled slice whose logits are wanted (its last ``num_logits``)."""
+    return range(end - s.num_logits, end)
 
 
 def _spans(lengths: list[int]) -> list[tuple[int, int]]:

@@ -104,6 +104,14 @@ def _advance(constraint: TokenConstraint | None, token: int) -> str | None:
 
 
 def _draw(row: torch.Tensor, p: SamplingParams, seed: int, position: int) -> int:
+    probs = target_probs(row, p)
+    return race(probs, seed, position)
+
+
+def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """[V] logits -> [V] probabilities a sampled request draws from: temperature, then the
+    top-k, top-p and min-p filters (not renormalised: the race and the speculative verifier
+    only compare ratios)."""
     scaled = row / p.temperature
     if p.top_k and p.top_k < scaled.shape[0]:
         kth = scaled.topk(p.top_k).values[-1]
@@ -116,6 +124,18 @@ def _draw(row: torch.Tensor, p: SamplingParams, seed: int, position: int) -> int
         probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
     if p.min_p > 0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    gen = torch.Generator().manual_seed(((seed * _MIX) ^ (position + 1) * 0xBF58476D1CE4E5B9) % 2**63)
-    noise = torch.empty_like(probs).exponential_(generator=gen)
+    return probs
+
+
+def generator(seed: int, position: int, salt: int = 0) -> torch.Generator:
+    """The generator of a request's draw at ``position`` (``salt`` 0: the target's own draw;
+    others: speculative decoding's draft draws and acceptance tests)."""
+    mixed = ((seed * _MIX) ^ (position + 1) * 0xBF58476D1CE4E5B9) % 2**63
+    return torch.Generator().manual_seed(mixed ^ (salt * 0x94D049BB133111EB) % 2**63 if salt else mixed)
+
+
+def race(probs: torch.Tensor, seed: int, position: int, salt: int = 0) -> int:
+    """An exponential race over unnormalised probabilities [V]: argmax of p / E, E ~ Exp(1),
+    draws exactly from p / sum(p)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator(seed, position, salt))
     return int((probs / noise).argmax())

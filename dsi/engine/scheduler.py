@@ -44,6 +44,7 @@ class Step:
     to_free: list[Request] = field(default_factory=list)  # finished meanwhile; free after this step ran
     blocked: bool = False  # some request needed a page that only a preemption could give
     snapshots: Snapshots = field(default_factory=dict)  # ring snapshots the worker captured
+    accepted: dict[int, int] = field(default_factory=dict)  # verify slice index -> drafts accepted
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +95,30 @@ class Scheduler:
             self._reserve(req, n, False, step)
             budget -= self._add_slice(step, req, n)
         return step
+
+    def add_drafts(self, step: Step, index: int, drafts: list[int]) -> bool:
+        """Turn decode slice ``index`` of a scheduled step into a verify slice: its drafts follow
+        its token and their positions' logits are wanted too. False (nothing changed) when the
+        pages they need are not free: drafts never preempt."""
+        sl, req = step.slices[index], step.requests[index]
+        try:
+            req.block_table.extend(self.pool.allocate(self._pages_needed(req, len(drafts))))
+        except NoFreeBlocks:
+            return False
+        sl.tokens.extend(drafts)
+        sl.num_logits = 1 + len(drafts)
+        req.num_computed += len(drafts)
+        return True
+
+    def rollback(self, req: Request, end: int) -> None:
+        """Positions >= ``end`` of a verify slice were rejected: compute from ``end`` again, and
+        give back the pages that only rejected positions used (the table keeps exactly the pages
+        of positions < ``end``, as if the drafts had never been scheduled)."""
+        req.num_computed = min(req.num_computed, end)
+        keep = -(-req.num_computed // self.block_size)
+        if len(req.block_table) > keep:
+            self.pool.free(req.block_table[keep:])
+            del req.block_table[keep:]
 
     def finish(self, req: Request, reason: str) -> None:
         """Mark finished and leave the running set; the caller frees its cache when safe."""

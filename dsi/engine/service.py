@@ -92,10 +92,12 @@ class EngineService:
         weights: dict[str, torch.Tensor],
         config: EngineConfig,
         experts: ExpertLayer | None = None,
+        draft: dict[str, torch.Tensor] | None = None,
     ) -> EngineService:
-        """Build the engine and its service (blocking: allocates the pools; run it off the event loop).
-        ``experts``: an expert-parallel MoE the engine uses and closes."""
-        return cls(Engine(model, weights, config, experts))
+        """Build the engine and its service (blocking: allocates the pools, measures the step-time
+        curve of a dspark engine; run it off the event loop). ``experts``: an expert-parallel MoE
+        the engine uses and closes; ``draft``: speculative decoding's."""
+        return cls(Engine(model, weights, config, experts, draft))
 
     @property
     def running(self) -> int:

@@ -61,6 +61,7 @@ class _Meta:
 class DecodeActor(EngineRole):
     kind = "decode"
     collect_full_pages = True
+    speculates = True
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)

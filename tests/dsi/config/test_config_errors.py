@@ -129,6 +129,13 @@ CASES = [
         "'auto', 'async', 'sync'",
     ),
     (
+        "bad-speculative",
+        BASE + '\n[engine]\nspeculative = "eagle"\n',
+        "engine.speculative",
+        "'off', 'fixed', 'dspark'",
+    ),
+    ("too-many-drafts", BASE + "\n[engine]\nnum_drafts = 6\n", "engine.num_drafts", "6"),
+    (
         "invariant-not-a-bool",
         BASE + '\n[engine]\nbatch_invariant = "yes"\n',
         "engine.batch_invariant",

@@ -168,6 +168,8 @@ def test_the_engine_section_is_read(tmp_path: Path) -> None:
         {**MINIMAL, "engine": {"batch_invariant": False, "scheduling": "async"}}, tmp_path / "n.toml"
     )
     assert cfg.engine == EngineSection(batch_invariant=False, scheduling="async")
+    cfg = parse_config({**MINIMAL, "engine": {"speculative": "dspark", "num_drafts": 3}}, tmp_path / "s.toml")
+    assert (cfg.engine.speculative, cfg.engine.num_drafts) == ("dspark", 3)
     assert load_config(REPO / "configs" / "local.toml").engine == EngineSection()
 
 

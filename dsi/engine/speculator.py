@@ -1,0 +1,183 @@
+"""Speculator: the engine's speculative decoding (``[engine] speculative = "fixed" | "dspark"``).
+
+One step of a speculating request (sync scheduling; see the engine's docstring)::
+
+    step N:   forward [y, d_1 .. d_k]  ->  verify (spec_verify)  ->  emit t_0 .. t_j
+              rollback: num_computed = start + j + 1; compressor partial state put back
+              propose: draft(hidden at start + j, t_j) -> d'_1 .. d'_K with confidences
+    step N+1: lengths chosen (fixed K, or dspark_lengths over the confidences and the step curve)
+
+Which requests speculate: decoding ones (one token behind), not prefill-only, without
+penalties (their logits depend on the output so far; they decode one token per step in the
+same batch). Structured output does: each verified position is masked by the grammar advanced
+through the drafts before it (``spec_verify``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dsi.engine.request import Request, constraint_at
+from dsi.engine.sampler import race
+from dsi.engine.spec_policy import dspark_lengths, fixed_lengths
+from dsi.engine.spec_verify import DRAFT_SALT, Verified, verify
+from dsi.engine.step_curve import StepCurve
+from dsi.model.draft import draft_step
+
+MODES = ("off", "fixed", "dspark")
+
+
+@dataclass(slots=True)
+class Drafts:
+    position: int  # where the first draft sits (the request's num_tokens when proposed)
+    tokens: list[int]
+    confidence: list[float]
+    probs: torch.Tensor | None  # [K, Vd] the draft's distribution per position (sampled requests)
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Counters since the engine started. ``reached[i]``: draft i + 1 was verified with every
+    draft before it accepted; ``accepted[i]``: and it was accepted too."""
+
+    steps: int = 0
+    verify_slices: int = 0
+    reached: list[int] = field(default_factory=lambda: [0] * 8)
+    accepted: list[int] = field(default_factory=lambda: [0] * 8)
+    lengths: dict[int, int] = field(default_factory=dict)  # drafts verified per request -> count
+    emitted: int = 0  # tokens emitted by speculating requests
+
+    def accept_rates(self, k: int) -> list[float | None]:
+        return [self.accepted[i] / self.reached[i] if self.reached[i] else None for i in range(k)]
+
+
+class Speculator:
+    def __init__(
+        self,
+        mode: str,
+        num_drafts: int,
+        draft: dict[str, torch.Tensor],
+        embed: torch.Tensor,
+        eps: float,
+        max_context: int,
+    ) -> None:
+        if mode not in MODES[1:]:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {mode!r}")
+        if not 1 <= num_drafts <= 5:
+            raise ValueError("num_drafts must be in 1..5 (the SWA rings keep 6 positions of slack)")
+        self.mode = mode
+        self.k = num_drafts
+        self.w = draft
+        self.embed = embed
+        self.vocab = draft["draft.vocab"]
+        self.eps = eps
+        self.max_context = max_context
+        self.curve: StepCurve | None = None
+        self.stats = SpecStats()
+        self._drafts: dict[int, Drafts] = {}
+        # Draft steps the next proposal runs. dspark: one more than the longest prefix it chose
+        # last step (at least 1), so that when drafts do not pay their cost is one draft step
+        # (the confidences of position 1, one step stale), not K.
+        self.depth = num_drafts
+
+    @staticmethod
+    def eligible(req: Request) -> bool:
+        return not (req.prefill_only or req.params.penalized)
+
+    def forget(self, req: Request) -> None:
+        self._drafts.pop(id(req), None)
+
+    def clear(self) -> None:
+        self._drafts.clear()
+
+    # ---- planning (CPU, before scheduling) ---------------------------------------------------------
+    def plan(self, running: Sequence[Request], base_tokens: int, budget: int) -> dict[int, int]:
+        """id(request) -> drafts to verify this step. ``running``: requests with a one-token
+        decode slice (of their last token) in the step; those whose drafts follow that token
+        may verify some."""
+        reqs, avail = [], []
+        for req in running:
+            d = self._drafts.get(id(req))
+            if d is None or d.position != req.num_tokens:
+                continue
+            # tokens it may still emit after t_0, and positions the context still holds
+            room = min(req.params.max_tokens - len(req.output), self.max_context - req.num_tokens) - 1
+            n = min(len(d.tokens), room)
+            if n > 0:
+                reqs.append(req)
+                avail.append(n)
+        if not reqs:
+            return {}
+        if self.mode == "fixed" or self.curve is None:
+            lengths = fixed_lengths(avail, self.k, budget)
+        else:
+            curve, sampled = self.curve, len(running)
+            lengths = dspark_lengths(
+                [self._drafts[id(r)].confidence[:n] for r, n in zip(reqs, avail, strict=True)],
+                base_tokens,
+                sampled,
+                lambda n: curve.step_time(sampled, n),
+                budget,
+            )
+        self.stats.steps += 1
+        if self.mode == "dspark":
+            self.depth = min(self.k, max(lengths, default=0) + 1)
+        for n in lengths:
+            self.stats.lengths[n] = self.stats.lengths.get(n, 0) + 1
+        return {id(r): n for r, n in zip(reqs, lengths, strict=True) if n}
+
+    def drafts_of(self, req: Request, n: int) -> list[int]:
+        return self._drafts[id(req)].tokens[:n]
+
+    # ---- worker: verify and propose -----------------------------------------------------------------
+    def verify(self, req: Request, logits: torch.Tensor, start: int) -> Verified:
+        """logits: [k + 1, V] of a verify slice at ``start`` (k = its drafts)."""
+        k = logits.shape[0] - 1
+        d = self._drafts[id(req)]
+        q = None
+        if not req.params.greedy:
+            assert d.probs is not None
+            q = torch.zeros(k, logits.shape[1])
+            q[:, self.vocab] = d.probs[:k]
+        constraint = constraint_at(start + 1, req)  # having accepted the output so far
+        out = verify(logits, d.tokens[:k], q, req.params, req.seed, start, constraint)
+        st = self.stats
+        st.verify_slices += 1
+        st.emitted += len(out.tokens)
+        for i in range(min(out.accepted + 1, k)):
+            st.reached[i] += 1
+            st.accepted[i] += i < out.accepted
+        return out
+
+    @torch.no_grad()
+    def propose(
+        self, reqs: list[Request], hidden: torch.Tensor, tokens: list[int], positions: list[int]
+    ) -> None:
+        """Draft K tokens for each request from the target's hidden state [N, H] at its last
+        kept position and the token just emitted there; ``positions``: where each request's
+        first draft sits. Stored until the next plan."""
+        if not reqs:
+            return
+        h, tok = hidden, torch.tensor(tokens, dtype=torch.long)
+        drafts: list[list[int]] = [[] for _ in reqs]
+        conf: list[list[float]] = [[] for _ in reqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in reqs]
+        for i in range(self.depth):
+            h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps)
+            choice = logits.argmax(dim=-1).tolist()
+            for row, req in enumerate(reqs):
+                if not req.params.greedy:
+                    q = torch.softmax(logits[row] / req.params.temperature, dim=-1)
+                    probs[row].append(q)
+                    choice[row] = race(q, req.seed, positions[row] + i, DRAFT_SALT)
+            tok = self.vocab[torch.tensor(choice, dtype=torch.long)]
+            for row, (t, ci) in enumerate(zip(tok.tolist(), torch.sigmoid(c).tolist(), strict=True)):
+                drafts[row].append(t)
+                conf[row].append(ci)
+        for row, req in enumerate(reqs):
+            self._drafts[id(req)] = Drafts(
+                positions[row], drafts[row], conf[row], torch.stack(probs[row]) if probs[row] else None
+            )
