@@ -20,6 +20,7 @@ _BENCHES = (
     "dsi.bench.drain",
     "dsi.bench.route",
     "dsi.bench.soak",
+    "dsi.bench.peers",
 )
 
 
