@@ -242,14 +242,19 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
     qp = q.new_zeros(b, hkv, tile, d)
     qp[:, :, :group] = q.view(b, hkv, group, d)
     ep = q.new_zeros(b, hkv, tile, KEY_BLOCK)
+    # Views in the order the products read them, so that each gather copies straight into it.
+    k_view = kv[:, 0].permute(0, 2, 3, 1)  # [num_blocks, Hkv, D, KB]
+    v_view = kv[:, 1].transpose(1, 2)  # [num_blocks, Hkv, KB, D]
     for j in range(int(pos.max()) // KEY_BLOCK + 1):
         kpos = j * KEY_BLOCK + torch.arange(KEY_BLOCK)
         ok = kpos[None, :] <= pos[:, None]  # [B, KB]
-        page = kv[tables[:, j]]  # [B, 2, KB, Hkv, D]
         # Keys past a position stay as they are (their scores are masked; a score column does not
         # depend on the others); values are zeroed, so that stale entries weigh exactly 0.
-        kt = page[:, 0].permute(0, 2, 3, 1)  # [B, Hkv, D, KB]
-        vb = page[:, 1].masked_fill(~ok[..., None, None], 0.0).transpose(1, 2)  # [B, Hkv, KB, D]
+        # kt: [B, Hkv, D, KB], vb: [B, Hkv, KB, D]
+        page = tables[:, j]
+        kt, vb = k_view.index_select(0, page), v_view.index_select(0, page)  # contiguous copies
+        if int(pos.min()) < (j + 1) * KEY_BLOCK - 1:
+            vb.masked_fill_(~ok[:, None, :, None], 0.0)
         s = torch.matmul(qp, kt)[:, :, :group].reshape(b, hq, KEY_BLOCK)
         e, alpha = state.scale(rows, s.mul(scale).masked_fill(~ok[:, None, :], float("-inf")))
         ep[:, :, :group] = e.view(b, hkv, group, KEY_BLOCK)
