@@ -23,6 +23,7 @@ _BENCHES = (
     "dsi.bench.encoder",
     "dsi.bench.eplb",
     "dsi.bench.spec",
+    "dsi.bench.peers",
 )
 
 

@@ -222,6 +222,47 @@ def attend_decode(
     return state.result()
 
 
+def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """One-token slices of B sequences of a full-attention layer, with the bits :func:`attend_chunk`
+    gives their queries (window longer than the context), keys and values read from the pages.
+
+    q: [B, Hq, D] rotated queries at positions ``pos`` [B]; kv: [num_blocks, 2, KEY_BLOCK, Hkv, D]
+    this layer's pages, the new keys already written; tables: [B, W] page ids (a sequence's
+    position p is in page ``tables[b, p // KEY_BLOCK]``; padding may be any page). Returns [B, Hq * D].
+    A sequence folds its blocks 0 .. pos // KEY_BLOCK in order; a later block it cannot see
+    leaves its softmax state exactly as it was (alpha 1, weights 0).
+    """
+    b, hq, d = q.shape
+    hkv = kv.shape[3]
+    group, scale = hq // hkv, 1.0 / math.sqrt(d)
+    state = _Softmax(b, hq, d)
+    rows = slice(0, b)
+    # Each (sequence, KV head) is one [tile, D] x [D, KEY_BLOCK] product, its rows padded as mm pads them.
+    tile = max(ROW_TILE, -(-group // ROW_TILE) * ROW_TILE)
+    qp = q.new_zeros(b, hkv, tile, d)
+    qp[:, :, :group] = q.view(b, hkv, group, d)
+    ep = q.new_zeros(b, hkv, tile, KEY_BLOCK)
+    # Views in the order the products read them, so that each gather copies straight into it.
+    k_view = kv[:, 0].permute(0, 2, 3, 1)  # [num_blocks, Hkv, D, KB]
+    v_view = kv[:, 1].transpose(1, 2)  # [num_blocks, Hkv, KB, D]
+    for j in range(int(pos.max()) // KEY_BLOCK + 1):
+        kpos = j * KEY_BLOCK + torch.arange(KEY_BLOCK)
+        ok = kpos[None, :] <= pos[:, None]  # [B, KB]
+        # Keys past a position stay as they are (their scores are masked; a score column does not
+        # depend on the others); values are zeroed, so that stale entries weigh exactly 0.
+        # kt: [B, Hkv, D, KB], vb: [B, Hkv, KB, D]
+        page = tables[:, j]
+        kt, vb = k_view.index_select(0, page), v_view.index_select(0, page)  # contiguous copies
+        if int(pos.min()) < (j + 1) * KEY_BLOCK - 1:
+            vb.masked_fill_(~ok[:, None, :, None], 0.0)
+        s = torch.matmul(qp, kt)[:, :, :group].reshape(b, hq, KEY_BLOCK)
+        e, alpha = state.scale(rows, s.mul(scale).masked_fill(~ok[:, None, :], float("-inf")))
+        ep[:, :, :group] = e.view(b, hkv, group, KEY_BLOCK)
+        pv = torch.matmul(ep, vb)[:, :, :group].reshape(b, hq, d)
+        state.add(rows, e, alpha, pv)
+    return state.result()
+
+
 def _rows(first: int, t: int, lo: int, hi: int) -> slice:
     """Rows of queries at positions first .. first + t - 1 that lie in [lo, hi)."""
     return slice(max(0, lo - first), max(0, min(t, hi - first)))

@@ -10,10 +10,12 @@ each slice attends over every position ``[0, end)`` of its sequence, gathered fr
 
 A state slot holds nothing for this family (no SWA ring, no compressor), and there are no
 ring snapshots. Dense math comes from :mod:`dsi.model.llama`, the same functions as its naive
-reference; with ``batch_invariant`` products go through :func:`dsi.engine.invariant.mm` and
-attention through :func:`dsi.engine.invariant.attend_chunk` (a window longer than the context),
-so a token's logits are the same bits whatever else the step holds and however its prompt was
-chunked.
+reference. Products run through :class:`dsi.engine.gemm.PackedGemm` (weights packed once for
+oneDNN; rows padded with ``batch_invariant``); a prefill chunk attends through
+:func:`dsi.engine.invariant.attend_chunk` (a window longer than the context) and the step's
+one-token slices through one :func:`dsi.engine.invariant.attend_pages` per layer, which gives
+each query the same bits. So a token's logits are the same bits whatever else the step holds and
+however its prompt was chunked.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import torch
 
 from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
-from dsi.kvcache.block_pool import BlockPool
+from dsi.engine.gemm import PackedGemm
+from dsi.kvcache.block_pool import NULL_BLOCK, BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.llama import LlamaConfig, causal_attend, finish_layer, qkv
 from dsi.model.ops import Matmul, rms_norm
+
+_PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # weights of x @ w products
 
 
 class DenseRunner:
@@ -40,8 +45,9 @@ class DenseRunner:
     ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
-        self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights
+        products = [w for name, w in weights.items() if name.rsplit(".", 1)[-1] in _PRODUCTS]
+        self.mm: Matmul = PackedGemm([*products, weights["lm_head"].T], batch_invariant)
         self.layout = DenseBlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)  # empty: rings of length 0, no partial rows
@@ -50,7 +56,11 @@ class DenseRunner:
     @torch.no_grad()
     def forward(self, batch: list[StepSlice], snapshots: dict | None = None) -> torch.Tensor:
         """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
-        ``snapshots`` is accepted for the door's sake and stays empty (no SWA rings)."""
+        ``snapshots`` is accepted for the door's sake and stays empty (no SWA rings).
+
+        One-token slices (decodes) are done together: one scatter of their new keys and values
+        and one batched attention per layer (:func:`dsi.engine.invariant.attend_pages`, the bits
+        of the per-slice path); longer slices (prefill chunks) go one by one."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
@@ -58,14 +68,21 @@ class DenseRunner:
         for s in batch:
             spans.append((a, a + len(s.tokens)))
             a += len(s.tokens)
-        where = [self._locations(s) for s in batch]
+        one = [i for i, s in enumerate(batch) if len(s.tokens) == 1 and s.cached_end <= s.start]
+        chunks = sorted(set(range(len(batch))) - set(one))
+        where = {i: self._locations(batch[i]) for i in chunks}
+        decode = self._decode_rows([batch[i] for i in one], [spans[i][0] for i in one])
         x = w["embed"][ids]
         for i in range(cfg.n_layers):
             q, k, v = qkv(cfg, w, i, x, pos, self.mm)
             out = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim)
-            for s, (a, b), (pages, offs) in zip(batch, spans, where, strict=True):
-                if a == b:
-                    continue
+            if decode is not None:
+                rows, pages, offs, tables, dpos = decode
+                self._kv[pages, i, 0, offs] = k[rows]
+                self._kv[pages, i, 1, offs] = v[rows]
+                out[rows] = invariant.attend_pages(q[rows], self._kv[:, i], tables, dpos)
+            for j in chunks:
+                s, (a, b), (pages, offs) = batch[j], spans[j], where[j]
                 self._write(i, s, pages, offs, k[a:b], v[a:b])
                 keys, vals = self._kv[pages, i, 0, offs], self._kv[pages, i, 1, offs]  # [end, Hkv, D]
                 out[a:b] = self._attend(q[a:b], s.start, keys, vals)
@@ -73,6 +90,20 @@ class DenseRunner:
         last = [b - 1 for s, (_a, b) in zip(batch, spans, strict=True) if s.sample]
         h = rms_norm(x[last], w["final_norm"], cfg.norm_eps)
         return self.mm(h, w["lm_head"].T)
+
+    def _decode_rows(
+        self, slices: list[StepSlice], rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For one-token slices at step rows ``rows``: (rows [B], page [B] and offset [B] of each
+        new position, block tables [B, W] padded with the null page, positions [B]); None if none."""
+        if not slices:
+            return None
+        bs = self.cfg.block_size
+        width = max(len(s.block_table) for s in slices)
+        tables = torch.tensor([s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in slices])
+        dpos = torch.tensor([s.start for s in slices])
+        pages = tables.gather(1, (dpos // bs)[:, None])[:, 0]
+        return torch.tensor(rows), pages, dpos % bs, tables, dpos
 
     def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:
         """(page [end], offset [end]) of every position 0 .. s.end - 1 of the slice's sequence."""

