@@ -51,12 +51,14 @@ from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
 from dsi.engine.runner_dense import DenseRunner
+from dsi.engine.runner_gemma3 import Gemma3Runner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
+from dsi.model.gemma3 import Gemma3Config
 from dsi.model.llama import LlamaConfig
 from dsi.model.reference import consumer_start, replay_start
 from dsi.structured import SpecError, default_compiler
@@ -111,7 +113,7 @@ class StepTiming:
 class Engine:
     def __init__(
         self,
-        cfg: ModelConfig | LlamaConfig,
+        cfg: ModelConfig | LlamaConfig | Gemma3Config,
         weights: dict[str, torch.Tensor],
         config: EngineConfig | None = None,
     ) -> None:
@@ -119,7 +121,7 @@ class Engine:
         self.config = config or EngineConfig()
         c = self.config
         self.device = "cpu"  # where the forward runs; weights and pages live in host memory
-        runner = DenseRunner if cfg.family == "llama" else ModelRunner
+        runner = {"llama": DenseRunner, "gemma3": Gemma3Runner}.get(cfg.family, ModelRunner)
         self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         self.scheduler = Scheduler(
             self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
@@ -132,8 +134,10 @@ class Engine:
         self.full_pages = FullPages(
             self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages
         )
-        if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.block_size <= cfg.window:
-            raise ValueError("ring snapshots need block_size in [window - 1, window]")
+        if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.snapshot_tokens <= cfg.window:
+            raise ValueError(
+                "ring snapshots need window - 1 or window positions (block_size for the V4 shape)"
+            )
         self.ring_snapshots = RingSnapshots(self.shape.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
