@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=_info)
-    gguf = cmds.add_parser("import-gguf", help="dequantise a GGUF file into a model directory (llama family)")
+    gguf = cmds.add_parser(
+        "import-gguf", help="dequantise a GGUF file into a model directory (llama or gemma3)"
+    )
     gguf.add_argument("file", type=Path)
     gguf.add_argument("--out", required=True, type=Path)
     gguf.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
