@@ -36,3 +36,33 @@ def test_figures_follow_the_rows():
         assert r["exact_agree"] == 4 and 0 <= r["bounded_agree"] <= 4
     assert out["bounded_vs_free_identical"] == round(sum(r["bounded_agree"] == 4 for r in rows) / 3, 4)
     assert out["bounded_vs_free_mean_agreeing_prefix"] == round(sum(r["bounded_agree"] for r in rows) / 3, 2)
+
+
+def test_forced_scoring_follows_the_engine_up_to_where_the_outputs_part():
+    """The teacher-forced log-probs of the hit-free continuation under a bounded hit equal the
+    bounded run's own log-probs for as long as the two outputs agree."""
+    import torch
+
+    from dsi.bench.replay_quality import forced_logprobs
+    from dsi.engine import CachedPrefix, Engine, EngineConfig, SamplingParams
+    from dsi.engine.runner_gemma3 import Gemma3Runner
+
+    cfg, w = TINY_GEMMA3, tiny_weights()
+    rng = random.Random(6)
+    prompt = [rng.randrange(512) for _ in range(420)]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True)
+    config = EngineConfig(num_blocks=8, num_slots=1, max_running=1, async_scheduling=False)
+    with one_torch_thread():
+        cold = Engine(cfg, w, EngineConfig(num_blocks=8, num_slots=1, collect_full_pages=True))
+        cold.add_request("c", prompt, params)
+        free = next(o for o in cold.run_until_done() if o.finished).output
+        pages = torch.stack([p.data for p in sorted(cold.take_full_pages(), key=lambda p: p.index)][:3])
+        cold.close()
+        warm = Engine(cfg, w, config)
+        warm.add_request("b", prompt, params, cached=CachedPrefix(384, pages))
+        done = next(o for o in warm.run_until_done() if o.finished)
+        warm.close()
+        forced = forced_logprobs(cfg, Gemma3Runner(cfg, w, 8, 1), prompt, free, CachedPrefix(384, pages))
+    agree = next((k for k, (a, b) in enumerate(zip(free, done.output, strict=True)) if a != b), 6)
+    assert forced[:agree] == done.logprobs[:agree]
+    assert agree == 6 or forced[agree] < done.logprobs[agree]  # the run's own choice was likelier
