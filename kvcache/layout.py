@@ -63,8 +63,8 @@ class BlockLayout:
 
 
 def page_elems(cfg: ModelConfig | LlamaConfig) -> int:
-    """fp32 values of one Block KV page of either family (the engine format)."""
-    if cfg.family == "llama":
+    """fp32 values of one Block KV page of any family (the engine format)."""
+    if cfg.family != "v4":
         from dsi.kvcache.layout_dense import DenseBlockLayout
 
         return DenseBlockLayout(cfg).elems

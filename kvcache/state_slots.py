@@ -15,12 +15,14 @@ class NoFreeSlots(Exception):
 
 
 class StateSlots:
-    """rings: [num_slots, n_layers, 2, ring, n_kv_heads, D]; partial: [num_slots, n_sources, D]."""
+    """rings: [num_slots, ring_layers, 2, ring, n_kv_heads, D]; partial: [num_slots, n_sources, D].
+    ``ring_layers``: the layers with a SWA branch (every layer of the V4 shape; Gemma 3's
+    sliding layers, in order)."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype = torch.float32) -> None:
         self.cfg = cfg
         self.rings = torch.zeros(
-            num_slots, cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype
+            num_slots, cfg.ring_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype
         )
         self.partial = torch.zeros(num_slots, len(cfg.kv_sources), cfg.head_dim, dtype=dtype)
         self._free = list(range(num_slots - 1, -1, -1))

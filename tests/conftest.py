@@ -29,3 +29,24 @@ def smollm2_greedy(smollm2_dir):
     prompts = [chat_ids(smollm2_dir, q) for q in PROMPTS]
     with one_torch_thread():
         return prompts, hf_greedy(smollm2_dir, prompts, GREEDY_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(request):
+    """Gemma 3 270M imported from the optional package's GGUF, kept in pytest's cache directory
+    (skipped where the package is not installed)."""
+    from tests.gemma3 import import_gemma3
+    from tests.smollm2 import one_torch_thread
+
+    with one_torch_thread():
+        return import_gemma3(request.config.cache.mkdir("gemma3"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_greedy(gemma3_dir):
+    """(prompts, transformers' greedy tokens) for the eight prompts of tests/gemma3.py."""
+    from tests.gemma3 import GREEDY_TOKENS, hf_greedy, prompts
+    from tests.smollm2 import one_torch_thread
+
+    with one_torch_thread():
+        return prompts(), hf_greedy(gemma3_dir, prompts(), GREEDY_TOKENS)

@@ -15,6 +15,7 @@ _BENCHES = (
     "dsi.bench.trace_hits",
     "dsi.bench.kv_transfer",
     "dsi.bench.hit_agreement",
+    "dsi.bench.replay_quality",
     "dsi.bench.prefill_lb",
     "dsi.bench.decode_lb",
     "dsi.bench.drain",

@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     draft.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     draft.add_argument("--json", action="store_true")
     draft.set_defaults(func=_train_draft)
-    gguf = cmds.add_parser("import-gguf", help="dequantise a GGUF file into a model directory (llama family)")
+    gguf = cmds.add_parser(
+        "import-gguf", help="dequantise a GGUF file into a model directory (llama or gemma3)"
+    )
     gguf.add_argument("file", type=Path)
     gguf.add_argument("--out", required=True, type=Path)
     gguf.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")

@@ -83,8 +83,8 @@ def _check_rings(cfg: ModelConfig, cached: CachedPrefix, prompt_len: int, keep: 
         raise InvalidRequest(f"cached rings must be float32 {list(shape)}, got {got}")
     if h == 0:
         raise InvalidRequest("cached rings need a hit of at least one block")
-    if not cfg.window - 1 <= cfg.block_size <= cfg.window:
-        raise InvalidRequest("exact hits need block_size in [window - 1, window]")
+    if not cfg.window - 1 <= cfg.snapshot_tokens <= cfg.window:
+        raise InvalidRequest("exact hits need ring snapshots of window - 1 or window positions")
     if h > exact_hit_limit(prompt_len, keep, cfg.block_size):
         raise InvalidRequest(
             f"an exact hit (cached rings) of {h} tokens needs H <= consumer_start "

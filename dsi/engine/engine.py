@@ -53,6 +53,7 @@ from dsi.engine.request import Request, Status, constraint_at, stop_reason
 from dsi.engine.ring_snapshots import RingSnapshots
 from dsi.engine.runner import ModelRunner
 from dsi.engine.runner_dense import DenseRunner
+from dsi.engine.runner_gemma3 import Gemma3Runner
 from dsi.engine.sampler import Sampled, sample
 from dsi.engine.scheduler import Scheduler, Step
 from dsi.engine.shape import EngineShape
@@ -62,6 +63,7 @@ from dsi.engine.step_curve import StepCurve
 from dsi.engine.transfer import RequestState, Reservation
 from dsi.errors import InvalidRequest
 from dsi.model.config import ModelConfig
+from dsi.model.gemma3 import Gemma3Config
 from dsi.model.llama import LlamaConfig
 from dsi.model.reference import consumer_start, replay_start
 from dsi.structured import SpecError, default_compiler
@@ -125,7 +127,7 @@ class StepTiming:
 class Engine:
     def __init__(
         self,
-        cfg: ModelConfig | LlamaConfig,
+        cfg: ModelConfig | LlamaConfig | Gemma3Config,
         weights: dict[str, torch.Tensor],
         config: EngineConfig | None = None,
         experts: ExpertLayer | None = None,
@@ -138,10 +140,11 @@ class Engine:
         c = self.config
         self.device = "cpu"  # where the forward runs; weights and pages live in host memory
         self.experts = experts
-        if cfg.family == "llama":
+        if cfg.family in ("llama", "gemma3"):
             if experts is not None:
                 raise ValueError("expert parallelism needs an MoE model")
-            self.runner = DenseRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+            runner = DenseRunner if cfg.family == "llama" else Gemma3Runner
+            self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         else:
             moe_layer = experts.moe if experts is not None else None
             self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant, moe_layer)
@@ -156,8 +159,10 @@ class Engine:
         self.full_pages = FullPages(
             self.shape.hash_chain, self.runner.pool, cfg.block_size, c.collect_full_pages
         )
-        if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.block_size <= cfg.window:
-            raise ValueError("ring snapshots need block_size in [window - 1, window]")
+        if c.collect_ring_snapshots and cfg.ring and not cfg.window - 1 <= cfg.snapshot_tokens <= cfg.window:
+            raise ValueError(
+                "ring snapshots need window - 1 or window positions (block_size for the V4 shape)"
+            )
         self.ring_snapshots = RingSnapshots(self.shape.hash_chain, cfg.block_size, c.collect_ring_snapshots)
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []

@@ -21,8 +21,10 @@ __all__ = ["CachedPrefix", "EngineStats", "FullPage", "RequestStats", "RingSnaps
 
 
 def ring_snapshot_shape(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
-    """[n_producer, 2 (keys, values), block_size, n_kv_heads, head_dim] of one SWA ring snapshot."""
-    return cfg.n_producer, 2, cfg.block_size, cfg.n_kv_heads, cfg.head_dim
+    """[n_producer, 2 (keys, values), snapshot_tokens, n_kv_heads, head_dim] of one SWA ring
+    snapshot: V4, the producer layers' last block (128 positions); Gemma 3, every sliding
+    layer's last window (512 positions for 270M)."""
+    return cfg.n_producer, 2, cfg.snapshot_tokens, cfg.n_kv_heads, cfg.head_dim
 
 
 @dataclass(slots=True)

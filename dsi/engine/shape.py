@@ -53,7 +53,8 @@ class EngineShape:
             block_size=cfg.block_size,
             page_elems=page_elems(cfg),
             ring_shape=ring_snapshot_shape(cfg),
-            keep=cfg.keep if replay else None,
+            # `replay` switches the V4 consumer half; a family without one keeps its keep (Gemma 3: 0).
+            keep=cfg.keep if replay or cfg.family != "v4" else None,
             num_pages=num_blocks - 1,
             num_slots=num_slots,
             hash_chain=HashChain.of(cfg, root_seed),

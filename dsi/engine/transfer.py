@@ -3,7 +3,7 @@
 Buffers (engine format, fp32, C-contiguous), in this order in one flat state buffer::
 
     pages    [num_blocks, page_elems]                       Block KV pages, in block-table order
-    rings    [n_layers, 2, window + rollback, n_kv_heads, D] SWA rings (slot = position % ring)
+    rings    [ring_layers, 2, window + rollback, n_kv_heads, D] SWA rings (slot = position % ring)
     partial  [n_sources, D]                                  compressor partial state
     images   [image tokens, hidden]                          only for a prompt with images: their
                                                              embeddings, in prompt order (the spans
@@ -55,7 +55,7 @@ class StateLayout(msgspec.Struct, array_like=True, frozen=True, gc=False):
     def of(cls, cfg: ModelConfig, num_blocks: int, image_tokens: int = 0) -> StateLayout:
         shapes = [
             ("pages", (num_blocks, page_elems(cfg))),
-            ("rings", (cfg.n_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
+            ("rings", (cfg.ring_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim)),
             ("partial", (len(cfg.kv_sources), cfg.head_dim)),
         ]
         if image_tokens:

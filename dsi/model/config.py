@@ -90,6 +90,16 @@ class ModelConfig:
         """SWA ring length in tokens (window + rollback)."""
         return self.window + self.rollback
 
+    @property
+    def ring_layers(self) -> int:
+        """SWA rings per state slot: every layer has a SWA branch."""
+        return self.n_layers
+
+    @property
+    def snapshot_tokens(self) -> int:
+        """Positions of each producer ring in a ring snapshot: one block before the boundary."""
+        return self.block_size
+
     def source_of(self, layer: int) -> int | None:
         """The KV-source layer a producer layer reads (nearest at or before it), or None."""
         sources = [s for s in self.kv_sources if s <= layer]

@@ -5,7 +5,9 @@ only (no torch), shared by the reference forward, the engine, the prefill role a
     with a hit   cached latents ...............| computed
                  producer replay from R (rebuilds the SWA rings of the window before H)
 
-``dsi.model.reference`` defines what these numbers mean for the model's output.
+``dsi.model.reference`` defines what these numbers mean for the model's output. A family with
+no consumer half (Gemma 3, ``dsi.model.gemma3_reference``) has ``keep = 0``: consumer_start is
+the prompt's end, so R = max(0, H - window) and an exact hit may end at any usable boundary.
 """
 
 from __future__ import annotations

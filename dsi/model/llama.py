@@ -74,6 +74,20 @@ class LlamaConfig:
     def family(self) -> str:
         return "llama"
 
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        """Layers whose K/V live in Block KV pages: all of them."""
+        return tuple(range(self.n_layers))
+
+    @property
+    def ring_layers(self) -> int:
+        """Rings per state slot (each of length ``ring`` = 0)."""
+        return self.n_layers
+
+    @property
+    def snapshot_tokens(self) -> int:
+        return self.block_size
+
     @classmethod
     def from_hf(cls, data: dict) -> LlamaConfig:
         """From a Hugging Face ``config.json`` of ``model_type: llama``."""

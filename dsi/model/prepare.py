@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dsi.model.config import get_config
-from dsi.model.vit import VISION_CONFIG, init_vision_weights, save_vision, vision_config_of
-from dsi.model.weights import init_weights, save_model
+from dsi.model.vision_config import VISION_CONFIG, vision_config_of
 
 
 def ensure_model(directory: Path, shape: str, gguf: str | None = None) -> Path:
@@ -41,6 +40,9 @@ def ensure_model(directory: Path, shape: str, gguf: str | None = None) -> Path:
     elif shape == "tiny":
 
         def write(tmp: Path) -> None:
+            from dsi.model.vit import init_vision_weights, save_vision
+            from dsi.model.weights import init_weights, save_model
+
             cfg = get_config(shape)
             save_model(tmp, cfg, init_weights(cfg))
             vision = vision_config_of(shape)
@@ -94,6 +96,8 @@ def ensure_vision(directory: Path, shape: str) -> None:
     with open(directory.with_name(directory.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (directory / VISION_CONFIG).exists():
+            from dsi.model.vit import init_vision_weights, save_vision
+
             tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.vision.", dir=directory.parent))
             try:
                 save_vision(tmp, vision, init_vision_weights(vision))

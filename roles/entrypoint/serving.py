@@ -12,13 +12,14 @@ The entrypoint actor runs one; each extra HTTP worker process runs one more on t
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import zmq.asyncio
 from aiohttp import web
 
 from dsi.config import EntrypointOptions, NodeConfig
 from dsi.kvcache.hashchain import HashChain
-from dsi.model.family import AnyConfig, served_config
+from dsi.model.family import served_config
 from dsi.model.vision_config import VisionConfig, vision_config_of
 from dsi.recipe import ModelTable, ModelVersion, Recipe, ServedModel
 from dsi.recipe.images import ImageLimits
@@ -32,6 +33,9 @@ from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
+
+if TYPE_CHECKING:
+    from dsi.model.family import AnyConfig
 
 
 class GatewayServing:

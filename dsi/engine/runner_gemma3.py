@@ -1,0 +1,180 @@
+"""Gemma3Runner: the Gemma 3 forward over paged Block KV (global layers) and SWA rings (sliding
+layers).
+
+The same door as :class:`dsi.engine.runner.ModelRunner` (``pool``, ``slots``, ``forward``), so
+the scheduler, admission, export / import, page hashing, prefix hits and ring snapshots run
+unchanged. Per layer type::
+
+    global layer  (K, V) --scatter--> pages[table[p // 128], rank, k|v, p % 128]
+                  slice [start, end) attends over positions 0 .. end - 1, gathered from its pages
+    sliding layer slice [start, end) attends over ring keys of [max(R, start - window + 1), start)
+                  + its own keys; then the newest `ring = window + 6` positions go into the ring
+
+``rank``: the layer's index among the global (pages) or sliding (ring) layers. Loaded (cached)
+page entries, positions below ``cached_end`` = H, are never written; the sliding keys of a
+bounded replay start at ``producer_start`` = R. The math is that of :mod:`dsi.model.gemma3`,
+the same functions as the naive reference :mod:`dsi.model.gemma3_reference`; with
+``batch_invariant`` products go through :func:`dsi.engine.invariant.mm` and attention through
+:func:`dsi.engine.invariant.attend_chunk`, so a token's logits are the same bits whatever else
+the step holds and however its prompt was chunked.
+
+Ring snapshots (``forward(..., snapshots={})``): a slice that reaches a block boundary B (the
+last one when several) records every sliding layer's keys and values of [B - window, B), as
+they are when position B - 1 is computed (positions below 0 are zeros). Only when those keys
+are real: B - window >= R, or the request replays nothing (R = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsi.engine import invariant
+from dsi.engine.batch import StepSlice
+from dsi.engine.prefix import ring_snapshot_shape
+from dsi.kvcache.block_pool import BlockPool
+from dsi.kvcache.layout_dense import DenseBlockLayout
+from dsi.kvcache.state_slots import StateSlots
+from dsi.model.gemma3 import Gemma3Config, embed, finish_layer, logits_of, qkv
+from dsi.model.ops import Matmul, attend
+
+Snapshots = dict[int, tuple[int, torch.Tensor]]  # slice index -> (B, [n_sliding, 2, window, Hkv, D])
+
+
+class Gemma3Runner:
+    def __init__(
+        self,
+        cfg: Gemma3Config,
+        weights: dict[str, torch.Tensor],
+        num_blocks: int,
+        num_slots: int,
+        batch_invariant: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.invariant = batch_invariant
+        self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
+        self.w = weights
+        self.layout = DenseBlockLayout(cfg)
+        self.pool = BlockPool(num_blocks, self.layout.elems)
+        self.slots = StateSlots(cfg, num_slots)  # rings [slots, n_sliding, 2, window + 6, Hkv, D]
+        self._kv = self.layout.kv_view(self.pool.pages)  # [N, n_global, 2, block_size, Hkv, D]
+        self._rank = {
+            layer: j for kind in (cfg.full_layers, cfg.sliding_layers) for j, layer in enumerate(kind)
+        }
+
+    @torch.no_grad()
+    def forward(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
+        """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
+        ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary."""
+        cfg, w = self.cfg, self.w
+        ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
+        pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
+        spans, a = [], 0
+        for s in batch:
+            spans.append((a, a + len(s.tokens)))
+            a += len(s.tokens)
+        where = [self._locations(s) for s in batch]
+        x = embed(cfg, w, ids)
+        for i in range(cfg.n_layers):
+            q, k, v = qkv(cfg, w, i, x, pos, self.mm)
+            out = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim)
+            for j, (s, (a, b), (pages, offs)) in enumerate(zip(batch, spans, where, strict=True)):
+                if a == b:
+                    continue
+                if cfg.sliding[i]:
+                    out[a:b] = self._sliding(i, j, s, q[a:b], k[a:b], v[a:b], snapshots)
+                else:
+                    out[a:b] = self._global(i, s, pages, offs, q[a:b], k[a:b], v[a:b])
+            x = finish_layer(cfg, w, i, x, out, self.mm)
+        last = [b - 1 for s, (_a, b) in zip(batch, spans, strict=True) if s.sample]
+        return logits_of(cfg, w, x[last], self.mm)
+
+    # ---- global layers: Block KV pages ---------------------------------------------------------
+    def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page [end], offset [end]) of every position 0 .. s.end - 1 of the slice's sequence."""
+        p = torch.arange(s.end)
+        table = torch.tensor(s.block_table, dtype=torch.long)
+        return table[p // self.cfg.block_size], p % self.cfg.block_size
+
+    def _global(
+        self,
+        i: int,
+        s: StepSlice,
+        pages: torch.Tensor,
+        offs: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Write K, V of [start, end) (loaded positions stay as they are), attend over [0, end)."""
+        r = self._rank[i]
+        skip = min(max(0, s.cached_end - s.start), len(s.tokens))
+        rows = torch.arange(s.start + skip, s.end)
+        self._kv[pages[rows], r, 0, offs[rows]] = k[skip:]
+        self._kv[pages[rows], r, 1, offs[rows]] = v[skip:]
+        keys, vals = self._kv[pages, r, 0, offs], self._kv[pages, r, 1, offs]  # [end, Hkv, D]
+        everything = self.cfg.max_context + 1
+        if self.invariant:
+            return invariant.attend_chunk(q, q, s.start, keys, vals, 0, 0, None, None, everything)
+        qpos = torch.arange(s.start, s.end)
+        return attend(q, q, qpos, keys, vals, torch.arange(s.end), 0, None, None, everything)
+
+    # ---- sliding layers: SWA rings -------------------------------------------------------------
+    def _sliding(
+        self,
+        i: int,
+        j: int,
+        s: StepSlice,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        snapshots: Snapshots | None,
+    ) -> torch.Tensor:
+        """Attend over the ring's window before the slice and the slice's own keys; snapshot;
+        then write the slice's newest keys into the ring."""
+        cfg, r = self.cfg, self._rank[i]
+        ring = self.slots.rings[s.slot, r]  # [2, ring, Hkv, D]
+        first = max(s.producer_start, s.start - cfg.window + 1)
+        prev = torch.arange(first, s.start) % cfg.ring
+        keys, vals = torch.cat([ring[0, prev], k]), torch.cat([ring[1, prev], v])
+        if snapshots is not None:
+            self._snapshot(r, j, s, keys, vals, first, snapshots)
+        if self.invariant:
+            out = invariant.attend_chunk(
+                q, q, s.start, keys, vals, first, s.producer_start, None, None, cfg.window
+            )
+        else:
+            qpos, kpos = torch.arange(s.start, s.end), torch.arange(first, s.end)
+            out = attend(q, q, qpos, keys, vals, kpos, s.producer_start, None, None, cfg.window)
+        n = min(len(s.tokens), cfg.ring)  # only the newest `ring` positions survive
+        slots = torch.arange(s.end - n, s.end) % cfg.ring
+        ring[0, slots], ring[1, slots] = k[-n:], v[-n:]
+        return out
+
+    def _boundary(self, s: StepSlice) -> int:
+        """The last block boundary B the slice reaches (start < B <= end) whose window of keys is
+        real, else 0."""
+        bs = self.cfg.block_size
+        b = s.end // bs * bs
+        real = s.producer_start == 0 or b - self.cfg.snapshot_tokens >= s.producer_start
+        return b if b > s.start and real else 0
+
+    def _snapshot(
+        self,
+        r: int,
+        j: int,
+        s: StepSlice,
+        keys: torch.Tensor,
+        vals: torch.Tensor,
+        first: int,
+        snapshots: Snapshots,
+    ) -> None:
+        """``keys``/``vals``: the slice's sliding keys of positions [first, end) (ring, then own)."""
+        b = self._boundary(s)
+        if not b:
+            return
+        if j not in snapshots:
+            snapshots[j] = (b, torch.zeros(ring_snapshot_shape(self.cfg), dtype=self.slots.rings.dtype))
+        snap, lo = snapshots[j][1], b - self.cfg.snapshot_tokens  # positions [lo, b)
+        skip = max(0, first - lo)  # positions below `first` are below 0 here: they stay zero
+        snap[r, 0, skip:] = keys[lo + skip - first : b - first]
+        snap[r, 1, skip:] = vals[lo + skip - first : b - first]
