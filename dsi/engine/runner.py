@@ -121,7 +121,7 @@ class ModelRunner:
                     s.sample,
                     s.producer_start,
                     s.cached_end,
-                    s.num_logits,
+                    num_logits=s.num_logits,
                 )
             )
             c_spans.append((offset, offset + n))
