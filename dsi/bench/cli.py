@@ -25,6 +25,7 @@ _BENCHES = (
     "dsi.bench.eplb",
     "dsi.bench.spec",
     "dsi.bench.peers",
+    "dsi.bench.peers_served",
 )
 
 

@@ -13,8 +13,8 @@ or run, its figures are null and ``vllm_error`` says why.
 
 ``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
 continuations of the same weights; fp32 rounding differences can flip a near-tie and change the
-rest of a continuation). The served case (``dsi serve`` against vLLM's OpenAI server) is not
-measured: ``dsi serve`` does not serve the Llama family yet.
+rest of a continuation). The served case (``dsi serve`` against vLLM's OpenAI server) is
+``dsi bench peers-served`` (:mod:`dsi.bench.peers_served`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class PeersResult:
     vllm_load_s: float | None
     vllm_compile: bool
     vllm_error: str | None
-    served: str = "not measured: dsi serve does not serve the Llama family yet"
+    served: str = "see dsi bench peers-served"
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> float:

@@ -43,7 +43,7 @@ def test_fields_and_ratios_with_vllm():
     assert result.dsi_vs_vllm == 0.5 and result.dsi_vs_hf == 2.0
     assert result.agree_hf == 1.0 and result.agree_vllm == 0.5
     assert result.vllm_error is None and result.vllm_version == "0.32.0" and result.vllm_load_s == 12.3
-    assert "not measured" in result.served
+    assert "peers-served" in result.served
 
 
 def test_vllm_unavailable_keeps_the_other_figures_and_says_why():

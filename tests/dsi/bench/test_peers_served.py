@@ -1,0 +1,103 @@
+"""dsi bench peers-served: its pure parts (SSE parsing, percentiles, figures, the result and the
+configs and command lines it builds). The measurement itself is not run here: it takes minutes."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from dsi.bench import peers_served
+from dsi.bench.peers_served import (
+    LONG_QUESTIONS,
+    ServedConfig,
+    bodies,
+    figures,
+    model_name,
+    summarise,
+    with_model_dir,
+)
+from dsi.bench.peers_served_client import ServedRun, StreamStat, percentile, sse_data
+from dsi.bench.peers_served_vllm import server_argv
+
+
+def test_sse_lines():
+    assert sse_data(b'data: {"choices": []}\n') == {"choices": []}
+    assert sse_data(b"data: [DONE]\n") == "[DONE]"
+    assert sse_data(b"\n") is None
+    assert sse_data(b": keep-alive\n") is None
+    assert sse_data(b"data: not json\n") is None
+
+
+def test_nearest_rank_percentiles():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 99) == 3.0
+    assert percentile([], 50) is None
+
+
+def _run(wall: float, *streams: tuple[float | None, int]) -> ServedRun:
+    return ServedRun(wall, [StreamStat(t, n) for t, n in streams])
+
+
+def test_figures_are_medians_and_percentiles_over_streams():
+    runs = [_run(2.0, (0.1, 100), (0.3, 100)), _run(1.0, (0.2, 128), (None, 0))]
+    f = figures(runs)
+    assert f.tok_s == 114.0  # median of 200 / 2 s and 128 / 1 s
+    assert (f.ttft_p50_ms, f.ttft_p99_ms) == (200.0, 300.0)
+    assert f.mean_tokens == 82.0 and f.errors == []
+
+
+def test_result_fields_and_ratio():
+    config = ServedConfig()
+    dsi = figures([_run(1.0, (0.05, 50))])
+    vllm = figures([_run(1.0, (0.02, 100))])
+    r = summarise(config, dsi, vllm)
+    assert (r.served_dsi_tok_s, r.served_vllm_tok_s, r.served_dsi_vs_vllm) == (50.0, 100.0, 0.5)
+    assert (r.served_dsi_ttft_p50_ms, r.served_vllm_ttft_p99_ms) == (50.0, 20.0)
+    assert r.served_vllm_error is None and r.served_dsi_error is None
+
+
+def test_vllm_that_cannot_start_is_reported_not_raised():
+    r = summarise(ServedConfig(), figures([_run(1.0, (0.05, 50))]), "vLLM server exited; see log")
+    assert r.served_vllm_tok_s is None and r.served_dsi_vs_vllm is None
+    assert r.served_vllm_error == "vLLM server exited; see log"
+    assert r.served_dsi_tok_s == 50.0
+
+
+def test_stream_errors_are_reported():
+    bad = ServedRun(1.0, [StreamStat(None, 0, "HTTP 400: bad")])
+    assert summarise(ServedConfig(), figures([bad]), "x").served_dsi_error == "HTTP 400: bad"
+
+
+def test_config_rejects_zero():
+    with pytest.raises(ValueError, match="--streams"):
+        ServedConfig(streams=0)
+
+
+def test_the_private_config_points_at_the_shared_weights():
+    text = '[model]\nname = "SmolLM2-135M-Instruct"\ndir = "../run/models/x"\n'
+    out = with_model_dir(text, Path("/abs/smollm2"))
+    assert 'dir = "/abs/smollm2"' in out and model_name(out) == "SmolLM2-135M-Instruct"
+
+
+def test_bodies_are_the_same_greedy_streams_for_both_systems():
+    b = bodies(ServedConfig(streams=40, max_tokens=16), "m")
+    assert len(b) == 40 and b[32]["messages"] == b[0]["messages"]
+    assert b[0]["messages"][0]["content"] == LONG_QUESTIONS[0]
+    assert all(x["temperature"] == 0.0 and x["stream"] and x["max_tokens"] == 16 for x in b)
+    assert all("ignore_eos" not in x for x in b)
+
+
+def test_vllm_server_is_eager_without_prefix_caching_on_loopback():
+    argv = server_argv(Path("/v/bin/python"), Path("/m"), "name", 1234, 32)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "1234"
+
+
+def test_registered_arguments():
+    parser = argparse.ArgumentParser()
+    peers_served.register(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(["peers-served", "--json", "--streams", "4", "--no-vllm"])
+    assert args.json and args.streams == 4 and args.no_vllm and args.max_tokens == 128
