@@ -28,9 +28,8 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.config.sections import EngineSection
-from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape
+from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape, ImageEmbeds, unpacked_images
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
-from dsi.engine.images import ImageEmbeds, unpacked
 from dsi.eplb import EpSize, policy_for, resize
 from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
 from dsi.errors import DsiError, InvalidRequest
@@ -400,7 +399,7 @@ class EngineRole(RoleActor):
             embeds = torch.frombuffer(bytearray(buf), dtype=torch.float32).view(rows, hidden)
         finally:
             inbound.release()
-        return unpacked(embeds, [(s.offset, s.tokens, s.digest) for s in req.images])
+        return unpacked_images(embeds, [(s.offset, s.tokens, s.digest) for s in req.images])
 
     # ---- SWA states ------------------------------------------------------------------------------
     @handles(concurrent=True)

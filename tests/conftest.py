@@ -32,14 +32,16 @@ def smollm2_greedy(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
-def gemma3_dir(request):
+def gemma3_dir(request, tmp_path_factory):
     """Gemma 3 270M imported from the optional package's GGUF, kept in pytest's cache directory
     (skipped where the package is not installed)."""
     from tests.gemma3 import import_gemma3
     from tests.smollm2 import one_torch_thread
 
+    cache = getattr(request.config, "cache", None)  # absent with -p no:cacheprovider
+    where = cache.mkdir("gemma3") if cache is not None else tmp_path_factory.mktemp("gemma3")
     with one_torch_thread():
-        return import_gemma3(request.config.cache.mkdir("gemma3"))
+        return import_gemma3(where)
 
 
 @pytest.fixture(scope="session")

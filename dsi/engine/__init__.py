@@ -25,6 +25,7 @@ _HOMES = {
     "EngineShape": "shape",
     "EngineStats": "prefix",
     "FullPage": "prefix",
+    "ImageEmbeds": "images",
     "RequestMoved": "service",
     "RequestOutput": "engine",
     "RequestState": "transfer",
@@ -34,6 +35,7 @@ _HOMES = {
     "SamplingParams": "params",
     "StateLayout": "transfer",
     "exact_hit_limit": "prefix",
+    "unpacked_images": "images",
 }
 __all__ = sorted(_HOMES)
 

@@ -88,3 +88,6 @@ def unpacked(buffer: torch.Tensor, spans: Sequence[tuple[int, int, bytes]]) -> t
     if row != buffer.shape[0]:
         raise InvalidRequest(f"image spans cover {row} rows; the images buffer has {buffer.shape[0]}")
     return tuple(out)
+
+
+unpacked_images = unpacked  # the name roles import from dsi.engine

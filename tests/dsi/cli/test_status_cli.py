@@ -47,7 +47,10 @@ def test_json_is_plain_objects():
     data = table_json(InstanceTable([INFO], controller_id="controller-0", transitions=moves))
     assert data["controller"] == "controller-0"
     [info] = data["instances"]
-    assert info["load"] == {"running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0, "uncached_tokens": 0}
+    assert info["load"] == {
+        "running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0, "uncached_tokens": 0,
+        "queued_pixels": 0, "ep_ranks": 0, "ep_configured": 0,
+    }  # fmt: skip
     assert (info["instance_id"], info["state"], info["suspect"], info["pid"]) == (
         "prefill-0",
         "serving",
