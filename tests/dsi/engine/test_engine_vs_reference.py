@@ -81,10 +81,10 @@ def reference(tiny, prompts):
 @pytest.mark.parametrize(
     "config",
     [
-        EngineConfig(async_scheduling=True, max_batch_tokens=97),
+        EngineConfig(async_scheduling=True, max_batch_tokens=193),
         EngineConfig(async_scheduling=False, max_batch_tokens=640),
     ],
-    ids=["async-chunk97", "sync-chunk640"],
+    ids=["async-chunk193", "sync-chunk640"],
 )
 def test_batched_greedy_is_token_identical_to_reference(tiny, prompts, reference, config):
     cfg, w = tiny
