@@ -13,7 +13,8 @@ from dsi.roles.host import RoleHost
 from dsi.transport.ports import free_port
 
 
-async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):
+def two_worker_entrypoint(tmp_path) -> tuple[int, RoleHost]:
+    """(HTTP port, a not yet started host of a controller and an entrypoint of 2 HTTP workers)."""
     controller, bind, http = free_port(), free_port(), free_port()
     cfg = parse_config(
         {
@@ -27,6 +28,11 @@ async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):
         tmp_path / "node.toml",
     )  # fmt: skip
     host = RoleHost(cfg, ["controller-0", "entrypoint-0"])
+    return http, host
+
+
+async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):
+    http, host = two_worker_entrypoint(tmp_path)
     await host.start()
     try:
         workers = host.servers["entrypoint-0"].actor.workers
@@ -54,19 +60,7 @@ async def test_two_workers_share_the_port_and_stop_with_the_role(tmp_path):
 
 
 async def test_a_killed_worker_is_started_again_and_serves(tmp_path):
-    controller, bind, http = free_port(), free_port(), free_port()
-    cfg = parse_config(
-        {
-            "cluster": {"controller": f"tcp://127.0.0.1:{controller}"},
-            "roles": [
-                {"kind": "controller", "id": "controller-0", "bind": f"tcp://127.0.0.1:{controller}"},
-                {"kind": "entrypoint", "id": "entrypoint-0", "bind": f"tcp://127.0.0.1:{bind}",
-                 "http": f"127.0.0.1:{http}", "http_workers": 2},
-            ],
-        },
-        tmp_path / "node.toml",
-    )  # fmt: skip
-    host = RoleHost(cfg, ["controller-0", "entrypoint-0"])
+    http, host = two_worker_entrypoint(tmp_path)
     await host.start()
     try:
         workers = host.servers["entrypoint-0"].actor.workers
