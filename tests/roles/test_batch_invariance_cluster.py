@@ -98,4 +98,6 @@ async def test_64_prompts_alone_together_and_through_the_cluster(procs, tmp_path
                 return await resp.text()
 
         got = await asyncio.gather(*(one(body) for body in requests))
-    assert [deltas(sse) for sse in got] == [stream_of(p, ids) for p, ids in zip(prepared, together, strict=True)]
+    assert [deltas(sse) for sse in got] == [
+        stream_of(p, ids) for p, ids in zip(prepared, together, strict=True)
+    ]
