@@ -146,7 +146,7 @@ class ActorServer:
                 return
             if kind is Kind.BATCH:  # a well-formed one was split by the pump
                 raise BadMessage(
-                    f"a BATCH of {call_id} messages needs 2 or more header and body pairs, as many"
+                    f"a BATCH that says {call_id} messages must hold that many (2 or more) header and body pairs"
                 )
             msg = self._codec.decode(frames[2:])
         except DsiError as exc:

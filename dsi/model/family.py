@@ -64,15 +64,13 @@ def served_model(directory: Path, shape: str, gguf: str | None = None) -> tuple[
 
     directory = ensure_model(directory, shape, gguf)
     family = family_of(directory)
+    if family == "v4":
+        return directory, ModelConfig.load(directory)
     if family == "llama":
-        from dsi.model.llama import LlamaConfig
-
-        return directory, LlamaConfig.from_hf(json.loads((directory / "config.json").read_text()))
-    if family == "gemma3":
-        from dsi.model.gemma3 import Gemma3Config
-
-        return directory, Gemma3Config.from_hf(json.loads((directory / "config.json").read_text()))
-    return directory, ModelConfig.load(directory)
+        from dsi.model.llama import LlamaConfig as hf_config
+    else:
+        from dsi.model.gemma3 import Gemma3Config as hf_config
+    return directory, hf_config.from_hf(json.loads((directory / "config.json").read_text()))
 
 
 def served_config(directory: Path, shape: str, gguf: str | None = None) -> AnyConfig:
