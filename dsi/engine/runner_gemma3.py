@@ -13,10 +13,15 @@ unchanged. Per layer type::
 ``rank``: the layer's index among the global (pages) or sliding (ring) layers. Loaded (cached)
 page entries, positions below ``cached_end`` = H, are never written; the sliding keys of a
 bounded replay start at ``producer_start`` = R. The math is that of :mod:`dsi.model.gemma3`,
-the same functions as the naive reference :mod:`dsi.model.gemma3_reference`; with
-``batch_invariant`` products go through :func:`dsi.engine.invariant.mm` and attention through
-:func:`dsi.engine.invariant.attend_chunk`, so a token's logits are the same bits whatever else
-the step holds and however its prompt was chunked.
+the same functions as the naive reference :mod:`dsi.model.gemma3_reference`. Products, the
+262K-column output projection included, run through :class:`dsi.engine.gemm.PackedGemm` (weights
+packed once for oneDNN; rows padded with ``batch_invariant``). A prefill chunk attends per slice
+through :func:`dsi.engine.invariant.attend_chunk`; the step's one-token slices (decodes) attend
+together, one :func:`dsi.engine.invariant.attend_pages` per global layer and one
+:func:`dsi.engine.invariant.attend_decode` per sliding layer, which give each query the bits of
+the per-slice path. So a token's logits are the same bits whatever else the step holds and
+however its prompt was chunked. Logits are computed only for the rows asked for: the last
+``num_logits`` positions of each slice with ``sample``.
 
 Ring snapshots (``forward(..., snapshots={})``): a slice that reaches a block boundary B (the
 last one when several) records every sliding layer's keys and values of [B - window, B), as
@@ -26,18 +31,37 @@ are real: B - window >= R, or the request replays nothing (R = 0).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
+from dsi.engine.gemm import PackedGemm
 from dsi.engine.prefix import ring_snapshot_shape
-from dsi.kvcache.block_pool import BlockPool
+from dsi.kvcache.block_pool import NULL_BLOCK, BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.gemma3 import Gemma3Config, embed, finish_layer, logits_of, qkv
 from dsi.model.ops import Matmul, attend
 
 Snapshots = dict[int, tuple[int, torch.Tensor]]  # slice index -> (B, [n_sliding, 2, window, Hkv, D])
+
+_PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # weights of x @ w products
+
+
+@dataclass(slots=True, frozen=True)
+class _Decode:
+    """The step's one-token slices, attended together. All [B] but ``tables`` [B, W] (block
+    tables padded with the null page)."""
+
+    rows: torch.Tensor  # step rows
+    pos: torch.Tensor  # positions of the new tokens
+    page: torch.Tensor  # page of each new position
+    off: torch.Tensor  # offset of each new position in its page
+    tables: torch.Tensor
+    slots: torch.Tensor  # state slots (SWA rings)
+    swa_start: torch.Tensor  # producer_start: sliding keys below it are not seen
 
 
 class Gemma3Runner:
@@ -51,8 +75,9 @@ class Gemma3Runner:
     ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
-        self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights
+        products = [w for name, w in weights.items() if name.rsplit(".", 1)[-1] in _PRODUCTS]
+        self.mm: Matmul = PackedGemm([*products, weights["embed"].T], batch_invariant)
         self.layout = DenseBlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)  # rings [slots, n_sliding, 2, window + 6, Hkv, D]
@@ -63,7 +88,8 @@ class Gemma3Runner:
 
     @torch.no_grad()
     def forward(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
-        """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
+        """Logits [sum of num_logits over the sampled slices, V], in batch order of the slices with
+        ``sample`` (each slice's rows in position order).
         ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
@@ -72,21 +98,75 @@ class Gemma3Runner:
         for s in batch:
             spans.append((a, a + len(s.tokens)))
             a += len(s.tokens)
-        where = [self._locations(s) for s in batch]
+        one = [j for j, s in enumerate(batch) if self._decodes(j, s, snapshots)]
+        chunks = sorted(set(range(len(batch))) - set(one))
+        where = {j: self._locations(batch[j]) for j in chunks}
+        dec = self._decode_index([batch[j] for j in one], [spans[j][0] for j in one])
         x = embed(cfg, w, ids)
         for i in range(cfg.n_layers):
             q, k, v = qkv(cfg, w, i, x, pos, self.mm)
             out = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim)
-            for j, (s, (a, b), (pages, offs)) in enumerate(zip(batch, spans, where, strict=True)):
+            if dec is not None:
+                out[dec.rows] = self._decode_attend(i, dec, q[dec.rows], k[dec.rows], v[dec.rows])
+            for j in chunks:
+                s, (a, b) = batch[j], spans[j]
                 if a == b:
                     continue
                 if cfg.sliding[i]:
                     out[a:b] = self._sliding(i, j, s, q[a:b], k[a:b], v[a:b], snapshots)
                 else:
-                    out[a:b] = self._global(i, s, pages, offs, q[a:b], k[a:b], v[a:b])
+                    out[a:b] = self._global(i, s, *where[j], q[a:b], k[a:b], v[a:b])
             x = finish_layer(cfg, w, i, x, out, self.mm)
-        last = [b - 1 for s, (_a, b) in zip(batch, spans, strict=True) if s.sample]
-        return logits_of(cfg, w, x[last], self.mm)
+        rows = [
+            r for s, (_a, b) in zip(batch, spans, strict=True) if s.sample for r in range(b - s.num_logits, b)
+        ]
+        if any(s.sample and len(s.tokens) < s.num_logits for s in batch):
+            raise ValueError("a sampled slice asks for the logits of more positions than it computes")
+        return logits_of(cfg, w, x[rows], self.mm)
+
+    # ---- one-token slices: attended together ---------------------------------------------------
+    def _decodes(self, j: int, s: StepSlice, snapshots: Snapshots | None) -> bool:
+        """Whether slice j goes with the step's decodes: one new (not loaded) token, and no ring
+        snapshot to take (a slice that reaches a block boundary takes the per-slice path)."""
+        if len(s.tokens) != 1 or s.cached_end > s.start:
+            return False
+        return snapshots is None or not self._boundary(s)
+
+    def _decode_index(self, slices: list[StepSlice], rows: list[int]) -> _Decode | None:
+        if not slices:
+            return None
+        bs = self.cfg.block_size
+        width = max(len(s.block_table) for s in slices)
+        tables = torch.tensor([s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in slices])
+        pos = torch.tensor([s.start for s in slices])
+        page = tables.gather(1, (pos // bs)[:, None])[:, 0]
+        return _Decode(
+            torch.tensor(rows),
+            pos,
+            page,
+            pos % bs,
+            tables,
+            torch.tensor([s.slot for s in slices]),
+            torch.tensor([s.producer_start for s in slices]),
+        )
+
+    def _decode_attend(
+        self, i: int, d: _Decode, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer i for the one-token slices: q [B, Hq, D], k, v [B, Hkv, D] -> [B, Hq * D]; the new
+        keys and values go into the pages (global) or rings (sliding)."""
+        r = self._rank[i]
+        if not self.cfg.sliding[i]:
+            self._kv[d.page, r, 0, d.off] = k
+            self._kv[d.page, r, 1, d.off] = v
+            return invariant.attend_pages(q, self._kv[:, r], d.tables, d.pos)
+        rings = self.slots.rings[:, r]  # [slots, 2, ring, Hkv, D]
+        out = invariant.attend_decode(
+            self.cfg, q, q, k, v, rings, d.slots, d.pos, d.swa_start, None, None, None
+        )
+        at = d.pos % self.cfg.ring
+        rings[d.slots, 0, at], rings[d.slots, 1, at] = k, v
+        return out
 
     # ---- global layers: Block KV pages ---------------------------------------------------------
     def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:

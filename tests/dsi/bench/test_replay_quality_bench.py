@@ -40,10 +40,11 @@ def test_figures_follow_the_rows():
 
 def test_forced_scoring_follows_the_engine_up_to_where_the_outputs_part():
     """The teacher-forced log-probs of the hit-free continuation under a bounded hit equal the
-    bounded run's own log-probs for as long as the two outputs agree."""
+    bounded run's own log-probs for as long as the two outputs agree, and its greedy tokens are
+    the bounded run's output up to and including the first token that differs."""
     import torch
 
-    from dsi.bench.replay_quality import forced_logprobs
+    from dsi.bench.replay_quality import forced
     from dsi.engine import CachedPrefix, Engine, EngineConfig, SamplingParams
     from dsi.engine.runner_gemma3 import Gemma3Runner
 
@@ -62,7 +63,8 @@ def test_forced_scoring_follows_the_engine_up_to_where_the_outputs_part():
         warm.add_request("b", prompt, params, cached=CachedPrefix(384, pages))
         done = next(o for o in warm.run_until_done() if o.finished)
         warm.close()
-        forced = forced_logprobs(cfg, Gemma3Runner(cfg, w, 8, 1), prompt, free, CachedPrefix(384, pages))
+        forced_lp, greedy = forced(cfg, Gemma3Runner(cfg, w, 8, 1), prompt, free, CachedPrefix(384, pages))
     agree = next((k for k, (a, b) in enumerate(zip(free, done.output, strict=True)) if a != b), 6)
-    assert forced[:agree] == done.logprobs[:agree]
-    assert agree == 6 or forced[agree] < done.logprobs[agree]  # the run's own choice was likelier
+    assert forced_lp[:agree] == done.logprobs[:agree]
+    assert greedy[: agree + 1] == done.output[: agree + 1]
+    assert agree == 6 or forced_lp[agree] < done.logprobs[agree]  # the run's own choice was likelier
