@@ -18,8 +18,9 @@ Each prompt of T tokens is continued three ways, greedy, ``--tokens`` output tok
                windows cut at R (bounded SWA replay)
 
 H is the prompt's last block boundary, ``(T - 1) // 128 * 128``; each T is drawn with
-``T % 128`` in ``[1, 129 - tokens]`` so that the hit-free run's last boundary, the one whose
-rings the producing host keeps, is H itself.
+``T % 128`` in ``[1, 128 - tokens]`` so that the hit-free run's last boundary, the one whose
+rings the producing host keeps, is H itself (it computes positions up to T + tokens - 2, short of
+H + 128).
 
 The hit runs reuse the hit-free run: each is one forward of the engine's Gemma 3 runner over
 its computed positions and the hit-free continuation C teacher-forced (``prompt[first:] +
@@ -71,10 +72,10 @@ def make_prompts(
     ids: list[int], count: int, min_len: int, max_len: int, tokens: int, block_size: int, seed: int = 0
 ) -> list[list[int]]:
     """``count`` windows of ``ids``: lengths T in [min_len, max_len] with ``T % block_size`` in
-    [1, block_size + 1 - tokens], starts spread evenly over the text; ``bos`` (ids[0]) first."""
-    if not 1 <= tokens <= block_size or max_len - min_len < block_size or max_len >= len(ids):
+    [1, block_size - tokens], starts spread evenly over the text; ``bos`` (ids[0]) first."""
+    if not 1 <= tokens < block_size or max_len - min_len < block_size or max_len >= len(ids):
         raise ValueError(
-            f"need 1 <= tokens <= {block_size}, max_len - min_len >= {block_size} and a text longer "
+            f"need 1 <= tokens < {block_size}, max_len - min_len >= {block_size} and a text longer "
             f"than max_len ({len(ids)} tokens)"
         )
     rng = random.Random(seed)
@@ -82,7 +83,7 @@ def make_prompts(
     out = []
     for i in range(count):
         n = 0
-        while not 1 <= n % block_size <= block_size + 1 - tokens:
+        while not 1 <= n % block_size <= block_size - tokens:
             n = rng.randint(min_len, max_len)
         start = (len(body) - (n - 1)) * i // max(1, count - 1)
         out.append([bos, *body[start : start + n - 1]])
