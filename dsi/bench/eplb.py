@@ -2,7 +2,8 @@
 pause of one live rebalance.
 
     dsi bench eplb [--experts 64] [--top-k 6] [--ranks 8] [--redundant 1] [--layers 4]
-                   [--tokens 4096] [--steps 16] [--skew 1.0] [--pause-ranks 4] [--json]
+                   [--tokens 4096] [--steps 16] [--skew 1.0] [--pause-ranks 4]
+                   [--dp-ranks 2] [--dp-seqs 64] [--json]
 
 Trace: per layer, a Zipf popularity over the experts (weight 1 / rank**skew, shuffled per layer);
 each step routes ``--tokens`` tokens to ``--top-k`` distinct experts drawn from it (Gumbel top-k).
@@ -20,6 +21,17 @@ Pause: a live tiny-model EP group of ``--pause-ranks`` gloo processes rebalances
 times between two skewed loads (so expert weights really move); ``pause_ms`` is the median time
 of one rebalance (gather counts, placement, weight moves, switch), ``step_ms`` the median
 forward of a 64-token prefill step through the same group, side by side.
+
+Data-parallel attention: ``--dp-seqs`` sequences (32-token prompts, prefilled first) take
+``--runs`` decode steps together, one token each, on the tiny model:
+
+    dp_step_ms_ep1        one process (the engine's runner, no group)
+    dp_step_ms            a group of ``--dp-ranks`` ranks, each computing its share of the
+                          sequences' dense layers and attention (``dp_rank_token_share``)
+    dp_step_ms_rank0      the same group with every sequence's attention on rank 0 (the workers
+                          only hold experts): what data-parallel attention replaces
+
+The ranks share this host's cores (each takes cpu_count / ranks torch threads).
 """
 
 from __future__ import annotations
@@ -101,7 +113,6 @@ def balance(args: argparse.Namespace) -> dict:
 def pause(args: argparse.Namespace) -> dict:
     """Rebalances and prefill steps of a live tiny-model EP group."""
     from dsi.engine.batch import StepSlice
-    from dsi.engine.runner import ModelRunner
     from dsi.model.config import TINY
     from dsi.model.weights import init_weights
 
@@ -113,7 +124,7 @@ def pause(args: argparse.Namespace) -> dict:
         loads = [hot.clone(), hot.clone()]
         loads[0][:, 0], loads[1][:, -1] = 50.0, 50.0  # the hot expert moves from run to run
         pauses = [group.rebalance(loads[r % 2]) * 1e3 for r in range(args.runs)]
-        runner = ModelRunner(cfg, w, num_blocks=4, num_slots=1, moe_layer=group.moe)
+        runner = group.runner(cfg, w, num_blocks=4, num_slots=1)
         slot, table = runner.slots.allocate(), runner.pool.allocate(1)
         prompt = list(range(1000, 1064))
         steps = []
@@ -132,6 +143,65 @@ def pause(args: argparse.Namespace) -> dict:
     }
 
 
+def decode_steps(runner, seqs: int, runs: int, prompt: int = 32) -> list[float]:
+    """Prefill ``seqs`` prompts in one step, then ``runs`` decode steps of all of them together;
+    each decode step's milliseconds."""
+    from dsi.engine.batch import StepSlice
+
+    gen = torch.Generator().manual_seed(1)
+    live = []
+    for _ in range(seqs):
+        table = runner.pool.allocate(-(-(prompt + runs + 1) // runner.cfg.block_size))
+        live.append(
+            (runner.slots.allocate(), table, torch.randint(100, 100_000, (prompt,), generator=gen).tolist())
+        )
+    runner.forward([StepSlice(slot, table, 0, t, 0, True) for slot, table, t in live])
+    times = []
+    for _ in range(runs):
+        batch = [StepSlice(slot, table, len(t), [t[-1]], 0, True) for slot, table, t in live]
+        t0 = time.perf_counter()
+        logits = runner.forward(batch)
+        times.append((time.perf_counter() - t0) * 1e3)
+        for (_, _, t), row in zip(live, logits, strict=True):
+            t.append(int(row.argmax()))
+    for slot, table, _ in live:
+        runner.slots.free(slot)
+        runner.pool.free(table)
+    return times
+
+
+def dp_attention(args: argparse.Namespace) -> dict:
+    """Decode steps of ``--dp-seqs`` sequences: one process, the group with data-parallel
+    attention, the group with attention on rank 0."""
+    from dsi.engine.runner import ModelRunner
+    from dsi.model.config import TINY
+    from dsi.model.weights import init_weights
+
+    cfg, w = TINY, init_weights(TINY)
+    blocks = 2 * args.dp_seqs + 1
+    ep1 = statistics.median(decode_steps(ModelRunner(cfg, w, blocks, args.dp_seqs), args.dp_seqs, args.runs))
+    ep = resize(args.dp_ranks, args.dp_ranks, cfg.n_experts, args.redundant)
+    group = ExpertGroup.start(cfg, w, EpOptions(ep))
+    try:
+        runner = group.runner(cfg, w, blocks, args.dp_seqs)
+        dp = statistics.median(decode_steps(runner, args.dp_seqs, args.runs))
+        share = [n / sum(runner.last_tokens) for n in runner.last_tokens]
+        runner.data_parallel = False
+        rank0 = statistics.median(decode_steps(runner, args.dp_seqs, args.runs))
+    finally:
+        group.close()
+    return {
+        "dp_ranks": ep.size,
+        "dp_seqs": args.dp_seqs,
+        "dp_step_ms_ep1": ep1,
+        "dp_step_ms": dp,
+        "dp_step_ms_rank0": rank0,
+        "dp_vs_ep1": dp / ep1,
+        "dp_vs_rank0": dp / rank0,
+        "dp_rank_token_share": share,
+    }
+
+
 def _main(args: argparse.Namespace) -> int:
     figures = {
         "experts": args.experts,
@@ -144,6 +214,8 @@ def _main(args: argparse.Namespace) -> int:
     } | balance(args)
     if args.pause_ranks > 1:
         figures |= pause(args)
+    if args.dp_ranks > 1:
+        figures |= dp_attention(args)
     if args.json:
         print(json.dumps(figures))
         return 0
@@ -172,5 +244,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pause-ranks", type=int, default=4, help="ranks of the live group timed for the pause (1 = skip)"
     )
+    parser.add_argument(
+        "--dp-ranks",
+        type=int,
+        default=2,
+        help="ranks of the group timed for data-parallel attention (1 = skip)",
+    )
+    parser.add_argument("--dp-seqs", type=int, default=64, help="sequences in each timed decode step")
     parser.add_argument("--runs", type=int, default=5, help="rebalances (and steps) timed")
     parser.set_defaults(func=_main)

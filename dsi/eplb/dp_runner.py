@@ -41,6 +41,7 @@ class DataParallelRunner:
         self.local, self._member = local, member
         self.cfg, self.pool, self.slots = local.cfg, local.pool, local.slots
         self.closed = False  # set when the group replaces or closes this runner
+        self.data_parallel = True  # False: every slice on rank 0, the workers only hold experts (a baseline)
         self.last_tokens: list[int] = []  # [world] tokens each rank computed in the last step
 
     def rollback(self, slot: int, end: int) -> None:
@@ -56,7 +57,7 @@ class DataParallelRunner:
         _check(batch)  # before any rank starts: a rank that raised mid-step would stall the others
         member, world = self._member, self._member.comm.world
         tokens = [len(s.tokens) for s in batch]
-        ranks = split_rows(tokens, world, [s.num_logits > 1 for s in batch])
+        ranks = split_rows(tokens, world, [s.num_logits > 1 or not self.data_parallel for s in batch])
         self.last_tokens = rank_tokens(tokens, ranks, world)
         blob = encode(batch, ranks)
         header(member.comm, OP_FORWARD, blob.numel(), snapshots is not None)

@@ -122,7 +122,6 @@ def test_expert_parallel_matches_single_process(weights, single, ep_size):
         group.rebalance(SKEWED)
         assert not torch.equal(before, group.placement.slot_expert)
         assert group.placement.replica_count()[0, 0] >= 2  # the hottest expert got a replica
-        _same_logits(runner, logits)
         _same_steps(_together(runner, BATCH), together)
     except BaseException:
         group.close()
