@@ -25,7 +25,8 @@ forward of a 64-token prefill step through the same group, side by side.
 Data-parallel attention: ``--dp-seqs`` sequences (32-token prompts, prefilled first) take
 ``--runs`` decode steps together, one token each, on the tiny model:
 
-    dp_step_ms_ep1        one process (the engine's runner, no group)
+    dp_step_ms_ep1        one process (the engine's runner, no group), all of torch's threads
+    dp_step_ms_ep1_rank_threads   the same with one rank's threads (cpu_count / ranks)
     dp_step_ms            a group of ``--dp-ranks`` ranks, each computing its share of the
                           sequences' dense layers and attention (``dp_rank_token_share``)
     dp_step_ms_rank0      the same group with every sequence's attention on rank 0 (the workers
@@ -44,7 +45,7 @@ import time
 import torch
 
 from dsi.eplb import Placement, imbalance, pick_slots, rebalance, resize
-from dsi.eplb.group import EpOptions, ExpertGroup
+from dsi.eplb.group import EpOptions, ExpertGroup, threads_per_rank
 
 
 def skewed_trace(
@@ -179,8 +180,15 @@ def dp_attention(args: argparse.Namespace) -> dict:
 
     cfg, w = TINY, init_weights(TINY)
     blocks = 2 * args.dp_seqs + 1
-    ep1 = statistics.median(decode_steps(ModelRunner(cfg, w, blocks, args.dp_seqs), args.dp_seqs, args.runs))
     ep = resize(args.dp_ranks, args.dp_ranks, cfg.n_experts, args.redundant)
+    single = ModelRunner(cfg, w, blocks, args.dp_seqs)
+    ep1 = statistics.median(decode_steps(single, args.dp_seqs, args.runs))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_rank(ep.size))
+    try:
+        ep1_rank = statistics.median(decode_steps(single, args.dp_seqs, args.runs))
+    finally:
+        torch.set_num_threads(threads)
     group = ExpertGroup.start(cfg, w, EpOptions(ep))
     try:
         runner = group.runner(cfg, w, blocks, args.dp_seqs)
@@ -194,9 +202,11 @@ def dp_attention(args: argparse.Namespace) -> dict:
         "dp_ranks": ep.size,
         "dp_seqs": args.dp_seqs,
         "dp_step_ms_ep1": ep1,
+        "dp_step_ms_ep1_rank_threads": ep1_rank,
         "dp_step_ms": dp,
         "dp_step_ms_rank0": rank0,
         "dp_vs_ep1": dp / ep1,
+        "dp_vs_ep1_rank_threads": dp / ep1_rank,
         "dp_vs_rank0": dp / rank0,
         "dp_rank_token_share": share,
     }
