@@ -18,7 +18,7 @@ from dsi.model.weights import init_weights
 from tests.dsi.engine.conftest import random_prompts
 
 PROMPTS = random_prompts([3, 20], seed=16)
-BATCH = random_prompts([130, 7, 1, 40, 12, 3], seed=17)  # one step, split over the ranks
+BATCH = random_prompts([128, 129, 3, 40, 12, 1], seed=17)  # one step over the ranks; two ring snapshots
 SKEWED = torch.tensor([[90, 2, 1, 1, 40, 1, 1, 20]] * TINY.n_layers)  # [L, E]
 
 
@@ -116,6 +116,7 @@ def test_expert_parallel_matches_single_process(weights, single, ep_size):
         _same_logits(runner, logits)
         _same_steps(_together(runner, BATCH), together)
         assert min(runner.last_tokens) > 0  # the decode step gave every rank rows
+        assert sorted(together[0][1]) == [0, 1]  # ring snapshots of both long prompts, one from rank 1
         assert group.check(weights) <= 1e-5  # every rank routes tokens of its own (data parallel)
 
         before = group.placement.slot_expert.clone()
