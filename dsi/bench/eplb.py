@@ -22,15 +22,16 @@ times between two skewed loads (so expert weights really move); ``pause_ms`` is 
 of one rebalance (gather counts, placement, weight moves, switch), ``step_ms`` the median
 forward of a 64-token prefill step through the same group, side by side.
 
-Data-parallel attention: ``--dp-seqs`` sequences (32-token prompts, prefilled first) take
-``--runs`` decode steps together, one token each, on the tiny model:
+Data-parallel attention: ``--dp-seqs`` sequences of the tiny model, a prefill step of all their
+32-token prompts, then decode steps of all of them (one token each), ``--runs`` times each;
+``dp_{decode,prefill}_ms_<runner>`` are the medians, ``dp_<phase>_dp_vs_<runner>`` the ratios:
 
-    dp_step_ms_ep1        one process (the engine's runner, no group), all of torch's threads
-    dp_step_ms_ep1_rank_threads   the same with one rank's threads (cpu_count / ranks)
-    dp_step_ms            a group of ``--dp-ranks`` ranks, each computing its share of the
-                          sequences' dense layers and attention (``dp_rank_token_share``)
-    dp_step_ms_rank0      the same group with every sequence's attention on rank 0 (the workers
-                          only hold experts): what data-parallel attention replaces
+    ep1               one process (the engine's runner, no group), all of torch's threads
+    ep1_rank_threads  the same with one rank's threads (cpu_count / ranks)
+    dp                a group of ``--dp-ranks`` ranks, each computing its share of the
+                      sequences' dense layers and attention (``dp_rank_token_share``)
+    rank0             the same group with every sequence's attention on rank 0 (the workers only
+                      hold experts): what data-parallel attention replaces
 
 The ranks share this host's cores (each takes cpu_count / ranks torch threads).
 """
@@ -144,9 +145,10 @@ def pause(args: argparse.Namespace) -> dict:
     }
 
 
-def decode_steps(runner, seqs: int, runs: int, prompt: int = 32) -> list[float]:
-    """Prefill ``seqs`` prompts in one step, then ``runs`` decode steps of all of them together;
-    each decode step's milliseconds."""
+def step_times(runner, seqs: int, runs: int, prompt: int = 32) -> tuple[float, float]:
+    """Median milliseconds of a prefill step of ``seqs`` prompts of ``prompt`` tokens (``runs``
+    times, recomputing the same positions), and of a decode step of all of them together (one
+    token each; ``runs`` steps after the prefill)."""
     from dsi.engine.batch import StepSlice
 
     gen = torch.Generator().manual_seed(1)
@@ -156,24 +158,29 @@ def decode_steps(runner, seqs: int, runs: int, prompt: int = 32) -> list[float]:
         live.append(
             (runner.slots.allocate(), table, torch.randint(100, 100_000, (prompt,), generator=gen).tolist())
         )
-    runner.forward([StepSlice(slot, table, 0, t, 0, True) for slot, table, t in live])
-    times = []
+    prefill, decode = [], []
     for _ in range(runs):
-        batch = [StepSlice(slot, table, len(t), [t[-1]], 0, True) for slot, table, t in live]
+        t0 = time.perf_counter()
+        logits = runner.forward([StepSlice(slot, table, 0, t[:prompt], 0, True) for slot, table, t in live])
+        prefill.append((time.perf_counter() - t0) * 1e3)
+    for (_, _, t), row in zip(live, logits, strict=True):
+        t.append(int(row.argmax()))
+    for _ in range(runs):
+        batch = [StepSlice(slot, table, len(t) - 1, [t[-1]], 0, True) for slot, table, t in live]
         t0 = time.perf_counter()
         logits = runner.forward(batch)
-        times.append((time.perf_counter() - t0) * 1e3)
+        decode.append((time.perf_counter() - t0) * 1e3)
         for (_, _, t), row in zip(live, logits, strict=True):
             t.append(int(row.argmax()))
     for slot, table, _ in live:
         runner.slots.free(slot)
         runner.pool.free(table)
-    return times
+    return statistics.median(prefill), statistics.median(decode)
 
 
 def dp_attention(args: argparse.Namespace) -> dict:
-    """Decode steps of ``--dp-seqs`` sequences: one process, the group with data-parallel
-    attention, the group with attention on rank 0."""
+    """Prefill and decode steps of ``--dp-seqs`` sequences: one process (all threads, one rank's
+    threads), the group with data-parallel attention, the group with attention on rank 0."""
     from dsi.engine.runner import ModelRunner
     from dsi.model.config import TINY
     from dsi.model.weights import init_weights
@@ -182,34 +189,28 @@ def dp_attention(args: argparse.Namespace) -> dict:
     blocks = 2 * args.dp_seqs + 1
     ep = resize(args.dp_ranks, args.dp_ranks, cfg.n_experts, args.redundant)
     single = ModelRunner(cfg, w, blocks, args.dp_seqs)
-    ep1 = statistics.median(decode_steps(single, args.dp_seqs, args.runs))
+    times = {"ep1": step_times(single, args.dp_seqs, args.runs)}
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(ep.size))
     try:
-        ep1_rank = statistics.median(decode_steps(single, args.dp_seqs, args.runs))
+        times["ep1_rank_threads"] = step_times(single, args.dp_seqs, args.runs)
     finally:
         torch.set_num_threads(threads)
     group = ExpertGroup.start(cfg, w, EpOptions(ep))
     try:
         runner = group.runner(cfg, w, blocks, args.dp_seqs)
-        dp = statistics.median(decode_steps(runner, args.dp_seqs, args.runs))
+        times["dp"] = step_times(runner, args.dp_seqs, args.runs)
         share = [n / sum(runner.last_tokens) for n in runner.last_tokens]
         runner.data_parallel = False
-        rank0 = statistics.median(decode_steps(runner, args.dp_seqs, args.runs))
+        times["rank0"] = step_times(runner, args.dp_seqs, args.runs)
     finally:
         group.close()
-    return {
-        "dp_ranks": ep.size,
-        "dp_seqs": args.dp_seqs,
-        "dp_step_ms_ep1": ep1,
-        "dp_step_ms_ep1_rank_threads": ep1_rank,
-        "dp_step_ms": dp,
-        "dp_step_ms_rank0": rank0,
-        "dp_vs_ep1": dp / ep1,
-        "dp_vs_ep1_rank_threads": dp / ep1_rank,
-        "dp_vs_rank0": dp / rank0,
-        "dp_rank_token_share": share,
-    }
+    figures: dict = {"dp_ranks": ep.size, "dp_seqs": args.dp_seqs, "dp_rank_token_share": share}
+    for phase, k in (("decode", 1), ("prefill", 0)):
+        figures |= {f"dp_{phase}_ms_{name}": t[k] for name, t in times.items()}
+        dp = times["dp"][k]
+        figures |= {f"dp_{phase}_dp_vs_{name}": dp / t[k] for name, t in times.items() if name != "dp"}
+    return figures
 
 
 def _main(args: argparse.Namespace) -> int:
