@@ -24,7 +24,8 @@ forward of a 64-token prefill step through the same group, side by side.
 
 Data-parallel attention: ``--dp-seqs`` sequences of the tiny model, a prefill step of all their
 32-token prompts, then decode steps of all of them (one token each), ``--runs`` times each;
-``dp_{decode,prefill}_ms_<runner>`` are the medians, ``dp_<phase>_dp_vs_<runner>`` the ratios:
+``dp_{decode,prefill}_ms_<runner>`` are the medians, ``dp_<phase>_dp_vs_<runner>`` the ratios,
+``dp_<phase>_rank0_cpu_ms_<runner>`` the CPU time of the engine's process (rank 0) per step:
 
     ep1               one process (the engine's runner, no group), all of torch's threads
     ep1_rank_threads  the same with one rank's threads (cpu_count / ranks)
@@ -145,10 +146,11 @@ def pause(args: argparse.Namespace) -> dict:
     }
 
 
-def step_times(runner, seqs: int, runs: int, prompt: int = 32) -> tuple[float, float]:
+def step_times(runner, seqs: int, runs: int, prompt: int = 32) -> tuple[float, float, float, float]:
     """Median milliseconds of a prefill step of ``seqs`` prompts of ``prompt`` tokens (``runs``
-    times, recomputing the same positions), and of a decode step of all of them together (one
-    token each; ``runs`` steps after the prefill)."""
+    times, recomputing the same positions) and of a decode step of all of them together (one
+    token each; ``runs`` steps after the prefill): (prefill, decode) wall time, then the same in
+    CPU time of this process (rank 0: the engine's process)."""
     from dsi.engine.batch import StepSlice
 
     gen = torch.Generator().manual_seed(1)
@@ -158,24 +160,26 @@ def step_times(runner, seqs: int, runs: int, prompt: int = 32) -> tuple[float, f
         live.append(
             (runner.slots.allocate(), table, torch.randint(100, 100_000, (prompt,), generator=gen).tolist())
         )
-    prefill, decode = [], []
+    prefill, decode, prefill_cpu, decode_cpu = [], [], [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = runner.forward([StepSlice(slot, table, 0, t[:prompt], 0, True) for slot, table, t in live])
         prefill.append((time.perf_counter() - t0) * 1e3)
+        prefill_cpu.append((time.process_time() - c0) * 1e3)
     for (_, _, t), row in zip(live, logits, strict=True):
         t.append(int(row.argmax()))
     for _ in range(runs):
         batch = [StepSlice(slot, table, len(t) - 1, [t[-1]], 0, True) for slot, table, t in live]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = runner.forward(batch)
         decode.append((time.perf_counter() - t0) * 1e3)
+        decode_cpu.append((time.process_time() - c0) * 1e3)
         for (_, _, t), row in zip(live, logits, strict=True):
             t.append(int(row.argmax()))
     for slot, table, _ in live:
         runner.slots.free(slot)
         runner.pool.free(table)
-    return statistics.median(prefill), statistics.median(decode)
+    return tuple(statistics.median(v) for v in (prefill, decode, prefill_cpu, decode_cpu))
 
 
 def dp_attention(args: argparse.Namespace) -> dict:
@@ -210,6 +214,7 @@ def dp_attention(args: argparse.Namespace) -> dict:
         figures |= {f"dp_{phase}_ms_{name}": t[k] for name, t in times.items()}
         dp = times["dp"][k]
         figures |= {f"dp_{phase}_dp_vs_{name}": dp / t[k] for name, t in times.items() if name != "dp"}
+        figures |= {f"dp_{phase}_rank0_cpu_ms_{name}": t[k + 2] for name, t in times.items()}
     return figures
 
 
