@@ -86,8 +86,15 @@ def _together(runner, prompts: list[list[int]], decode: int = 2) -> list[tuple[t
 
 @pytest.fixture(scope="module")
 def single(weights):
-    runner = ModelRunner(TINY, weights, num_blocks=16, num_slots=8)
-    return [_logits(runner, p) for p in PROMPTS], _greedy(weights), _together(runner, BATCH)
+    """The single-process references, computed with one torch thread, as each rank of a group on
+    2 cores: on a loaded host two threads spin against each other and took 10 times as long."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner = ModelRunner(TINY, weights, num_blocks=16, num_slots=8)
+        return [_logits(runner, p) for p in PROMPTS], _greedy(weights), _together(runner, BATCH)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _same_steps(got, want):
