@@ -2,7 +2,8 @@
 pause of one live rebalance.
 
     dsi bench eplb [--experts 64] [--top-k 6] [--ranks 8] [--redundant 1] [--layers 4]
-                   [--tokens 4096] [--steps 16] [--skew 1.0] [--pause-ranks 4] [--json]
+                   [--tokens 4096] [--steps 16] [--skew 1.0] [--pause-ranks 4]
+                   [--dp-ranks 2] [--dp-seqs 64] [--json]
 
 Trace: per layer, a Zipf popularity over the experts (weight 1 / rank**skew, shuffled per layer);
 each step routes ``--tokens`` tokens to ``--top-k`` distinct experts drawn from it (Gumbel top-k).
@@ -20,6 +21,20 @@ Pause: a live tiny-model EP group of ``--pause-ranks`` gloo processes rebalances
 times between two skewed loads (so expert weights really move); ``pause_ms`` is the median time
 of one rebalance (gather counts, placement, weight moves, switch), ``step_ms`` the median
 forward of a 64-token prefill step through the same group, side by side.
+
+Data-parallel attention: ``--dp-seqs`` sequences of the tiny model, a prefill step of all their
+32-token prompts, then decode steps of all of them (one token each), ``--runs`` times each;
+``dp_{decode,prefill}_ms_<runner>`` are the medians, ``dp_<phase>_dp_vs_<runner>`` the ratios,
+``dp_<phase>_rank0_cpu_ms_<runner>`` the CPU time of the engine's process (rank 0) per step:
+
+    ep1               one process (the engine's runner, no group), all of torch's threads
+    ep1_rank_threads  the same with one rank's threads (cpu_count / ranks)
+    dp                a group of ``--dp-ranks`` ranks, each computing its share of the
+                      sequences' dense layers and attention (``dp_rank_token_share``)
+    rank0             the same group with every sequence's attention on rank 0 (the workers only
+                      hold experts): what data-parallel attention replaces
+
+The ranks share this host's cores (each takes cpu_count / ranks torch threads).
 """
 
 from __future__ import annotations
@@ -32,7 +47,7 @@ import time
 import torch
 
 from dsi.eplb import Placement, imbalance, pick_slots, rebalance, resize
-from dsi.eplb.group import EpOptions, ExpertGroup
+from dsi.eplb.group import EpOptions, ExpertGroup, threads_per_rank
 
 
 def skewed_trace(
@@ -101,7 +116,6 @@ def balance(args: argparse.Namespace) -> dict:
 def pause(args: argparse.Namespace) -> dict:
     """Rebalances and prefill steps of a live tiny-model EP group."""
     from dsi.engine.batch import StepSlice
-    from dsi.engine.runner import ModelRunner
     from dsi.model.config import TINY
     from dsi.model.weights import init_weights
 
@@ -113,7 +127,7 @@ def pause(args: argparse.Namespace) -> dict:
         loads = [hot.clone(), hot.clone()]
         loads[0][:, 0], loads[1][:, -1] = 50.0, 50.0  # the hot expert moves from run to run
         pauses = [group.rebalance(loads[r % 2]) * 1e3 for r in range(args.runs)]
-        runner = ModelRunner(cfg, w, num_blocks=4, num_slots=1, moe_layer=group.moe)
+        runner = group.runner(cfg, w, num_blocks=4, num_slots=1)
         slot, table = runner.slots.allocate(), runner.pool.allocate(1)
         prompt = list(range(1000, 1064))
         steps = []
@@ -132,6 +146,78 @@ def pause(args: argparse.Namespace) -> dict:
     }
 
 
+def step_times(runner, seqs: int, runs: int, prompt: int = 32) -> tuple[float, float, float, float]:
+    """Median milliseconds of a prefill step of ``seqs`` prompts of ``prompt`` tokens (``runs``
+    times, recomputing the same positions) and of a decode step of all of them together (one
+    token each; ``runs`` steps after the prefill): (prefill, decode) wall time, then the same in
+    CPU time of this process (rank 0: the engine's process)."""
+    from dsi.engine.batch import StepSlice
+
+    gen = torch.Generator().manual_seed(1)
+    live = []
+    for _ in range(seqs):
+        table = runner.pool.allocate(-(-(prompt + runs + 1) // runner.cfg.block_size))
+        live.append(
+            (runner.slots.allocate(), table, torch.randint(100, 100_000, (prompt,), generator=gen).tolist())
+        )
+    prefill, decode, prefill_cpu, decode_cpu = [], [], [], []
+    for _ in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        logits = runner.forward([StepSlice(slot, table, 0, t[:prompt], 0, True) for slot, table, t in live])
+        prefill.append((time.perf_counter() - t0) * 1e3)
+        prefill_cpu.append((time.process_time() - c0) * 1e3)
+    for (_, _, t), row in zip(live, logits, strict=True):
+        t.append(int(row.argmax()))
+    for _ in range(runs):
+        batch = [StepSlice(slot, table, len(t) - 1, [t[-1]], 0, True) for slot, table, t in live]
+        t0, c0 = time.perf_counter(), time.process_time()
+        logits = runner.forward(batch)
+        decode.append((time.perf_counter() - t0) * 1e3)
+        decode_cpu.append((time.process_time() - c0) * 1e3)
+        for (_, _, t), row in zip(live, logits, strict=True):
+            t.append(int(row.argmax()))
+    for slot, table, _ in live:
+        runner.slots.free(slot)
+        runner.pool.free(table)
+    return tuple(statistics.median(v) for v in (prefill, decode, prefill_cpu, decode_cpu))
+
+
+def dp_attention(args: argparse.Namespace) -> dict:
+    """Prefill and decode steps of ``--dp-seqs`` sequences: one process (all threads, one rank's
+    threads), the group with data-parallel attention, the group with attention on rank 0."""
+    from dsi.engine.runner import ModelRunner
+    from dsi.model.config import TINY
+    from dsi.model.weights import init_weights
+
+    cfg, w = TINY, init_weights(TINY)
+    blocks = 2 * args.dp_seqs + 1
+    ep = resize(args.dp_ranks, args.dp_ranks, cfg.n_experts, args.redundant)
+    single = ModelRunner(cfg, w, blocks, args.dp_seqs)
+    times = {"ep1": step_times(single, args.dp_seqs, args.runs)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_rank(ep.size))
+    try:
+        times["ep1_rank_threads"] = step_times(single, args.dp_seqs, args.runs)
+    finally:
+        torch.set_num_threads(threads)
+    group = ExpertGroup.start(cfg, w, EpOptions(ep))
+    try:
+        runner = group.runner(cfg, w, blocks, args.dp_seqs)
+        times["dp"] = step_times(runner, args.dp_seqs, args.runs)
+        share = [n / sum(runner.last_tokens) for n in runner.last_tokens]
+        runner.data_parallel = False
+        times["rank0"] = step_times(runner, args.dp_seqs, args.runs)
+    finally:
+        group.close()
+    figures: dict = {"dp_ranks": ep.size, "dp_seqs": args.dp_seqs, "dp_rank_token_share": share}
+    for phase, k in (("decode", 1), ("prefill", 0)):
+        figures |= {f"dp_{phase}_ms_{name}": t[k] for name, t in times.items()}
+        dp = times["dp"][k]
+        figures |= {f"dp_{phase}_dp_vs_{name}": dp / t[k] for name, t in times.items() if name != "dp"}
+        figures |= {f"dp_{phase}_rank0_cpu_ms_{name}": t[k + 2] for name, t in times.items()}
+    return figures
+
+
 def _main(args: argparse.Namespace) -> int:
     figures = {
         "experts": args.experts,
@@ -144,6 +230,8 @@ def _main(args: argparse.Namespace) -> int:
     } | balance(args)
     if args.pause_ranks > 1:
         figures |= pause(args)
+    if args.dp_ranks > 1:
+        figures |= dp_attention(args)
     if args.json:
         print(json.dumps(figures))
         return 0
@@ -172,5 +260,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pause-ranks", type=int, default=4, help="ranks of the live group timed for the pause (1 = skip)"
     )
+    parser.add_argument(
+        "--dp-ranks",
+        type=int,
+        default=2,
+        help="ranks of the group timed for data-parallel attention (1 = skip)",
+    )
+    parser.add_argument("--dp-seqs", type=int, default=64, help="sequences in each timed decode step")
     parser.add_argument("--runs", type=int, default=5, help="rebalances (and steps) timed")
     parser.set_defaults(func=_main)

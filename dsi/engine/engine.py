@@ -145,9 +145,10 @@ class Engine:
                 raise ValueError("expert parallelism needs an MoE model")
             runner = DenseRunner if cfg.family == "llama" else Gemma3Runner
             self.runner = runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+        elif experts is not None:  # attention data-parallel over the group's ranks
+            self.runner = experts.runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         else:
-            moe_layer = experts.moe if experts is not None else None
-            self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant, moe_layer)
+            self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         self.scheduler = Scheduler(
             self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
         )

@@ -15,7 +15,9 @@ when position B - 1 is computed::
 Only when those keys are all real (B - 128 >= the slice's producer SWA start).
 
 ``moe_layer``: the MoE of each layer, by default computed here; an expert-parallel group
-(``dsi.eplb``) passes its all-to-all MoE instead.
+(``dsi.eplb``) passes its all-to-all MoE instead, a collective: then every layer calls it, also
+with no rows, so the ranks of the group step together. The group's ranks share the pages and
+state slots (``use_storage``) and split a step's slices between them (``last_hidden``).
 
 ``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
 logits are the same bits whatever else the step holds and however its prompt was chunked.
@@ -58,13 +60,25 @@ class ModelRunner:
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights
         self.moe: MoeLayer = moe_layer or self._local_moe
+        self._collective = moe_layer is not None
         self.layout = BlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)
-        self._src_views = [self.layout.source_view(self.pool.pages, i) for i in range(len(cfg.kv_sources))]
-        self._glob_view = self.layout.global_view(self.pool.pages)
+        self._bind_views()
         # slot -> source -> (first position, [n, D] wc0 products) of its last verify slice
         self._open_pairs: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
+
+    def _bind_views(self) -> None:
+        pages = self.pool.pages
+        self._src_views = [self.layout.source_view(pages, i) for i in range(len(self.cfg.kv_sources))]
+        self._glob_view = self.layout.global_view(pages)
+
+    def use_storage(self, pages: torch.Tensor, rings: torch.Tensor, partial: torch.Tensor) -> None:
+        """Keep the pages and state slots in these tensors from now on (same shapes and dtypes:
+        shared memory that the other ranks of an expert-parallel group map); what they hold
+        becomes the cache."""
+        self.pool.pages, self.slots.rings, self.slots.partial = pages, rings, partial
+        self._bind_views()
 
     def rollback(self, slot: int, end: int) -> None:
         """After a verify slice: positions >= ``end`` were rejected. Their SWA ring entries and
@@ -86,6 +100,19 @@ class ModelRunner:
         ``snapshots``: filled with the ring snapshots of the slices that reach a block boundary.
         ``hidden``: a list that gets the last layer's output of the same rows ([rows, H], before
         the final norm), what a speculative draft is fed with."""
+        x = self.last_hidden(batch, snapshots)
+        if hidden is not None:
+            hidden.append(x)
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Last-layer rows [N, H] -> logits [N, V]."""
+        return self.mm(rms_norm(x, self.w["final_norm"], self.cfg.norm_eps), self.w["embed"].T)
+
+    @torch.no_grad()
+    def last_hidden(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
+        """The step's forward up to the last layer: [sum of num_logits over the sampled slices, H],
+        the rows :meth:`forward` turns into logits (``batch`` must not be empty)."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
@@ -134,10 +161,7 @@ class ModelRunner:
         last = [r for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample for r in _tail(b, s)]
         if any(s.sample and len(s.tokens) < s.num_logits for s in c_batch):
             raise ValueError("a sampled slice ends before consumer_start")
-        if hidden is not None:
-            hidden.append(xc[last])
-        h = rms_norm(xc[last], w["final_norm"], cfg.norm_eps)
-        return self.mm(h, w["embed"].T)
+        return xc[last]
 
     # ---- one layer -----------------------------------------------------------------------------
     def _layer(
@@ -154,8 +178,8 @@ class ModelRunner:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         consumer = i >= cfg.n_producer
         t = x.shape[0]
-        if t == 0:
-            return x
+        if t == 0:  # an expert-parallel rank takes part in the layer's all-to-alls with no rows
+            return x + self.moe(i, x) if self._collective else x
         xn = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
         q = self.mm(xn, w[p + "wq"]).view(t, cfg.n_heads, cfg.head_dim)
         k = self.mm(xn, w[p + "wk"]).view(t, cfg.n_kv_heads, cfg.head_dim)

@@ -15,8 +15,6 @@ wherever it runs: the result equals the single-process MoE.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from dsi.eplb.comm import Comm
@@ -24,8 +22,6 @@ from dsi.eplb.experts import ExpertStore
 from dsi.eplb.placement import Placement
 from dsi.eplb.routing import pick_slots
 from dsi.model.ops import Matmul, combine, expert_ffn, route, shared_expert
-
-CountExchange = Callable[[torch.Tensor], torch.Tensor]  # [world] pairs to each rank -> from each rank
 
 
 def exchange_counts(comm: Comm, send: torch.Tensor) -> torch.Tensor:
@@ -44,11 +40,9 @@ def ep_moe(
     placement: Placement,
     mm: Matmul,
     counts: torch.Tensor | None = None,
-    exchange: CountExchange | None = None,
 ) -> torch.Tensor:
     """x: [T, H] normalised hidden states of this rank's tokens -> [T, H] MoE output.
-    ``counts``: [E] int64, incremented by this rank's token-expert pairs per logical expert.
-    ``exchange``: how the pair counts travel (the group folds them into its operation header)."""
+    ``counts``: [E] int64, incremented by this rank's token-expert pairs per logical expert."""
     world, per_rank = placement.num_ranks, placement.slots_per_rank
     prefix = f"layers.{layer}."
     t, h = x.shape
@@ -64,7 +58,7 @@ def ep_moe(
     dest = slots // per_rank
     order = dest.argsort(stable=True)  # pairs grouped by destination rank
     out_splits = torch.bincount(dest, minlength=world)
-    in_splits = (exchange(out_splits) if exchange else exchange_counts(comm, out_splits)).tolist()
+    in_splits = exchange_counts(comm, out_splits).tolist()
     out_splits = out_splits.tolist()
     # One message per pair: its row and, in an extra column, its slot (exact in fp32 below 2**24).
     send = (

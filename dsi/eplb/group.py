@@ -1,21 +1,22 @@
 """ExpertGroup: rank 0 of an expert-parallel group, living in the engine process.
 
-Rank 0 runs the whole forward (attention included) for the engine's batch and starts
-``size - 1`` worker processes (:mod:`dsi.eplb.worker`) over torch.distributed (gloo) that hold
-the other ranks' experts. At every MoE layer rank 0 names the operation, then all ranks run the
-same collective (:func:`dsi.eplb.dispatch.ep_moe`); the workers bring no tokens of their own in
-the engine, but the collective is symmetric (every rank may route its own tokens, as
-:meth:`check` does), which is what data-parallel attention over the ranks needs::
+Rank 0 starts ``size - 1`` worker processes (:mod:`dsi.eplb.worker`) over torch.distributed
+(gloo). Every rank holds its share of the routed experts; the dense weights (embeddings,
+attention, norms, router, shared expert) are one shared-memory arena all ranks map. Attention
+and the other dense per-token work run data-parallel: each step's sequences are split over the
+ranks (:mod:`dsi.eplb.dp_runner`), and at every MoE layer all ranks run the same collective
+(:func:`dsi.eplb.dispatch.ep_moe`), each with its own rows::
 
-    rank 0 (engine)                         rank r (worker)
-    start workers, init gloo      <------>  init gloo
-    broadcast GroupSpec, router/shared ---> receive
+    rank 0 (engine)                          rank r (worker)
+    start workers, init gloo       <------>  init gloo
+    GroupSpec (names the weights arena) ---> map the dense weights
     install placement (all-to-all of expert weights from rank 0)
-    per step, per layer: header [MOE, layer, pairs] <--> (all-to-all) ep_moe(layer, no tokens)
-             ep_moe(layer, x)      <------> rows out / expert outputs back (two all-to-alls)
+    runner(): [RUNNER] + state arena name -> map pages / rings / partial state, own runner
+    per step: [FORWARD] + plan ----------->  its slices; every layer's MoE all-to-alls together
+              logits <- rows, snapshots, counts <-- its last-layer rows
     every ``rebalance_steps`` steps, between two steps:
-             [REBALANCE] -----------------> all_reduce counts, placement, move weights
-    close: [STOP] ----------------------->  exit
+              [REBALANCE] ---------------->  all_reduce counts, placement, move weights
+    close: [STOP] ------------------------>  exit
 
 Rebalance pauses serving for the time of that call only (measured: ``last_pause_s``).
 
@@ -38,9 +39,24 @@ from datetime import timedelta
 
 import torch
 
+from dsi.engine.runner import ModelRunner
+from dsi.eplb.arena import SharedArena, layout_of
 from dsi.eplb.comm import Comm
+from dsi.eplb.dp_runner import DataParallelRunner
 from dsi.eplb.experts import held_by, rank0_holds_all
-from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, send_dense
+from dsi.eplb.member import (
+    OP_CHECK,
+    OP_REBALANCE,
+    OP_RUNNER,
+    OP_STOP,
+    ROUTED,
+    GroupSpec,
+    Member,
+    barrier,
+    broadcast_json,
+    header,
+    layout_to_json,
+)
 from dsi.eplb.placement import Placement
 from dsi.eplb.policy import Policy, rebalance
 from dsi.eplb.resize import EpSize, initial_placement
@@ -89,6 +105,7 @@ class ExpertGroup:
         self.steps = 0
         self.rebalances = 0
         self.last_pause_s = 0.0
+        self._runner: DataParallelRunner | None = None
         self._closed = False
 
     @classmethod
@@ -102,19 +119,27 @@ class ExpertGroup:
         workers = [subprocess.Popen([*argv, str(r), str(ep.size), str(threads)]) for r in range(1, ep.size)]
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
-        comm = None
+        comm = arena = None
         try:
             comm = Comm.connect(HOST, port, 0, ep.size, options.start_timeout_s, IDLE_TIMEOUT)
-            spec = GroupSpec(cfg, ep.size, ep.slots_per_rank, options.batch_invariant)
-            blob = spec.to_tensor()
-            comm.broadcast(torch.tensor([blob.numel()], dtype=torch.int64))
-            comm.broadcast(blob)
-            member = Member(comm, spec, send_dense(comm, cfg, weights))
+            dense = {k: t for k, t in weights.items() if k.rsplit(".", 1)[-1] not in ROUTED}
+            arena = SharedArena.create(layout_of(dense))
+            for k, t in dense.items():
+                arena.tensors[k].copy_(t)
+            spec = GroupSpec(
+                cfg, ep.size, ep.slots_per_rank, options.batch_invariant, arena.name, tuple(arena.layout)
+            )
+            broadcast_json(comm, spec.to_json())
+            barrier(comm)  # every rank mapped the arena: its file can go
+            arena.unlink()
+            member = Member(comm, spec, dense)
             member.store.hold_all(weights, cfg.n_layers, cfg.n_experts)
             first = initial_placement(ep, cfg.n_layers, cfg.n_experts, options.policy)
             comm.broadcast(first.to_tensor())
             member.install(first, rank0_holds_all(cfg.n_layers, cfg.n_experts, ep.size))
         except BaseException:
+            if arena is not None:
+                arena.unlink()
             if comm is not None:
                 comm.close()
             _stop(workers, grace_s=0.0)
@@ -137,10 +162,37 @@ class ExpertGroup:
     def size(self) -> int:
         return self.options.ep.size
 
-    def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """The runner's MoE for layer ``layer``: x [T, H] normalised -> [T, H]."""
-        comm = self._member.comm
-        return self._member.moe(layer, x, lambda pairs: header(comm, OP_MOE, layer, 0, pairs)[:, 3])
+    def runner(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        num_blocks: int,
+        num_slots: int,
+        batch_invariant: bool = True,
+    ) -> DataParallelRunner:
+        """The engine's runner, its pages and state slots in shared memory that every rank maps,
+        each step's sequences split over the ranks. One at a time: a new one retires the last."""
+        local = ModelRunner(cfg, weights, num_blocks, num_slots, batch_invariant, self._member.moe)
+        state = {"pages": local.pool.pages, "rings": local.slots.rings, "partial": local.slots.partial}
+        arena = SharedArena.create(layout_of(state))
+        try:
+            header(self._member.comm, OP_RUNNER, num_blocks, num_slots)
+            broadcast_json(
+                self._member.comm,
+                {
+                    "arena": arena.name,
+                    "layout": layout_to_json(arena.layout),
+                    "batch_invariant": batch_invariant,
+                },
+            )
+            barrier(self._member.comm)  # every rank mapped it
+        finally:
+            arena.unlink()
+        local.use_storage(arena.tensors["pages"], arena.tensors["rings"], arena.tensors["partial"])
+        if self._runner is not None:
+            self._runner.closed = True
+        self._runner = DataParallelRunner(local, self._member)
+        return self._runner
 
     def end_step(self) -> float:
         """After a forward: the step's expert counts enter the window; every ``rebalance_steps``
@@ -176,6 +228,8 @@ class ExpertGroup:
         if self._closed:
             return
         self._closed = True
+        if self._runner is not None:
+            self._runner.closed = True
         try:
             header(self._member.comm, OP_STOP)
         finally:

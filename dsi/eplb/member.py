@@ -10,16 +10,17 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine import invariant
+from dsi.eplb.arena import Entry, Layout
 from dsi.eplb.comm import Comm
-from dsi.eplb.dispatch import CountExchange, ep_moe
+from dsi.eplb.dispatch import ep_moe
 from dsi.eplb.experts import ExpertStore, Held, held_by
 from dsi.eplb.placement import Placement
 from dsi.model.config import ModelConfig
 from dsi.model.ops import Matmul, moe
 
 # Operations rank 0 names in the header of each collective step (see header()).
-OP_MOE, OP_REBALANCE, OP_CHECK, OP_STOP = 1, 2, 3, 4
-DENSE = ("router", "s1", "s3", "s2")  # per-layer weights every rank holds
+OP_FORWARD, OP_REBALANCE, OP_CHECK, OP_STOP, OP_RUNNER = 1, 2, 3, 4, 5
+ROUTED = ("w1", "w3", "w2")  # per-layer routed-expert weights: placed on ranks, never shared whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,23 +31,50 @@ class GroupSpec:
     num_ranks: int
     slots_per_rank: int
     batch_invariant: bool = True
+    arena: str = ""  # the weights arena (dsi.eplb.arena): every weight but the routed experts
+    layout: tuple[Entry, ...] = ()
 
-    def to_tensor(self) -> torch.Tensor:
-        text = json.dumps(
-            {
-                "model": json.loads(self.model.to_json()),
-                "num_ranks": self.num_ranks,
-                "slots_per_rank": self.slots_per_rank,
-                "batch_invariant": self.batch_invariant,
-            }
-        )
-        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+    def to_json(self) -> dict:
+        return {
+            "model": json.loads(self.model.to_json()),
+            "num_ranks": self.num_ranks,
+            "slots_per_rank": self.slots_per_rank,
+            "batch_invariant": self.batch_invariant,
+            "arena": self.arena,
+            "layout": layout_to_json(self.layout),
+        }
 
     @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> GroupSpec:
-        data = json.loads(bytes(t.tolist()).decode())
+    def from_json(cls, data: dict) -> GroupSpec:
         model = ModelConfig.from_json(json.dumps(data.pop("model")))
-        return cls(model=model, **data)
+        return cls(model=model, **data | {"layout": tuple(layout_from_json(data["layout"]))})
+
+
+def layout_to_json(layout: Layout | tuple[Entry, ...]) -> list:
+    return [[e.name, list(e.shape), e.dtype] for e in layout]
+
+
+def layout_from_json(data: list) -> Layout:
+    return [Entry(name, tuple(shape), dtype) for name, shape, dtype in data]
+
+
+def broadcast_json(comm: Comm, data: dict | None = None) -> dict:
+    """Collective: rank 0's ``data`` (a JSON object) reaches every rank."""
+    size = torch.zeros(1, dtype=torch.int64)
+    blob = (
+        torch.frombuffer(bytearray(json.dumps(data).encode()), dtype=torch.uint8) if comm.rank == 0 else None
+    )
+    if blob is not None:
+        size[0] = blob.numel()
+    comm.broadcast(size)
+    if blob is None:
+        blob = torch.empty(int(size), dtype=torch.uint8)
+    comm.broadcast(blob)
+    return json.loads(blob.numpy().tobytes().decode())
+
+
+def barrier(comm: Comm) -> None:
+    comm.all_reduce(torch.zeros(1))
 
 
 class Member:
@@ -58,12 +86,11 @@ class Member:
         self.placement: Placement | None = None
         self.counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.int64)  # this rank's pairs
 
-    def moe(self, layer: int, x: torch.Tensor, exchange: CountExchange | None = None) -> torch.Tensor:
+    def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Collective: this rank's rows x [T, H] (normalised, possibly none) -> [T, H]."""
         assert self.placement is not None
         cfg = self.spec.model
-        return ep_moe(
-            self.comm, x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer], exchange
-        )
+        return ep_moe(self.comm, x, layer, cfg.top_k, self.store, self.placement, self.mm, self.counts[layer])
 
     def install(self, new: Placement, held: Held | None = None) -> int:
         """Collective: move expert weights to ``new`` and switch to it; returns experts received."""
@@ -99,46 +126,10 @@ class Member:
         return worst
 
 
-def header(
-    comm: Comm, op: int = 0, a: int = 0, b: int = 0, pairs: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Collective that opens every step: one all-to-all of [world, 4] int64 rows
-    ``(op, a, b, pairs for that rank)``. Rank 0 names the operation (the others send op 0); an
-    MoE step carries its pair counts in it, saving a separate count exchange. Returns the rows
-    received, one from each rank: row 0 names the operation."""
-    send = torch.zeros(comm.world, 4, dtype=torch.int64)
-    send[:, 0], send[:, 1], send[:, 2] = op, a, b
-    if pairs is not None:
-        send[:, 3] = pairs
-    recv = torch.empty_like(send)
-    comm.all_to_all(recv, send)
-    return recv
-
-
-def receive_dense(comm: Comm, spec: GroupSpec) -> dict[str, torch.Tensor]:
-    """Collective (non-zero ranks): the router and shared-expert weights, from rank 0."""
-    cfg = spec.model
-    shapes = {
-        "router": (cfg.hidden, cfg.n_experts),
-        "s1": (cfg.hidden, cfg.shared_dim),
-        "s3": (cfg.hidden, cfg.shared_dim),
-        "s2": (cfg.shared_dim, cfg.hidden),
-    }
-    dense = {}
-    for i in range(cfg.n_layers):
-        for name in DENSE:
-            t = torch.empty(shapes[name])
-            comm.broadcast(t)
-            dense[f"layers.{i}.{name}"] = t
-    return dense
-
-
-def send_dense(comm: Comm, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Collective (rank 0): the counterpart of :func:`receive_dense`."""
-    dense = {}
-    for i in range(cfg.n_layers):
-        for name in DENSE:
-            t = weights[f"layers.{i}.{name}"].contiguous()
-            comm.broadcast(t)
-            dense[f"layers.{i}.{name}"] = t
-    return dense
+def header(comm: Comm, op: int = 0, a: int = 0, b: int = 0) -> tuple[int, int, int]:
+    """Collective that opens every operation: rank 0 broadcasts ``(op, a, b)``; every rank
+    returns them."""
+    t = torch.tensor([op, a, b], dtype=torch.int64)
+    comm.broadcast(t)
+    op, a, b = t.tolist()
+    return op, a, b

@@ -13,10 +13,26 @@ import time
 
 import torch
 
+from dsi.engine.runner import ModelRunner
+from dsi.eplb.arena import SharedArena
 from dsi.eplb.comm import Comm
+from dsi.eplb.dp_step import own_rows, send_results
 from dsi.eplb.experts import rank0_holds_all
 from dsi.eplb.group import IDLE_TIMEOUT
-from dsi.eplb.member import OP_CHECK, OP_MOE, OP_REBALANCE, OP_STOP, GroupSpec, Member, header, receive_dense
+from dsi.eplb.member import (
+    OP_CHECK,
+    OP_FORWARD,
+    OP_REBALANCE,
+    OP_RUNNER,
+    OP_STOP,
+    GroupSpec,
+    Member,
+    barrier,
+    broadcast_json,
+    header,
+    layout_from_json,
+)
+from dsi.eplb.plan import decode
 
 CONNECT_S = 120.0
 
@@ -26,23 +42,28 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(threads)
     _exit_with_parent(os.getppid())
     comm = Comm.connect(host, port, rank, world, CONNECT_S, IDLE_TIMEOUT)
-    size = torch.empty(1, dtype=torch.int64)
-    comm.broadcast(size)
-    blob = torch.empty(int(size), dtype=torch.uint8)
-    comm.broadcast(blob)
-    spec = GroupSpec.from_tensor(blob)
-    member = Member(comm, spec, receive_dense(comm, spec))
+    spec = GroupSpec.from_json(broadcast_json(comm))
+    weights = SharedArena.attach(spec.arena, list(spec.layout)).tensors
+    barrier(comm)
+    member = Member(comm, spec, weights)
     member.install(
         member.receive_placement(), rank0_holds_all(spec.model.n_layers, spec.model.n_experts, world)
     )
-    nothing = torch.empty(0, spec.model.hidden)
+    runner: ModelRunner | None = None
     while True:
-        rows = header(comm)
-        op, a, b = rows[0, :3].tolist()
-        if op == OP_MOE:
-            member.moe(a, nothing, lambda _pairs, rows=rows: rows[:, 3])
+        op, a, b = header(comm)
+        if op == OP_FORWARD:
+            assert runner is not None, "a step before the runner"
+            blob = torch.empty(a, dtype=torch.uint8)
+            comm.broadcast(blob)
+            snapshots = {} if b else None
+            rows = own_rows(runner, member, decode(blob, rank), snapshots)
+            send_results(comm, rows, snapshots, member.counts)
+        elif op == OP_RUNNER:
+            runner = None  # the previous runner's mappings go first
+            runner = _runner(comm, member, weights, a, b)
         elif op == OP_REBALANCE:
-            comm.all_reduce(member.counts)  # the pairs this rank routed itself (none in an engine)
+            comm.all_reduce(member.counts)  # pairs routed outside steps (none in an engine)
             member.counts.zero_()
             member.install(member.receive_placement())
         elif op == OP_CHECK:
@@ -51,6 +72,19 @@ def main(argv: list[str]) -> int:
             break
     comm.close()
     return 0
+
+
+def _runner(
+    comm: Comm, member: Member, weights: dict[str, torch.Tensor], num_blocks: int, num_slots: int
+) -> ModelRunner:
+    """Collective: this rank's runner over the engine's pages and state slots (shared memory)."""
+    info = broadcast_json(comm)
+    state = SharedArena.attach(info["arena"], layout_from_json(info["layout"])).tensors
+    barrier(comm)
+    cfg = member.spec.model
+    runner = ModelRunner(cfg, weights, num_blocks, num_slots, info["batch_invariant"], member.moe)
+    runner.use_storage(state["pages"], state["rings"], state["partial"])
+    return runner
 
 
 def _exit_with_parent(parent: int) -> None:

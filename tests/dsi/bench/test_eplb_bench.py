@@ -23,11 +23,24 @@ def test_eplb_bench_cli_prints_json(capsys):
     assert "dsi.bench.eplb" in bench_cli._BENCHES
     shape = ["--experts", "16", "--top-k", "2", "--ranks", "4", "--layers", "2"]
     args = _parser().parse_args(
-        ["bench", "eplb", "--json", *shape, "--tokens", "2048", "--steps", "2", "--pause-ranks", "1"]
+        [
+            "bench",
+            "eplb",
+            "--json",
+            *shape,
+            "--tokens",
+            "2048",
+            "--steps",
+            "2",
+            "--pause-ranks",
+            "1",
+            "--dp-ranks",
+            "1",
+        ]
     )
     assert args.func(args) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["imbalance_before"] > 1.3  # Zipf skew over 4 contiguous groups of 4 experts
     assert 1.0 <= figures["imbalance_after"] <= 1.05 < figures["imbalance_before"]
     assert figures["imbalance_after_window"] < 1.02
-    assert "pause_ms" not in figures
+    assert "pause_ms" not in figures and "dp_step_ms" not in figures
