@@ -22,8 +22,11 @@ so a stream buffers at most about 64 KiB plus one step's events in the transport
 engine steps that arrive during one stall (at most ``stall_timeout_s`` of them) in its
 upstream queue.
 
-The first write of a stream (with the response headers) and the last (with the end of the
-stream) go through aiohttp's writer; the writes between frame their HTTP/1.1 chunk themselves.
+The first write of a stream and the last (with the end of the stream) go through aiohttp's
+writer; the writes between frame their HTTP/1.1 chunk themselves. The response headers leave
+with the first write (one system call, one segment for both), or on their own once
+``HEADERS_WAIT_S`` passed without an event, so a client of a long prefill still sees the status
+at once.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
+
+
+HEADERS_WAIT_S = 0.1  # the longest the headers wait for the first event (seconds)
 
 
 class ClientGone(Exception):
@@ -157,7 +163,21 @@ class SseStream:
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
 
 
+class _SseResponse(web.StreamResponse):
+    # aiohttp (3.12 on) keeps the headers until the first write, or sends them on send_headers().
+    _send_headers_immediately = False
+
+
+def _send_headers(writer: AbstractStreamWriter) -> None:
+    """The headers now, unless they left with an event (a client gone meanwhile is no error)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        writer.send_headers()  # type: ignore[attr-defined]
+
+
 async def open_sse(request: web.Request, stall_timeout_s: float) -> SseStream:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    resp = _SseResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
-    return SseStream(resp, request.writer, request.transport, stall_timeout_s)
+    writer = request.writer
+    if hasattr(writer, "send_headers"):
+        asyncio.get_running_loop().call_later(HEADERS_WAIT_S, _send_headers, writer)
+    return SseStream(resp, writer, request.transport, stall_timeout_s)
