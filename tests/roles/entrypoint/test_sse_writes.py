@@ -8,11 +8,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from dsi.recipe import ModelVersion, Recipe
+from dsi.roles.entrypoint import sse
 from dsi.roles.entrypoint.app import make_app
 from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
-from dsi.roles.entrypoint import sse
 from dsi.roles.entrypoint.prepare import Preparer
 from tests.roles.entrypoint.fakes import FakePool
 
@@ -81,7 +81,6 @@ async def test_an_http_1_0_client_gets_the_events_unframed(recipe):
     head, body = await _raw_stream(recipe, FakePool(tokens=range(1000, 1000 + TOKENS), delay_s=0.002), "1.0")
     assert b"transfer-encoding" not in head.lower()
     assert len(_contents(body)) == TOKENS + 1
-
 
 
 class _GatedPool(FakePool):
