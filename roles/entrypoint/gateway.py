@@ -177,7 +177,7 @@ class Gateway:
             hit = 0
         else:
             bs = self.prefix.chain.block_size
-            extras = image_extras([(s.offset, s.tokens, s.digest) for s in images], bs)
+            extras = image_extras([(s.offset, s.tokens, s.digest) for s in images], bs) if images else None
             stored = self.prefix.cached_tokens(token_ids, cache_salt, extras)
             hit = predicted_hit(policy, stored, len(token_ids), self.keep, bs, rings=self.rings)
         self.metrics.prefix_lookup_tokens += len(token_ids)
