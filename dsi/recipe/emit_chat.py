@@ -107,9 +107,14 @@ class ChatWriter:
         return []
 
     def step(self, events: Sequence[StepEvent]) -> list[str]:
-        if len(events) == 1 and type(e := events[0]) is ContentDelta and self._role_sent and not self._unsent:
-            self._content.append(e.text)  # the usual step: one text delta
-            return [f"{self._content_head}{to_json(e.text)}}}{self._tail}"]
+        if len(events) == 1 and self._role_sent:  # the usual step: one text delta
+            e = events[0]
+            if type(e) is ContentDelta and not self._unsent:
+                self._content.append(e.text)
+                return [f"{self._content_head}{to_json(e.text)}}}{self._tail}"]
+            if type(e) is ReasoningDelta:
+                self._reasoning.append(e.text)
+                return [f"{self._reasoning_head}{to_json(e.text)}}}{self._tail}"]
         out: list[str] = []
         for e in events:
             if type(e) is ContentLogprobs:

@@ -33,7 +33,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from dsi.recipe.conversation import Effort
 from dsi.recipe.segments import Control, RenderedPrompt
+from dsi.recipe.templates import V4_EFFORT_TEXT, v41_effort_text
 from dsi.tokenizer import tokenizer_path
 
 PARALLEL_MIN_CHARS = 64 * 1024  # below this, one thread beats the batch machinery
@@ -77,7 +79,8 @@ class PromptEncoder:
     """Encodes prompts with the tokenizer file at ``path`` (default: the shipped V4 vocabulary).
     ``control_ids``: every control token the vocabulary has -> its id (the V4 vocabulary has no
     ``<｜System｜>``). ``added_tokens``: the whole added vocabulary (spelling -> id), which plain
-    text must never produce."""
+    text must never produce. ``fixed``: the ids of the template's own texts that a prompt often
+    holds as a whole text segment (the reasoning-effort preambles), encoded once here."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path or tokenizer_path())
@@ -88,6 +91,9 @@ class PromptEncoder:
         self.control_ids = {c: self.added_tokens[c.value] for c in Control if c.value in self.added_tokens}
         self.chunking = _chunking_is_exact(data)
         self._batch = getattr(self._plain, "encode_batch_fast", self._plain.encode_batch)
+        self.fixed: dict[str, tuple[int, ...]] = {}
+        for text in _FIXED_TEXTS:
+            self.fixed[text] = tuple(self._plain.encode(text, add_special_tokens=False).ids)
 
     def encode(self, prompt: RenderedPrompt) -> list[int]:
         """Token ids of ``prompt``. Raises MissingControlToken for a control token that this
@@ -107,7 +113,10 @@ class PromptEncoder:
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids, with no added vocabulary; long inputs in parallel chunks."""
         if sum(map(len, texts)) < PARALLEL_MIN_CHARS:
-            return [self._plain.encode(t, add_special_tokens=False).ids for t in texts]
+            fixed, plain = self.fixed, self._plain
+            return [
+                list(fixed[t]) if t in fixed else plain.encode(t, add_special_tokens=False).ids for t in texts
+            ]
         pieces: list[str] = []
         owner: list[int] = []
         for i, text in enumerate(texts):
@@ -122,6 +131,11 @@ class PromptEncoder:
     def encode_text(self, text: str) -> list[int]:
         """Plain text with no added vocabulary (what every content segment goes through)."""
         return self.encode_texts([text])[0]
+
+
+# Texts of the template that stand alone between two control tokens in many prompts: the V4
+# effort preamble (BOS, preamble, USER when the request has no system message) and V4.1's.
+_FIXED_TEXTS = tuple(sorted({t for t in V4_EFFORT_TEXT.values() if t} | {v41_effort_text(e) for e in Effort}))
 
 
 def cut(text: str, size: int = CHUNK_CHARS) -> list[str]:

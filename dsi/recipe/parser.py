@@ -220,6 +220,17 @@ class OutputParser:
                 return events
             if state == _REASONING:
                 self.reasoning_tokens += len(token_ids)
+                if self._started:  # reasoning text after its start: what _reasoning would emit
+                    text = self._detok.feed(token_ids)
+                    if text:
+                        text = self._held + text
+                        hold = _trailing(text, "\n")
+                        self._held = text[-hold:] if hold else ""
+                        if hold:
+                            text = text[:-hold]
+                        if text:
+                            events.append(ReasoningDelta(text))
+                    return events
             self._text(self._detok.feed(token_ids))
             return events
         start = 0

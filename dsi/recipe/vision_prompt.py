@@ -67,8 +67,12 @@ def render_vision(
     conv: Conversation, spec: VisionSpec, encode: Callable[[RenderedPrompt], tuple[int, ...]]
 ) -> VisionPrompt:
     """``conv`` in the V4 format with its images decoded and placed. ``encode``: the served
-    model's prompt encoder. Raises RequestError 400 for an image that cannot be used."""
+    model's prompt encoder. Raises RequestError 400 for an image that cannot be used. A
+    conversation without images renders and encodes as a text-only model's would."""
     refs = conv.images()
+    if not refs:
+        plain = render(conv, ModelVersion.V4)
+        return VisionPrompt(plain, tuple(encode(plain.prompt)), ())
     if len(refs) > spec.limits.max_images:
         raise fail(f"at most {spec.limits.max_images} images are accepted per request, not {len(refs)}")
     decoded = [_decode(ref, i, spec) for i, ref in enumerate(refs)]

@@ -39,7 +39,7 @@ from dsi.roles.entrypoint.encoders import EncoderPool
 from dsi.roles.entrypoint.errors import error_response
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
-from dsi.roles.entrypoint.sse import ClientGone, SlowReader, SseStream, open_sse
+from dsi.roles.entrypoint.sse import ClientGone, SlowReader, SseStream, TurnWrites, open_sse
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class Gateway:
         self.encoders = encoders  # None: no vision encoder, a request with images is a 503
         metrics.sources.append(pool.metric_lines)
         self.slow_reader_timeout_s = slow_reader_timeout_s
+        self._turns = TurnWrites()  # the streams' end-of-turn writes, one callback for all
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
 
@@ -177,7 +178,7 @@ class Gateway:
             hit = 0
         else:
             bs = self.prefix.chain.block_size
-            extras = image_extras([(s.offset, s.tokens, s.digest) for s in images], bs)
+            extras = image_extras([(s.offset, s.tokens, s.digest) for s in images], bs) if images else None
             stored = self.prefix.cached_tokens(token_ids, cache_salt, extras)
             hit = predicted_hit(policy, stored, len(token_ids), self.keep, bs, rings=self.rings)
         self.metrics.prefix_lookup_tokens += len(token_ids)
@@ -203,7 +204,7 @@ class Gateway:
             self.pool.pick()  # fail before the 200 goes out when nothing can serve
         except NoInstance as exc:
             return self._error(protocol, 503, str(exc))
-        sse = await open_sse(request, self.slow_reader_timeout_s)
+        sse = await open_sse(request, self.slow_reader_timeout_s, self._turns)
         try:
             await self._run(out, msg, sse)
         except ClientGone as exc:
@@ -218,14 +219,14 @@ class Gateway:
     async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
         metrics = self.metrics
-        observe_itl = metrics.itl.observe
-        start = last = time.perf_counter()
+        observe_itl, clock, feed = metrics.itl.observe, time.perf_counter, out.feed
+        start = last = clock()
         generated = 0
         cached = -1  # none reported yet; every chunk of a run reports the same count
         try:
             async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
                 async for chunk in chunks:
-                    now = time.perf_counter()
+                    now = clock()
                     if generated:
                         observe_itl(now - last)
                     else:
@@ -235,7 +236,7 @@ class Gateway:
                     if chunk.cached_tokens != cached:
                         cached = chunk.cached_tokens
                         out.set_cached_tokens(cached)
-                    pieces = out.feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
+                    pieces = feed(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
                     if chunk.finish and not out.done:
                         pieces += out.finish(_engine_finish(chunk.finish))
                     if resp is not None and resp.queue(pieces):

@@ -54,6 +54,11 @@ class Delivered:
     def take(self, chunk: TokenChunk) -> TokenChunk | None:
         if not self.token_ids and chunk.hit is not None:
             self.hit = chunk.hit
+        delivered = self.token_ids
+        if self._checked == len(delivered):  # nothing to catch up (every chunk of a first run)
+            delivered += chunk.token_ids
+            self._checked = len(delivered)
+            return chunk
         ids, n = chunk.token_ids, min(len(chunk.token_ids), len(self.token_ids) - self._checked)
         if n > 0:
             self._compare(ids[:n])

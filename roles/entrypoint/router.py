@@ -129,7 +129,13 @@ class BalancerRouter:
                     timeout=self.bound_s,
                 )
             )
-        answers = await asyncio.gather(*calls, return_exceptions=True)
+        if prefill:
+            answers = await asyncio.gather(*calls, return_exceptions=True)
+        else:  # one ask: awaited as it is, without a task around it
+            try:
+                answers = [await calls[0]]
+            except Exception as exc:  # as gather(return_exceptions=True) hands them on
+                answers = [exc]
         self.latency.observe(time.perf_counter() - started)
         return (self._take(index, answers[1]) if prefill else ""), self._take(index, answers[0])
 

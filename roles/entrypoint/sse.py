@@ -2,8 +2,9 @@
 ends the stream.
 
 Writes are coalesced: ``queue`` adds one engine step's events to the stream's pending bytes,
-and the first step queued in a turn of the event loop schedules one write for the end of that
-turn. Steps that arrive together (several engine steps read off a socket at once) thus leave
+and the first step queued in a turn of the event loop puts the stream on its gateway's
+``TurnWrites``, which writes every stream put there at the end of that turn (one callback per
+turn for all of them). Steps that arrive together (several engine steps read off a socket at once) thus leave
 in one write, one HTTP chunk, one system call; a lone step leaves at the end of the turn it
 arrived in, as before. The bytes the client reads are the same.
 
@@ -22,8 +23,11 @@ so a stream buffers at most about 64 KiB plus one step's events in the transport
 engine steps that arrive during one stall (at most ``stall_timeout_s`` of them) in its
 upstream queue.
 
-The first write of a stream (with the response headers) and the last (with the end of the
-stream) go through aiohttp's writer; the writes between frame their HTTP/1.1 chunk themselves.
+The first write of a stream and the last (with the end of the stream) go through aiohttp's
+writer; the writes between frame their HTTP/1.1 chunk themselves. The response headers leave
+with the first write (one system call, one segment for both), or on their own once
+``HEADERS_WAIT_S`` passed without an event, so a client of a long prefill still sees the status
+at once.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ SSE_HEADERS = {
 }
 
 
+HEADERS_WAIT_S = 0.1  # the longest the headers wait for the first event (seconds)
+
+
 class ClientGone(Exception):
     """The HTTP client closed the connection mid-stream."""
 
@@ -49,11 +56,35 @@ class SlowReader(ClientGone):
     """The HTTP client read nothing for the stall timeout; the connection was aborted."""
 
 
+class TurnWrites:
+    """The streams with bytes queued in this turn of the event loop, written by one callback
+    at its end. One per gateway; a gateway used from another loop (tests) starts afresh."""
+
+    __slots__ = ("_due", "_loop")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._due: list[SseStream] = []
+
+    def add(self, stream: SseStream, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            self._loop, self._due = loop, []
+        if not self._due:
+            loop.call_soon(self._write)
+        self._due.append(stream)
+
+    def _write(self) -> None:
+        due, self._due = self._due, []
+        for stream in due:
+            stream._flush()
+
+
 class SseStream:
     """One streamed response: ``queue`` each engine step's events, ``drain`` when it asks to,
     ``close`` at the end.
 
-    ``writer``: the prepared response's payload writer (the request's ``writer``).
+    ``writer``: the prepared response's payload writer (the request's ``writer``); ``turns``:
+    where its end-of-turn writes are scheduled (None: a ``TurnWrites`` of its own).
     ``peak_buffered``: the most bytes the transport held unsent when a step was queued past
     the high-water mark (bytes).
     """
@@ -66,6 +97,7 @@ class SseStream:
         "_pending_bytes",
         "_started",
         "_transport",
+        "_turns",
         "_writer",
         "peak_buffered",
         "resp",
@@ -78,8 +110,10 @@ class SseStream:
         writer: AbstractStreamWriter,
         transport: asyncio.Transport | None,
         stall_timeout_s: float,
+        turns: TurnWrites | None = None,
     ) -> None:
         self.resp = resp
+        self._turns = turns if turns is not None else TurnWrites()
         self.stall_timeout_s = stall_timeout_s
         self.peak_buffered = 0
         self._writer = writer
@@ -104,7 +138,7 @@ class SseStream:
             self._pending.append(data)
             return True
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            self._turns.add(self, self._loop)
         self._pending.append(data)
         self._pending_bytes += len(data)
         buffered = transport.get_write_buffer_size()
@@ -157,7 +191,23 @@ class SseStream:
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
 
 
-async def open_sse(request: web.Request, stall_timeout_s: float) -> SseStream:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+class _SseResponse(web.StreamResponse):
+    # aiohttp (3.12 on) keeps the headers until the first write, or sends them on send_headers().
+    _send_headers_immediately = False
+
+
+def _send_headers(writer: AbstractStreamWriter) -> None:
+    """The headers now, unless they left with an event (a client gone meanwhile is no error)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        writer.send_headers()  # type: ignore[attr-defined]
+
+
+async def open_sse(
+    request: web.Request, stall_timeout_s: float, turns: TurnWrites | None = None
+) -> SseStream:
+    resp = _SseResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
-    return SseStream(resp, request.writer, request.transport, stall_timeout_s)
+    writer = request.writer
+    if hasattr(writer, "send_headers"):
+        asyncio.get_running_loop().call_later(HEADERS_WAIT_S, _send_headers, writer)
+    return SseStream(resp, writer, request.transport, stall_timeout_s, turns)

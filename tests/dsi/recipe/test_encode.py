@@ -141,3 +141,13 @@ def test_realistic_mixed_text_cuts_exactly(encoder: PromptEncoder) -> None:
     assert len(pieces) > 100
     whole = encoder._plain.encode(text, add_special_tokens=False).ids
     assert [i for p in pieces for i in encoder._plain.encode(p, add_special_tokens=False).ids] == whole
+
+
+def test_fixed_template_texts_encode_as_the_tokenizer_does(encoder: PromptEncoder) -> None:
+    assert encoder.fixed  # the effort preambles
+    for text, ids in encoder.fixed.items():
+        assert list(ids) == encoder._plain.encode(text, add_special_tokens=False).ids
+        got = encoder.encode_texts([text, text + " "])
+        assert got == [list(ids), encoder._plain.encode(text + " ", add_special_tokens=False).ids]
+        got[0].append(-1)  # a caller's list is its own
+        assert encoder.encode_text(text) == list(ids)

@@ -3,6 +3,8 @@ has its placeholder; a text-only model renders images exactly as before."""
 
 from __future__ import annotations
 
+import json
+
 from dsi.model.vit import TINY_VISION
 from dsi.recipe import ModelVersion, Recipe
 from dsi.recipe.models import ModelTable, ServedModel
@@ -94,3 +96,13 @@ def test_images_keep_their_order_when_system_messages_are_lifted():
     # V4 lifts the system message into the head: its image comes first in the prompt.
     assert [p.image.tokens for p in req.placed_images] == [1, 8]
     assert req.placed_images[0].end < req.placed_images[1].offset
+
+
+def test_a_text_only_request_to_a_vision_model_prepares_as_to_a_text_only_one():
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "again"}]
+    for body in (chat(parts, system="be brief"), {**chat("hi"), "thinking": {"type": "enabled"}}):
+        text = json.dumps(body)
+        seen, plain = VISION.prepare("chat", text), TEXT.prepare("chat", text)
+        assert seen.prompt_token_ids == plain.prompt_token_ids
+        assert seen.prompt == plain.prompt and seen.ends_in_thinking == plain.ends_in_thinking
+        assert seen.placed_images == ()

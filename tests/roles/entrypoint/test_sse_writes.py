@@ -8,6 +8,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from dsi.recipe import ModelVersion, Recipe
+from dsi.roles.entrypoint import sse
 from dsi.roles.entrypoint.app import make_app
 from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.gateway import Gateway
@@ -80,3 +81,40 @@ async def test_an_http_1_0_client_gets_the_events_unframed(recipe):
     head, body = await _raw_stream(recipe, FakePool(tokens=range(1000, 1000 + TOKENS), delay_s=0.002), "1.0")
     assert b"transfer-encoding" not in head.lower()
     assert len(_contents(body)) == TOKENS + 1
+
+
+class _GatedPool(FakePool):
+    """Its first step waits until ``gate`` is set."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.gate = asyncio.Event()
+
+    async def generate(self, msg):
+        await self.gate.wait()
+        async for chunk in super().generate(msg):
+            yield chunk
+
+
+async def test_the_headers_leave_alone_when_the_first_step_is_late(recipe, monkeypatch):
+    monkeypatch.setattr(sse, "HEADERS_WAIT_S", 0.01)
+    pool = _GatedPool(tokens=(1000, 1001))
+    gateway = Gateway(pool, ApiKeys.load(None), Metrics(), Preparer(recipe, 16_384))
+    server = TestServer(make_app(gateway, ["dsi-tiny"], 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    try:
+        body = json.dumps({"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 2, "stream": True}).encode()  # fmt: skip
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        # No step was generated yet, and the status is out.
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 OK") and not pool.requests
+        pool.gate.set()
+        rest = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+    finally:
+        await server.close()
+    assert _contents(b"".join(_chunks(rest)))[-1] == ""  # two steps, then the finish chunk
+    assert len(_contents(b"".join(_chunks(rest)))) == 3
