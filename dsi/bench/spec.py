@@ -16,7 +16,7 @@ into ``run/models/smollm2-135m-instruct``) answering held-out chat questions
 (:mod:`dsi.model.chat_prompts`: subjects the draft never trained on). The draft is
 ``draft.safetensors`` of the model directory: ``dsi model train-draft`` for the tiny model; for
 SmolLM2 it is trained on first use when absent (:func:`dsi.model.draft_prepare.ensure_draft`,
-about 16 minutes on one core) and cached there. The step-time curve is measured once, by a
+about 10 minutes of CPU time on one core) and cached there. The step-time curve is measured once, by a
 DSpark engine of the largest batch, and given to every DSpark engine of the run.
 ``--simulated-draft`` replaces the proposals by the true continuation, each request keeping a
 draft token with its own known probability, to show the two policies with a draft of known

@@ -194,16 +194,21 @@ def calibrate(dw, embed, corpus, targets, rows, k: int, eps: float, steps: int =
     """Step 5: fit the confidence head alone (``conf_w``, ``conf_ab``) on the held-out prompts,
     the chain fed its own proposals as at serving time: on the training outputs the draft is
     right far more often than on new ones, and DSpark needs the probability of acceptance on
-    new ones. Returns the mean confidence per position after fitting."""
+    new ones. A position's examples are those whose earlier drafts were all right, so that the
+    confidence estimates the acceptance given the drafts before it accepted (DSpark multiplies
+    them along a request's drafts). Returns the mean confidence per position after fitting."""
     with torch.no_grad():  # the chain's features do not change: compute them once
         h, tok = corpus.hidden[rows], corpus.tokens[rows, 0]
+        alive = torch.ones(len(rows), dtype=torch.bool)
         feats, labels = [], []
         for i in range(k):
             h, logits, _ = draft_step(dw, embed, h, tok, eps)
             choice = logits.argmax(-1)
             z = rms_norm(h, dw["draft.out_norm"], eps)
-            feats.append((z, torch.log_softmax(logits, dim=-1).amax(-1)))
-            labels.append((choice == targets[rows, i]).float())
+            ok = choice == targets[rows, i]
+            feats.append((z[alive], torch.log_softmax(logits, dim=-1).amax(-1)[alive]))
+            labels.append(ok[alive].float())
+            alive &= ok
             tok = dw["draft.vocab"][choice]
     w, ab = dw["draft.conf_w"].clone().requires_grad_(True), dw["draft.conf_ab"].clone().requires_grad_(True)
     opt = torch.optim.Adam([w, ab], lr=0.05)
@@ -211,13 +216,16 @@ def calibrate(dw, embed, corpus, targets, rows, k: int, eps: float, steps: int =
         loss = sum(
             F.binary_cross_entropy_with_logits(z @ w + ab[0] * top + ab[1], y)
             for (z, top), y in zip(feats, labels, strict=True)
+            if len(y)  # a position no example reached with every earlier draft right
         )
         opt.zero_grad()
         loss.backward()
         opt.step()
     dw["draft.conf_w"], dw["draft.conf_ab"] = w.detach(), ab.detach()
     with torch.no_grad():
-        return [float(torch.sigmoid(z @ w + ab[0] * top + ab[1]).mean()) for z, top in feats]
+        return [
+            float(torch.sigmoid(z @ w + ab[0] * top + ab[1]).mean()) if len(z) else 0.0 for z, top in feats
+        ]
 
 
 @torch.no_grad()
