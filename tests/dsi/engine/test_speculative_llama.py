@@ -20,36 +20,35 @@ def smollm2(smollm2_dir):
     return load_llama(smollm2_dir)
 
 
-@pytest.mark.parametrize("mode", ["fixed", "dspark"])
-def test_greedy_tokens_with_drafts_equal_transformers(smollm2, smollm2_greedy, mode):
+def test_greedy_tokens_with_drafts_equal_transformers(smollm2, smollm2_greedy):
     """Drafts are the true continuation with one wrong token at a position that moves every
-    step, so that 0..5 drafts are accepted and rejected positions roll back."""
+    step, so that 0..5 drafts are accepted and rejected positions roll back. One engine (its
+    weights packed once) runs fixed-5, then DSpark."""
     prompts, expected = smollm2_greedy
     prompts, expected = prompts[:2], expected[:2]
     cfg, w = smollm2
-    engine = Engine(
-        cfg,
-        w,
-        EngineConfig(
-            num_blocks=8,
-            num_slots=4,
-            max_running=4,
-            async_scheduling=False,
-            speculative=mode,
-            step_curve=CURVE,
-        ),
-        draft=init_draft(cfg.hidden, torch.arange(512), layers=1, ffn=64),
+    config = EngineConfig(
+        num_blocks=4,
+        num_slots=2,
+        max_running=2,
+        async_scheduling=False,
+        speculative="dspark",
+        step_curve=CURVE,
     )
-    _steer(engine.spec, {str(i): e for i, e in enumerate(expected)})
+    engine = Engine(cfg, w, config, draft=init_draft(cfg.hidden, torch.arange(512), layers=1, ffn=64))
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
+    _steer(engine.spec, {f"{m}{i}": e for m in ("fixed", "dspark") for i, e in enumerate(expected)})
     try:
-        with one_torch_thread():
-            for i, p in enumerate(prompts):
-                engine.add_request(str(i), p, params)
-            outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+        for mode in ("fixed", "dspark"):
+            engine.spec.mode = mode
+            with one_torch_thread():
+                for i, p in enumerate(prompts):
+                    engine.add_request(f"{mode}{i}", p, params)
+                outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+            assert [outs[f"{mode}{i}"] for i in range(len(prompts))] == expected, mode
+            st = engine.spec.stats
+            assert st.verify_slices > 0 and st.reached[0] > st.accepted[0] > 0  # some accepted, some not
+            assert engine.load().free_pages == 3  # every page came back
     finally:
         engine.close()
-    assert [outs[str(i)] for i in range(len(prompts))] == expected
-    st = engine.spec.stats
-    assert st.verify_slices > 0 and st.reached[0] > st.accepted[0] > 0  # some accepted, some not
-    assert engine.load().free_pages == 3  # every page came back
+    assert set(st.lengths) > {5}  # fixed verified 5; dspark chose other lengths too
