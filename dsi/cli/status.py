@@ -9,7 +9,9 @@ STATE is the instance's lifecycle state (starting | ready | serving | draining |
 with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
 The JSON also has the controller's lifecycle transition counts and, under ``autoscale``, every
 decision kept (the last 100). Each serving balancer adds which prefill serves which length bucket
-(see dsi.cli.status_balancers; ``balancers`` in the JSON).
+(see dsi.cli.status_balancers; ``balancers`` in the JSON). Each speculating decode engine adds its
+mode, acceptance per draft position and measured step-time curve (see dsi.cli.status_spec; in
+the JSON under its ``load``: ``speculative``, ``accept_rates``, ``step_curve``).
 
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
@@ -30,6 +32,7 @@ import zmq.asyncio
 
 from dsi.cli.scale_view import format_scale, scale_json
 from dsi.cli.status_balancers import balancers_json, fetch_balancers, format_buckets
+from dsi.cli.status_spec import format_curves, load_json, speculating
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
 from dsi.messages.control import GetScale, InstanceInfo, InstanceTable, ListInstances, ScaleStatus
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         parts = [format_table(table.instances)]
         parts += [format_scale(scale)] if scale else []
         parts += [format_buckets(balancers)] if balancers else []
+        parts += [format_curves(table.instances)] if speculating(table.instances) else []
         print("\n\n".join(parts))
     return 0
 
@@ -145,7 +149,7 @@ def table_json(table: InstanceTable) -> dict[str, Any]:
 
 def info_json(info: InstanceInfo) -> dict[str, Any]:
     fields = msgspec.structs.asdict(info)
-    fields["load"] = msgspec.structs.asdict(info.load)
+    fields["load"] = load_json(info.load)
     return fields
 
 
@@ -163,6 +167,8 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
     summary = f"run={load.running} queue={load.queued} kv={load.kv_tokens} inbox={load.inbox}"
     if load.ep_configured:  # an expert-parallel group: ranks serving / configured
         summary += f" ep={load.ep_ranks}/{load.ep_configured}"
+    if load.speculative:
+        summary += f" spec={load.speculative}"
     return (
         info.instance_id,
         info.role,

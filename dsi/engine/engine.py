@@ -479,7 +479,7 @@ class Engine:
         hidden: list[torch.Tensor] | None = None
         if self.spec is None:
             logits = self.runner.forward(step.slices, snapshots)
-        else:  # the V4 runner: the draft is fed by its last hidden states
+        else:  # the V4 or dense runner: the draft is fed by its last hidden states
             hidden = []
             logits = self.runner.forward(step.slices, snapshots, hidden)
         if self.experts is not None:

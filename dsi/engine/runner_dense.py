@@ -53,14 +53,24 @@ class DenseRunner:
         self.slots = StateSlots(cfg, num_slots)  # empty: rings of length 0, no partial rows
         self._kv = self.layout.kv_view(self.pool.pages)  # [N, L, 2, block_size, Hkv, D]
 
-    @torch.no_grad()
-    def forward(self, batch: list[StepSlice], snapshots: dict | None = None) -> torch.Tensor:
-        """Logits [num sampled slices, V] in batch order of the slices with ``sample``.
-        ``snapshots`` is accepted for the door's sake and stays empty (no SWA rings).
+    def rollback(self, slot: int, end: int) -> None:
+        """After a speculative verify slice: positions >= ``end`` were rejected. Nothing to put
+        back: their page entries are overwritten when those positions are computed again, and the
+        scheduler gives back the pages only they used."""
 
-        One-token slices (decodes) are done together: one scatter of their new keys and values
-        and one batched attention per layer (:func:`dsi.engine.invariant.attend_pages`, the bits
-        of the per-slice path); longer slices (prefill chunks) go one by one."""
+    @torch.no_grad()
+    def forward(
+        self, batch: list[StepSlice], snapshots: dict | None = None, hidden: list | None = None
+    ) -> torch.Tensor:
+        """Logits [sum of num_logits over the sampled slices, V] in batch order of the slices with
+        ``sample`` (each slice's rows in position order). ``snapshots`` is accepted for the door's
+        sake and stays empty (no SWA rings). ``hidden``: a list that gets the last layer's output
+        of the same rows ([rows, H], before the final norm), what a speculative draft is fed with.
+
+        One-token slices (decodes) and speculative verify slices are done together: one scatter
+        of their new keys and values and one batched attention per layer, a row per token
+        (:func:`dsi.engine.invariant.attend_pages`, the bits of the per-slice path); other
+        slices (prefill chunks) go one by one."""
         cfg, w = self.cfg, self.w
         ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
         pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
@@ -68,7 +78,7 @@ class DenseRunner:
         for s in batch:
             spans.append((a, a + len(s.tokens)))
             a += len(s.tokens)
-        one = [i for i, s in enumerate(batch) if len(s.tokens) == 1 and s.cached_end <= s.start]
+        one = [i for i, s in enumerate(batch) if _batched(s)]
         chunks = sorted(set(range(len(batch))) - set(one))
         where = {i: self._locations(batch[i]) for i in chunks}
         decode = self._decode_rows([batch[i] for i in one], [spans[i][0] for i in one])
@@ -87,23 +97,31 @@ class DenseRunner:
                 keys, vals = self._kv[pages, i, 0, offs], self._kv[pages, i, 1, offs]  # [end, Hkv, D]
                 out[a:b] = self._attend(q[a:b], s.start, keys, vals)
             x = finish_layer(cfg, w, i, x, out, self.mm)
-        last = [b - 1 for s, (_a, b) in zip(batch, spans, strict=True) if s.sample]
+        last = [
+            r for s, (_a, b) in zip(batch, spans, strict=True) if s.sample for r in range(b - s.num_logits, b)
+        ]
+        if hidden is not None:
+            hidden.append(x[last])
         h = rms_norm(x[last], w["final_norm"], cfg.norm_eps)
         return self.mm(h, w["lm_head"].T)
 
     def _decode_rows(
         self, slices: list[StepSlice], rows: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """For one-token slices at step rows ``rows``: (rows [B], page [B] and offset [B] of each
-        new position, block tables [B, W] padded with the null page, positions [B]); None if none."""
+        """For batched slices whose first tokens sit at step rows ``rows``, a row per token (n of
+        them): (step rows [n], page [n] and offset [n] of each new position, block tables [n, W]
+        padded with the null page, positions [n]); None if none."""
         if not slices:
             return None
         bs = self.cfg.block_size
         width = max(len(s.block_table) for s in slices)
-        tables = torch.tensor([s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in slices])
-        dpos = torch.tensor([s.start for s in slices])
+        per = [s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in slices]
+        n = [len(s.tokens) for s in slices]
+        tables = torch.tensor([t for t, k in zip(per, n, strict=True) for _ in range(k)])
+        dpos = torch.tensor([p for s in slices for p in range(s.start, s.end)])
+        step_rows = torch.tensor([r + j for r, k in zip(rows, n, strict=True) for j in range(k)])
         pages = tables.gather(1, (dpos // bs)[:, None])[:, 0]
-        return torch.tensor(rows), pages, dpos % bs, tables, dpos
+        return step_rows, pages, dpos % bs, tables, dpos
 
     def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:
         """(page [end], offset [end]) of every position 0 .. s.end - 1 of the slice's sequence."""
@@ -132,3 +150,10 @@ class DenseRunner:
             return invariant.attend_chunk(q, q, first, keys, vals, 0, 0, None, None, self.cfg.max_context + 1)
         t, tk = q.shape[0], keys.shape[0]
         return causal_attend(q, torch.arange(first, first + t), keys, vals, torch.arange(tk))
+
+
+def _batched(s: StepSlice) -> bool:
+    """A slice that joins the batched attention: a one-token decode, or a speculative verify
+    slice (its last token and drafts, every position's logits wanted), nothing of it cached.
+    Its queries see their own keys because every row's keys are written before attention."""
+    return s.cached_end <= s.start and (len(s.tokens) == 1 or (s.sample and s.num_logits == len(s.tokens)))

@@ -15,26 +15,28 @@ from dsi.engine.batch import StepSlice
 from dsi.engine.params import SamplingParams
 from dsi.engine.request import Request
 from dsi.engine.runner import ModelRunner
+from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.sampler import Sampled
 from dsi.engine.scheduler import Step
 from dsi.engine.speculator import Speculator
 from dsi.engine.step_curve import StepCurve
 from dsi.engine.step_curve import measure as measure_curve
 from dsi.model.config import ModelConfig
+from dsi.model.llama import LlamaConfig
 
 
 def build_speculator(
-    cfg: ModelConfig,
+    cfg: ModelConfig | LlamaConfig,
     mode: str,
     num_drafts: int,
     curve: StepCurve | None,
-    runner: ModelRunner,
+    runner: ModelRunner | DenseRunner,
     weights: dict[str, torch.Tensor],
     draft: dict[str, torch.Tensor] | None,
     max_running: int,
 ) -> Speculator:
-    if cfg.family != "v4":
-        raise ValueError("speculative decoding needs the V4 shape (a draft fed by its hidden states)")
+    if cfg.family not in ("v4", "llama"):
+        raise ValueError(f"speculative decoding runs on the V4 shape and the llama family, not {cfg.family}")
     if draft is None:
         raise ValueError("speculative decoding needs draft weights (dsi model train-draft)")
     spec = Speculator(mode, num_drafts, draft, weights["embed"], cfg.norm_eps, cfg.max_context)
@@ -43,7 +45,9 @@ def build_speculator(
     return spec
 
 
-def _measure(cfg: ModelConfig, runner: ModelRunner, spec: Speculator, max_running: int) -> StepCurve:
+def _measure(
+    cfg: ModelConfig | LlamaConfig, runner: ModelRunner | DenseRunner, spec: Speculator, max_running: int
+) -> StepCurve:
     """The step-time curve of this engine, on scratch slots and pages given back after."""
     pool, slots, bs = runner.pool, runner.slots, cfg.block_size
 

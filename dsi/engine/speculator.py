@@ -73,6 +73,7 @@ class Speculator:
         self.w = draft
         self.embed = embed
         self.vocab = draft["draft.vocab"]
+        self.out_embed = embed[self.vocab].contiguous()  # [Vd, H] the draft's output projection
         self.eps = eps
         self.max_context = max_context
         self.curve: StepCurve | None = None
@@ -166,7 +167,7 @@ class Speculator:
         conf: list[list[float]] = [[] for _ in reqs]
         probs: list[list[torch.Tensor]] = [[] for _ in reqs]
         for i in range(self.depth):
-            h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps)
+            h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps, self.out_embed)
             choice = logits.argmax(dim=-1).tolist()
             for row, req in enumerate(reqs):
                 if not req.params.greedy:

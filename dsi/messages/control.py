@@ -10,7 +10,20 @@ what ``dsi status`` and the gateway ask; ``SetState`` is an operator's order (dr
 
 from __future__ import annotations
 
+import msgspec
+
 from dsi.messages.base import Message
+
+
+class StepCurveView(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A DSpark decode engine's step-time curve (dsi.engine.step_curve) as ``dsi status`` shows it:
+    ``step_ms[b][l]`` ms per step of ``batches[b]`` sequences x ``lengths[l]`` tokens each (1: a
+    plain decode, 2..6: the last token and 1..5 drafts), plus ``draft_ms[b]`` for the proposals."""
+
+    batches: list[int]
+    lengths: list[int]
+    step_ms: list[list[float]]
+    draft_ms: list[float]
 
 
 class Load(Message):
@@ -28,6 +41,12 @@ class Load(Message):
     # fewer serving than configured (failed devices at start) is reduced capacity. 0 = no EP group.
     ep_ranks: int = 0
     ep_configured: int = 0
+    # Speculative decoding of a decode engine ([engine] speculative): the mode ("" when off), the
+    # step-time curve a dspark engine measured at start-up, the acceptance rate of each draft
+    # position so far (-1.0: not verified yet with every draft before it accepted).
+    speculative: str = ""
+    step_curve: StepCurveView | None = None
+    accept_rates: tuple[float, ...] = ()
 
     def capacity_share(self) -> float:
         """Share of the configured capacity this instance serves with (1.0 without EP)."""

@@ -78,9 +78,15 @@ def init_draft(
 
 
 def draft_step(
-    w: dict[str, torch.Tensor], embed: torch.Tensor, h: torch.Tensor, tokens: torch.Tensor, eps: float = 1e-6
+    w: dict[str, torch.Tensor],
+    embed: torch.Tensor,
+    h: torch.Tensor,
+    tokens: torch.Tensor,
+    eps: float = 1e-6,
+    out_embed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One draft step for N sequences. h: [N, H] (target or draft hidden); tokens: [N] target ids.
+    ``out_embed``: ``embed[w["draft.vocab"]]`` [Vd, H] made once (a server's draft steps reuse it).
 
     Returns (next hidden [N, H], logits over the draft vocabulary [N, Vd], confidence logit [N]
     before the sigmoid). Differentiable (the training script calls it too)."""
@@ -93,7 +99,7 @@ def draft_step(
         x = x + (F.silu(xn @ w[f"draft.{j}.w1"]) * (xn @ w[f"draft.{j}.w3"])) @ w[f"draft.{j}.w2"]
         j += 1
     z = rms_norm(x, w["draft.out_norm"], eps)
-    logits = z @ embed[w["draft.vocab"]].T
+    logits = z @ (embed[w["draft.vocab"]] if out_embed is None else out_embed).T
     top = torch.log_softmax(logits, dim=-1).amax(-1).detach()
     a, b = w["draft.conf_ab"][0], w["draft.conf_ab"][1]
     conf = z @ w["draft.conf_w"] + a * top + b

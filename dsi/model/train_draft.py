@@ -1,6 +1,8 @@
 """Self-distillation of the DSpark draft on the target's own greedy outputs (``dsi model train-draft``).
 
-Step 1: the engine (speculation off) continues ``prompts`` seeded random prompts greedily.
+Step 1: the engine (speculation off) continues ``prompts`` seeded prompts greedily: random ids
+for the random-weight tiny model, chat questions (:mod:`dsi.model.chat_prompts`, training
+subjects) for a trained chat model, whose answers stop at its end-of-sequence token.
 Step 2: one forward per sequence over prompt + output gives the target's last hidden state at
 every output position (batch invariance makes these the very bits the decode steps saw).
 Step 3: the draft vocabulary is the ``vocab`` ids the outputs use most.
@@ -33,6 +35,7 @@ from dsi.engine.params import SamplingParams
 from dsi.model.config import ModelConfig
 from dsi.model.draft import draft_step, init_draft
 from dsi.model.hits import consumer_start
+from dsi.model.llama import LlamaConfig
 from dsi.model.ops import rms_norm
 
 
@@ -48,8 +51,9 @@ class TrainSettings:
     steps: int = 600
     batch: int = 256
     lr: float = 2e-3
-    max_seconds: float = 1200.0  # stop training early past this wall time (20 minutes)
+    max_seconds: float = 1200.0  # stop training early past this CPU time (20 minutes), collection included
     seed: int = 0
+    ignore_eos: bool = True  # False for a trained chat model: its answers end where it says so
 
 
 @dataclass(slots=True)
@@ -66,11 +70,23 @@ def prompts_for(n: int, lo: int, hi: int, seed: int, vocab: int = 120_000) -> li
     return [[rng.randrange(100, top) for _ in range(rng.randrange(lo, hi + 1))] for _ in range(n)]
 
 
-def collect(cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings) -> Corpus:
-    """Steps 1 and 2: greedy outputs and the hidden states they came from."""
-    prompts = prompts_for(s.prompts, *s.prompt_len, seed=s.seed, vocab=cfg.vocab_size)
-    engine = Engine(cfg, w, EngineConfig(async_scheduling=False, max_running=s.prompts, num_slots=s.prompts))
-    params = SamplingParams(max_tokens=s.tokens, temperature=0, ignore_eos=True)
+def collect(
+    cfg: ModelConfig | LlamaConfig,
+    w: dict[str, torch.Tensor],
+    s: TrainSettings,
+    prompts: list[list[int]] | None = None,
+) -> Corpus:
+    """Steps 1 and 2: greedy outputs and the hidden states they came from. ``prompts``: the
+    prompts to continue (default: ``s.prompts`` seeded random ones)."""
+    prompts = prompts or prompts_for(s.prompts, *s.prompt_len, seed=s.seed, vocab=cfg.vocab_size)
+    running = min(len(prompts), 64)
+    pages = running * -(-(max(map(len, prompts)) + s.tokens) // cfg.block_size) + 1
+    engine = Engine(
+        cfg,
+        w,
+        EngineConfig(async_scheduling=False, max_running=running, num_slots=running, num_blocks=pages),
+    )
+    params = SamplingParams(max_tokens=s.tokens, temperature=0, ignore_eos=s.ignore_eos)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
     outputs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
@@ -79,9 +95,11 @@ def collect(cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings) -> C
     for i, p in enumerate(prompts):
         out = outputs[str(i)]
         seq = p + out
+        n = len(out)  # positions len(p) - 1 .. len(seq) - 2 chose output tokens 0 .. n - 1
+        if n < s.drafts + 2:
+            continue  # too short an answer for one example
         slot, table = runner.slots.allocate(), runner.pool.allocate(-(-len(seq) // bs))
         rows: list[torch.Tensor] = []
-        n = len(out)  # positions len(p) - 1 .. len(seq) - 2 chose output tokens 0 .. n - 1
         sl = StepSlice(slot, table, 0, seq[:-1], consumer_start(len(p), cfg.keep), True, num_logits=n)
         runner.forward([sl], None, rows)
         runner.slots.free(slot)
@@ -107,17 +125,22 @@ def draft_vocab(tokens: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def train(
-    cfg: ModelConfig, w: dict[str, torch.Tensor], s: TrainSettings, log=print
+    cfg: ModelConfig | LlamaConfig,
+    w: dict[str, torch.Tensor],
+    s: TrainSettings,
+    log=print,
+    prompts: list[list[int]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Steps 1-4; returns (draft weights, a report of the data and the acceptance per draft
+    """Steps 1-5; returns (draft weights, a report of the data and the acceptance per draft
     position on the held-out prompts, whose outputs it never trained on)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()  # CPU time: the machine may be shared
     torch.manual_seed(s.seed)
-    corpus = collect(cfg, w, s)
+    corpus = collect(cfg, w, s, prompts)
     log(f"collected {corpus.hidden.shape[0]} examples in {time.perf_counter() - t0:.0f} s")
     gen = torch.Generator().manual_seed(s.seed)
     # held out: every example of the last quarter of the prompts (examples of one output overlap)
-    cut = s.prompts - max(1, s.prompts // 4)
+    count = int(corpus.sequence.max()) + 1
+    cut = count - max(1, count // 4)
     held = torch.nonzero(corpus.sequence >= cut)[:, 0]
     train_rows = torch.nonzero(corpus.sequence < cut)[:, 0]
     vocab = draft_vocab(corpus.tokens[train_rows], s.vocab)
@@ -130,14 +153,14 @@ def train(
     embed = w["embed"]
     step = 0
     for step in range(s.steps):
-        if time.perf_counter() - t0 > s.max_seconds:
+        if time.process_time() - c0 > s.max_seconds:
             break
         pick = train_rows[torch.randint(len(train_rows), (s.batch,), generator=gen)]
         loss = _loss(dw, embed, corpus, targets, pick, s.drafts, cfg.norm_eps)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 100 == 0:
+        if step % 50 == 0:
             log(f"step {step}: loss {float(loss.detach()):.3f}")
     out = {k: v.detach() for k, v in dw.items()}
     conf = calibrate(out, embed, corpus, targets, held, s.drafts, cfg.norm_eps)
@@ -147,6 +170,7 @@ def train(
         "held_out_examples": len(held),
         "steps": step + 1,
         "seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(time.process_time() - c0, 1),
         "held_out_accept_pos": [round(a, 4) for a in acc],
         "held_out_confidence_pos": [round(c, 4) for c in conf],
     }
@@ -170,16 +194,21 @@ def calibrate(dw, embed, corpus, targets, rows, k: int, eps: float, steps: int =
     """Step 5: fit the confidence head alone (``conf_w``, ``conf_ab``) on the held-out prompts,
     the chain fed its own proposals as at serving time: on the training outputs the draft is
     right far more often than on new ones, and DSpark needs the probability of acceptance on
-    new ones. Returns the mean confidence per position after fitting."""
+    new ones. A position's examples are those whose earlier drafts were all right, so that the
+    confidence estimates the acceptance given the drafts before it accepted (DSpark multiplies
+    them along a request's drafts). Returns the mean confidence per position after fitting."""
     with torch.no_grad():  # the chain's features do not change: compute them once
         h, tok = corpus.hidden[rows], corpus.tokens[rows, 0]
+        alive = torch.ones(len(rows), dtype=torch.bool)
         feats, labels = [], []
         for i in range(k):
             h, logits, _ = draft_step(dw, embed, h, tok, eps)
             choice = logits.argmax(-1)
             z = rms_norm(h, dw["draft.out_norm"], eps)
-            feats.append((z, torch.log_softmax(logits, dim=-1).amax(-1)))
-            labels.append((choice == targets[rows, i]).float())
+            ok = choice == targets[rows, i]
+            feats.append((z[alive], torch.log_softmax(logits, dim=-1).amax(-1)[alive]))
+            labels.append(ok[alive].float())
+            alive &= ok
             tok = dw["draft.vocab"][choice]
     w, ab = dw["draft.conf_w"].clone().requires_grad_(True), dw["draft.conf_ab"].clone().requires_grad_(True)
     opt = torch.optim.Adam([w, ab], lr=0.05)
@@ -187,13 +216,16 @@ def calibrate(dw, embed, corpus, targets, rows, k: int, eps: float, steps: int =
         loss = sum(
             F.binary_cross_entropy_with_logits(z @ w + ab[0] * top + ab[1], y)
             for (z, top), y in zip(feats, labels, strict=True)
+            if len(y)  # a position no example reached with every earlier draft right
         )
         opt.zero_grad()
         loss.backward()
         opt.step()
     dw["draft.conf_w"], dw["draft.conf_ab"] = w.detach(), ab.detach()
     with torch.no_grad():
-        return [float(torch.sigmoid(z @ w + ab[0] * top + ab[1]).mean()) for z, top in feats]
+        return [
+            float(torch.sigmoid(z @ w + ab[0] * top + ab[1]).mean()) if len(z) else 0.0 for z, top in feats
+        ]
 
 
 @torch.no_grad()

@@ -4,6 +4,10 @@ the OpenAI SDK's answer to the capital question names Paris; the greedy tokens o
 prompts of tests/smollm2.py equal transformers'; a repeated long prompt takes an exact prefix
 hit (pages from the store) and answers alike; DeepSeek-only features are a 400.
 
+The decode engine speculates (``[engine] speculative = "fixed"``, 5 drafts a step from a seeded
+untrained draft, nearly all rejected and rolled back), so the greedy checks also say that
+speculation leaves greedy output as it is through the cluster; ``dsi status`` shows its mode.
+
 One cluster serves every check (module fixture); the model directory is the session's import.
 """
 
@@ -15,8 +19,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
+from dsi.cli.status import fetch_instances
 from dsi.kvcache.shm import remove_files_of
+from dsi.model.draft import init_draft, save_draft
 from tests.dsi.cli.procs import REPO_ROOT, Procs, free_port, gone, local_config, python_module, wait_until
 from tests.smollm2 import GREEDY_TOKENS, PROMPTS
 
@@ -33,7 +40,9 @@ def cluster(tmp_path_factory, smollm2_dir):
     tmp = tmp_path_factory.mktemp("llama-cluster")
     config = local_config(tmp, keep=ROLES, source=SMOLLM2_TOML)
     text = re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{smollm2_dir}"', config.read_text())
+    text = text.replace("[engine]\n", '[engine]\nspeculative = "fixed"\n', 1)
     config.write_text(text)
+    save_draft(smollm2_dir, init_draft(576, torch.arange(4096), layers=1, ffn=64))
     controller = re.search(r'(?m)^controller = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
     port = free_port()
     with Procs(tmp) as procs:
@@ -83,6 +92,20 @@ def test_greedy_tokens_through_the_cluster_equal_transformers(cluster, smollm2_g
     got = asyncio.run(run(cluster[1], prompts, GREEDY_TOKENS))
     stopped = [e[: e.index(2) + 1] if 2 in e else e for e in expected]  # the engine stops at EOS
     assert got == stopped
+
+
+def test_status_shows_the_decode_speculating(cluster):
+    """...and, once a decode step verified drafts, its acceptance rate of the first position."""
+    from tests.roles.disagg_client import run
+
+    asyncio.run(run(cluster[1], [[1, 9690, 198, 2683, 314, 260]], 3))  # decodes: drafts are verified
+
+    def decode():
+        table = asyncio.run(fetch_instances(cluster[1], None, 10.0))
+        return next(i for i in table.instances if i.role == "decode")
+
+    wait_until(lambda: decode().load.accept_rates[:1] >= (0.0,), timeout=10)
+    assert decode().load.speculative == "fixed" and len(decode().load.accept_rates) == 5
 
 
 def test_a_repeated_long_prompt_hits_its_pages_exactly(cluster):

@@ -3,9 +3,12 @@
 import json
 import re
 
+import msgspec
+
 from dsi.cli.main import main
 from dsi.cli.status import format_table, table_json
-from dsi.messages.control import InstanceInfo, InstanceTable, Load, TransitionCount
+from dsi.cli.status_spec import format_curves
+from dsi.messages.control import InstanceInfo, InstanceTable, Load, StepCurveView, TransitionCount
 from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
 
@@ -50,6 +53,7 @@ def test_json_is_plain_objects():
     assert info["load"] == {
         "running": 3, "queued": 1, "kv_tokens": 512, "inbox": 0, "uncached_tokens": 0,
         "queued_pixels": 0, "ep_ranks": 0, "ep_configured": 0,
+        "speculative": "", "step_curve": None, "accept_rates": [],
     }  # fmt: skip
     assert (info["instance_id"], info["state"], info["suspect"], info["pid"]) == (
         "prefill-0",
@@ -90,6 +94,23 @@ authorized_keys_dir = "{keys["authorized_dir"]}"
         address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
         assert "cannot reach the controller" in capsys.readouterr().err
+
+
+def test_a_speculating_decode_shows_its_step_time_curve():
+    curve = StepCurveView([1, 8], [1, 2], [[60.0, 66.5], [90.0, 120.25]], [5.0, 7.5])
+    load = Load(running=2, speculative="dspark", step_curve=curve, accept_rates=(0.62, 0.5, -1.0))
+    info = InstanceInfo("decode-0", "decode", "h", 7, "tcp://h:7120", "serving", load, 0.5, 1.0e9)
+    assert "spec=dspark" in format_table([info]).splitlines()[1].split()
+    lines = format_curves([info, INFO]).splitlines()
+    assert lines[0] == "decode-0 speculative dspark, accepted per draft position: 0.62 0.50 -"
+    assert lines[3].split() == ["batch", "8", "90.0", "120.2", "7.5"]
+    data = json.loads(json.dumps(table_json(InstanceTable([info], controller_id="c"))))
+    assert data["instances"][0]["load"]["step_curve"] == {
+        "batches": [1, 8], "lengths": [1, 2], "step_ms": [[60.0, 66.5], [90.0, 120.25]], "draft_ms": [5.0, 7.5],
+    }  # fmt: skip
+    assert data["instances"][0]["load"]["accept_rates"] == [0.62, 0.5, -1.0]
+    # and the heartbeat's Load survives the wire
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(load), type=Load) == load
 
 
 def test_an_expert_parallel_instance_shows_its_ranks():
