@@ -6,16 +6,26 @@ installs), dequantised once by :func:`dsi.model.gguf_import.import_gguf` into
 all load that directory, so all three run the same weights. Each run generates ``max_tokens``
 greedy tokens for every prompt with EOS ignored and returns (tokens/s over the wall time of the
 run, each prompt's tokens).
+
+``python -m dsi.bench.peers_local --system dsi|hf --model DIR --prompts FILE --max-tokens N
+--threads T`` runs one of the two as a child of the bench (the protocol of
+:mod:`dsi.bench.peer_child`): T torch threads, one untimed 4-token warm-up, then one timed run per
+``run``. :func:`local_child` is that child, not started.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+from dsi.bench.peer_child import PeerChild, answer, answer_channel
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -151,3 +161,51 @@ def run_hf(directory: Path, prompts: list[list[int]], max_tokens: int) -> tuple[
         elapsed = time.perf_counter() - start
     outputs = out[:, width:].tolist()
     return sum(map(len, outputs)) / elapsed, outputs
+
+
+_RUNS = {"dsi": run_dsi, "hf": run_hf}
+
+
+def local_child(
+    system: str, model: Path, prompts_file: Path, max_tokens: int, threads: int, log: Path
+) -> PeerChild:
+    """dsi's engine (``dsi``) or transformers (``hf``) as a bench child (not started)."""
+    argv = [sys.executable, "-m", "dsi.bench.peers_local", "--system", system, "--model", str(model)]
+    argv += ["--prompts", str(prompts_file), "--max-tokens", str(max_tokens), "--threads", str(threads)]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    return PeerChild({"dsi": "dsi", "hf": "transformers"}[system], argv, env, log)
+
+
+def _serve(args: argparse.Namespace, channel) -> None:
+    torch.set_num_threads(args.threads)
+    model, run = Path(args.model), _RUNS[args.system]
+    prompts = json.loads(Path(args.prompts).read_text())
+    start = time.perf_counter()
+    run(model, prompts, 4)
+    answer(channel, {"ready": True, "load_s": time.perf_counter() - start, "version": torch.__version__})
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        tok_s, outputs = run(model, prompts, args.max_tokens)
+        answer(channel, {"tok_s": tok_s, "outputs": outputs})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--system", choices=sorted(_RUNS), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    channel = answer_channel()
+    try:
+        _serve(args, channel)
+    except Exception as exc:  # reported as data, as the vLLM child does
+        answer(channel, {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

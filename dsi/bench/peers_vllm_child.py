@@ -3,16 +3,10 @@
     python peers_vllm_child.py --model DIR --prompts FILE --max-tokens N [--eager] [--dtype float32]
 
 FILE is a JSON list of prompts as token id lists. The model loads once (``vllm.LLM`` on the CPU,
-offline) and runs one warm-up ``generate`` of every prompt for 4 tokens. Then the child answers
-the parent line by line, so that the parent can interleave vLLM's timed runs with its own::
-
-    child -> {"ready": true, "load_s": 12.3, "version": "0.32.0"}     (or {"error": "..."})
-    parent -> run      child -> {"tok_s": 310.2, "outputs": [[...], ...]}   one timed run of every
-                                 prompt for max-tokens greedy tokens, EOS ignored
-    parent -> quit (or end of input)   child exits
-
-Each answer is one JSON line on the child's original stdout; everything else the child and vLLM's
-processes print goes to stderr.
+offline) and runs one warm-up ``generate`` of every prompt for 4 tokens; then each ``run`` of the
+protocol of :mod:`dsi.bench.peer_child` is one timed run of every prompt for max-tokens greedy
+tokens, EOS ignored. The protocol's two helpers are written out here: this file runs with the
+peer venv's Python, which has no dsi.
 """
 
 from __future__ import annotations
@@ -68,6 +62,7 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="no torch.compile (enforce_eager)")
     args = parser.parse_args()
     channel = os.fdopen(os.dup(1), "w")  # the answers; fd 1 itself goes to stderr from here on
+    # (dsi.bench.peer_child.answer_channel)
     sys.stdout.flush()
     os.dup2(2, 1)
     try:

@@ -8,8 +8,9 @@ import subprocess
 import pytest
 
 from dsi.bench import peers, peers_vllm
+from dsi.bench.peer_child import PeerRun, parse_answer
 from dsi.bench.peers import PeersConfig, agreement, config_from_args, summarise
-from dsi.bench.peers_vllm import VllmRun, install_vllm, parse_answer
+from dsi.bench.peers_vllm import install_vllm
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -37,7 +38,7 @@ def test_a_bad_count_is_refused_with_its_flag(capsys):
 
 def test_fields_and_ratios_with_vllm():
     outs = [[1, 2], [3, 4]]
-    vllm = VllmRun([100.0, 80.0, 120.0], 12.34, "0.32.0", [[1, 2], [3, 5]])
+    vllm = PeerRun([100.0, 80.0, 120.0], 12.34, "0.32.0", [[1, 2], [3, 5]])
     result = summarise(PeersConfig(prompts=2), [50.0, 60.0, 40.0], [20.0, 25.0, 30.0], outs, outs, vllm)
     assert (result.dsi_tok_s, result.hf_tok_s, result.vllm_tok_s) == (50.0, 25.0, 100.0)
     assert result.dsi_vs_vllm == 0.5 and result.dsi_vs_hf == 2.0
@@ -53,15 +54,15 @@ def test_vllm_unavailable_keeps_the_other_figures_and_says_why():
     assert result.vllm_error == "vLLM failed: OSError: no"
     assert (result.dsi_tok_s, result.hf_tok_s, result.dsi_vs_hf) == (10.0, 5.0, 2.0)
     assert json.loads(json.dumps(peers.asdict(result)))["vllm_error"] == "vLLM failed: OSError: no"
-    assert peers._start_vllm(PeersConfig(vllm=False), None, []) == "not run (--no-vllm)"
+    assert peers._vllm_child(PeersConfig(vllm=False), None, None) == "not run (--no-vllm)"
 
 
 def test_each_answer_of_the_child_is_one_json_line():
     line = json.dumps({"tok_s": 3.5, "outputs": [[1]]})
     assert parse_answer(line + "\n") == {"tok_s": 3.5, "outputs": [[1]]}
-    assert parse_answer('{"error": "RuntimeError: boom"}') == "vLLM failed: RuntimeError: boom"
-    assert parse_answer("Traceback").startswith("vLLM printed an unreadable answer: ")
-    assert parse_answer("") == "vLLM stopped without an answer"
+    assert parse_answer('{"error": "RuntimeError: boom"}') == "failed: RuntimeError: boom"
+    assert parse_answer("Traceback").startswith("printed an unreadable answer: ")
+    assert parse_answer("") == "stopped without an answer"
 
 
 def test_an_install_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
