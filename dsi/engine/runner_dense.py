@@ -34,7 +34,7 @@ from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.llama import LlamaConfig, fuse_projections
-from dsi.model.ops import Matmul, rms_norm, rope_angles, rope_rotate
+from dsi.model.ops import Matmul, rope_angles, rope_rotate
 
 _PRODUCTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer weights of x @ w products
 
@@ -75,8 +75,7 @@ class DenseRunner:
         for i in range(cfg.n_layers):
             x = self._layer(i, x, cos, sin, plan)
         last = self._sampled_rows(batch)
-        h = rms_norm(x[last], w["final_norm"], cfg.norm_eps)
-        return self.mm(h, w["lm_head"].T)
+        return self.mm(self._norm(x[last], w["final_norm"]), w["lm_head"].T)
 
     def _layer(
         self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: StepRows | object
@@ -84,13 +83,17 @@ class DenseRunner:
         """Layer i over the step's rows x [T, H] -> [T, H]."""
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t, hq, hkv, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qkv = self.mm(rms_norm(x, w[p + "attn_norm"], cfg.norm_eps), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
+        qkv = self.mm(self._norm(x, w[p + "attn_norm"]), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
         qk = rope_rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
         k, v = qk[:, hq:].reshape(t, hkv * d), qkv[:, (hq + hkv) * d :]
         x = x + self.mm(self.attend(self._kv[:, i], qk[:, :hq], k, v, plan), w[p + "wo"])
-        gate_up = self.mm(rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps), w[p + "w_gate_up"])  # [T, 2F]
+        gate_up = self.mm(self._norm(x, w[p + "ffn_norm"]), w[p + "w_gate_up"])  # [T, 2F]
         f = cfg.intermediate
         return x + self.mm(F.silu(gate_up[:, :f]) * gate_up[:, f:], w[p + "w_down"])
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of rows x [T, H] in one fused op (the formula of :func:`dsi.model.ops.rms_norm`)."""
+        return F.rms_norm(x, (x.shape[1],), weight, self.cfg.norm_eps)
 
     @staticmethod
     def _sampled_rows(batch: list[StepSlice]) -> list[int]:
