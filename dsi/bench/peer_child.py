@@ -3,7 +3,8 @@
 Every system (dsi's engine, transformers, vLLM) loads once in a child started in a session of
 its own: on Linux with autogroup scheduling the kernel shares the CPU between sessions, so each
 system gets the same share of a loaded machine whatever else runs beside the bench. The parent
-interleaves the children's timed runs over one line protocol::
+interleaves the children's timed runs over one line protocol, and counts the CPU seconds of each
+child's session (all its processes) per run::
 
     child -> {"ready": true, "load_s": 12.3, "version": "0.32.0"}     (or {"error": "..."})
     parent -> run      child -> {"tok_s": 310.2, "outputs": [[...], ...]}   one timed run
@@ -30,10 +31,12 @@ from typing import TextIO
 
 @dataclass(slots=True)
 class PeerRun:
-    """What a child measured: tokens/s of each timed run, its load time (s), its version, each
-    prompt's output tokens of the last run."""
+    """What a child measured: tokens/s of each timed run (wall time), the CPU seconds its
+    processes spent in each run, its load time (s), its version, each prompt's output tokens of
+    the last run."""
 
     tok_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)  # CPU seconds of the child's session per run
     load_s: float = 0.0
     version: str = ""
     outputs: list[list[int]] = field(default_factory=list)
@@ -87,6 +90,7 @@ class PeerChild:
 
     def run_once(self, timeout_s: float = 1800.0) -> str | None:
         """One timed run, added to ``self.run``; None, or why it failed."""
+        before = session_cpu_s(self._proc.pid) if self._proc is not None else 0.0
         try:
             self._proc.stdin.write("run\n")
             self._proc.stdin.flush()
@@ -95,6 +99,7 @@ class PeerChild:
         answer = self._answer(timeout_s)
         if isinstance(answer, str):
             return answer
+        self.run.cpu_s.append(session_cpu_s(self._proc.pid) - before)
         self.run.tok_s.append(float(answer["tok_s"]))
         self.run.outputs = answer["outputs"]
         return None
@@ -120,6 +125,23 @@ class PeerChild:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._reader.shutdown(wait=False, cancel_futures=True)
+
+
+def session_cpu_s(sid: int) -> float:
+    """User + system CPU seconds of the live processes of session ``sid`` (0.0 without /proc)."""
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:  # fields after the name: state, ppid, pgrp, session, ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime (ticks)
+    return total / tick
 
 
 def answer_channel() -> TextIO:

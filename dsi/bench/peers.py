@@ -16,7 +16,10 @@ without torch.compile unless ``--vllm-compile``, and with prefix caching off (ea
 its prompts, as dsi's engine does here). If it cannot be installed or run, its figures are null
 and ``vllm_error`` says why.
 
-``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
+``dsi_cpu_tok_s`` / ``vllm_cpu_tok_s``: output tokens per CPU second of the system's processes
+(user + system time of its session over each run, vLLM's front end and engine core included),
+medians, and their ratio ``dsi_vs_vllm_cpu``: what each costs, whatever share of a loaded
+machine it got. ``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
 continuations of the same weights; fp32 rounding differences can flip a near-tie and change the
 rest of a continuation). The served case (``dsi serve`` against vLLM's OpenAI server) is
 ``dsi bench peers-served`` (:mod:`dsi.bench.peers_served`).
@@ -69,6 +72,10 @@ class PeersResult:
     vllm_load_s: float | None
     vllm_compile: bool
     vllm_error: str | None
+    # output tokens per CPU second of each system's processes (its session), medians over runs
+    dsi_cpu_tok_s: float | None = None
+    vllm_cpu_tok_s: float | None = None
+    dsi_vs_vllm_cpu: float | None = None
     served: str = "see dsi bench peers-served"
 
 
@@ -86,8 +93,10 @@ def summarise(
     dsi_out: list[list[int]],
     hf_out: list[list[int]],
     vllm: PeerRun | str,
+    dsi_cpu_s: list[float] = (),
 ) -> PeersResult:
-    """Medians and ratios; ``vllm`` is its run, or the reason it is unavailable."""
+    """Medians and ratios; ``vllm`` is its run, or the reason it is unavailable; ``dsi_cpu_s``:
+    the CPU seconds of dsi's runs (``vllm.cpu_s`` likewise)."""
     d, h = statistics.median(dsi), statistics.median(hf)
     v = statistics.median(vllm.tok_s) if isinstance(vllm, PeerRun) else None
     ran = isinstance(vllm, PeerRun)
@@ -108,7 +117,19 @@ def summarise(
         vllm_load_s=round(vllm.load_s, 1) if ran else None,
         vllm_compile=config.vllm_compile,
         vllm_error=None if ran else str(vllm),
+        **_cpu_figures(config, dsi_cpu_s, vllm.cpu_s if ran else []),
     )
+
+
+def _cpu_figures(config: PeersConfig, dsi: list[float], vllm: list[float]) -> dict[str, float | None]:
+    tokens = config.prompts * config.max_tokens  # every run generates all of them (EOS ignored)
+    d = tokens / statistics.median(dsi) if dsi and statistics.median(dsi) > 0 else None
+    v = tokens / statistics.median(vllm) if vllm and statistics.median(vllm) > 0 else None
+    return {
+        "dsi_cpu_tok_s": round(d, 1) if d else None,
+        "vllm_cpu_tok_s": round(v, 1) if v else None,
+        "dsi_vs_vllm_cpu": round(d / v, 3) if d and v else None,
+    }
 
 
 def _vllm_child(config: PeersConfig, model: Path, prompts_file: Path) -> PeerChild | str:
@@ -162,6 +183,7 @@ def run(config: PeersConfig) -> PeersResult:
         dsi.run.outputs,
         hf.run.outputs,
         vllm.run if isinstance(vllm, PeerChild) else vllm,
+        dsi.run.cpu_s,
     )
 
 

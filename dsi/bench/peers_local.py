@@ -9,8 +9,8 @@ run, each prompt's tokens).
 
 ``python -m dsi.bench.peers_local --system dsi|hf --model DIR --prompts FILE --max-tokens N
 --threads T`` runs one of the two as a child of the bench (the protocol of
-:mod:`dsi.bench.peer_child`): T torch threads, one untimed 4-token warm-up, then one timed run per
-``run``. :func:`local_child` is that child, not started.
+:mod:`dsi.bench.peer_child`): T torch threads bound to cores 0 .. T - 1 (as the vLLM child binds
+its OpenMP threads), one untimed 4-token warm-up, then one timed run per ``run``. :func:`local_child` is that child, not started.
 """
 
 from __future__ import annotations
@@ -178,6 +178,8 @@ def local_child(
 
 def _serve(args: argparse.Namespace, channel) -> None:
     torch.set_num_threads(args.threads)
+    if hasattr(os, "sched_setaffinity"):  # cores 0 .. threads - 1, as vLLM binds its OpenMP threads
+        os.sched_setaffinity(0, range(min(args.threads, os.cpu_count() or 1)))
     model, run = Path(args.model), _RUNS[args.system]
     prompts = json.loads(Path(args.prompts).read_text())
     start = time.perf_counter()

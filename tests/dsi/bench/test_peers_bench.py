@@ -38,13 +38,15 @@ def test_a_bad_count_is_refused_with_its_flag(capsys):
 
 def test_fields_and_ratios_with_vllm():
     outs = [[1, 2], [3, 4]]
-    vllm = PeerRun([100.0, 80.0, 120.0], 12.34, "0.32.0", [[1, 2], [3, 5]])
-    result = summarise(PeersConfig(prompts=2), [50.0, 60.0, 40.0], [20.0, 25.0, 30.0], outs, outs, vllm)
+    vllm = PeerRun([100.0, 80.0, 120.0], [0.5, 0.4, 0.6], 12.34, "0.32.0", [[1, 2], [3, 5]])
+    cfg = PeersConfig(prompts=2, max_tokens=100)
+    result = summarise(cfg, [50.0, 60.0, 40.0], [20.0, 25.0, 30.0], outs, outs, vllm, [1.0, 2.0, 4.0])
     assert (result.dsi_tok_s, result.hf_tok_s, result.vllm_tok_s) == (50.0, 25.0, 100.0)
     assert result.dsi_vs_vllm == 0.5 and result.dsi_vs_hf == 2.0
     assert result.agree_hf == 1.0 and result.agree_vllm == 0.5
     assert result.vllm_error is None and result.vllm_version == "0.32.0" and result.vllm_load_s == 12.3
     assert "peers-served" in result.served
+    assert (result.dsi_cpu_tok_s, result.vllm_cpu_tok_s, result.dsi_vs_vllm_cpu) == (100.0, 400.0, 0.25)
 
 
 def test_vllm_unavailable_keeps_the_other_figures_and_says_why():
