@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dsi.engine.attention_dense import StepRows, paged_rows, step_rows
+from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
 from dsi.engine.invariant import ROW_TILE
@@ -78,9 +78,10 @@ class DenseRunner:
         return self.mm(self._norm(x[last], w["final_norm"]), w["lm_head"].T)
 
     def _layer(
-        self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: StepRows | object
+        self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: object
     ) -> torch.Tensor:
-        """Layer i over the step's rows x [T, H] -> [T, H]."""
+        """Layer i over the step's rows x [T, H] -> [T, H]; cos, sin [T, 1, D/2] of the rows'
+        positions; ``plan``: what ``self.attend.prepare`` made of the step."""
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t, hq, hkv, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qkv = self.mm(self._norm(x, w[p + "attn_norm"]), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
