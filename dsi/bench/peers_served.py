@@ -9,10 +9,9 @@ short warm-up request, then ``--streams`` concurrent streaming Chat Completions 
 completion tokens over the run's wall time; TTFT is the time to a stream's first content delta,
 p50 and p99 over the streams of all repeats, in ms.
 
-EOS is not ignored: dsi's gateway rejects vLLM's ``ignore_eos`` extension (unknown field, 400),
-so both get the same request without it, and the questions ask for long answers so that streams
-run to ``--max-tokens``; ``served_*_mean_tokens`` says how many completion tokens a stream had
-on average. Every process started here is stopped by PID, also on error; if vLLM cannot start,
+EOS is ignored: every request carries ``ignore_eos: true`` (vLLM's extension field, which dsi's
+gateway takes too), so every stream of both systems generates exactly ``--max-tokens`` tokens;
+``served_*_mean_tokens`` says how many completion tokens a stream had on average. Every process started here is stopped by PID, also on error; if vLLM cannot start,
 its figures are null and ``served_vllm_error`` says why.
 """
 
@@ -32,7 +31,7 @@ from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentil
 _CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2.toml"
 _DEFAULT_PEERS_DIR = Path("run")
 
-# 32 requests for long answers, so that greedy streams run to max_tokens.
+# 32 requests for long answers (each stream also ignores EOS and runs to max_tokens).
 LONG_QUESTIONS = tuple(
     f"Write a long, detailed essay of at least 400 words about {topic}."
     for topic in (
@@ -116,7 +115,7 @@ class ServedResult:
     served_vllm_mean_tokens: float | None
     served_dsi_error: str | None
     served_vllm_error: str | None
-    eos: str = "not ignored (dsi's gateway has no ignore_eos); long-answer prompts instead"
+    eos: str = "ignored (ignore_eos: true in every request, both systems)"
 
 
 def figures(runs: list[ServedRun]) -> ServedFigures:
@@ -176,7 +175,7 @@ def model_name(config_text: str) -> str:
 
 def bodies(config: ServedConfig, model: str) -> list[dict]:
     return [
-        chat_body(model, LONG_QUESTIONS[i % len(LONG_QUESTIONS)], config.max_tokens, {})
+        chat_body(model, LONG_QUESTIONS[i % len(LONG_QUESTIONS)], config.max_tokens, {"ignore_eos": True})
         for i in range(config.streams)
     ]
 

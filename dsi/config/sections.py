@@ -137,3 +137,6 @@ class EngineSection:
     # directory's draft.safetensors (dsi model train-draft) and steps with sync scheduling.
     speculative: Literal["off", "fixed", "dspark"] = "off"
     num_drafts: int = field(default=5, metadata=spec(checks=(at_least(1), at_most(5))))
+    # torch compute threads of each engine process (0: torch's default, one per core); several
+    # engine roles sharing a machine's cores each take a share instead of all of them.
+    threads: int = field(default=0, metadata=spec(checks=(at_least(0),)))

@@ -1,37 +1,42 @@
 """DenseRunner: a full-attention family's forward (Llama) over paged Block KV.
 
 The same door as :class:`dsi.engine.runner.ModelRunner` (``pool``, ``slots``, ``forward``), so
-the scheduler, admission, export / import and page hashing run unchanged. Each layer writes the
-step's rotated keys and values into the pages (layout in :mod:`dsi.kvcache.layout_dense`), then
-each slice attends over every position ``[0, end)`` of its sequence, gathered from its pages::
+the scheduler, admission, export / import and page hashing run unchanged. A step's slices run as
+one block of rows [T, H] (back to back; on the batch-invariant path padded with zero rows to a
+multiple of ``ROW_TILE``, so that no product pads again). Per layer, each row's rotated key and
+value go into the pages (layout in :mod:`dsi.kvcache.layout_dense`) and every row attends over
+the positions 0 .. its own of its sequence, read from the pages::
 
-    step tokens --qkv--> K, V --scatter--> pages[table[p // 128], layer, k|v, p % 128]
-    slice [start, end): queries  x  keys/values of positions 0 .. end - 1 (causal mask)
+    rows --norm--> [q | k | v] (one product) --rope(q, k)--> K, V -> pages[table[p // 128], layer, k|v, p % 128]
+    row at position p: query x keys/values of positions 0 .. p         (:mod:`dsi.engine.attention_dense`)
+    --o--> + x --norm--> [gate | up] (one product) --silu(gate) * up--down--> + x
 
 A state slot holds nothing for this family (no SWA ring, no compressor), and there are no
-ring snapshots. Dense math comes from :mod:`dsi.model.llama`, the same functions as its naive
-reference. Products run through :class:`dsi.engine.gemm.PackedGemm` (weights packed once for
-oneDNN; rows padded with ``batch_invariant``); a prefill chunk attends through
-:func:`dsi.engine.invariant.attend_chunk` (a window longer than the context) and the step's
-one-token slices through one :func:`dsi.engine.invariant.attend_pages` per layer, which gives
-each query the same bits. So a token's logits are the same bits whatever else the step holds and
-however its prompt was chunked.
+ring snapshots. Dense math is :mod:`dsi.model.llama`'s (fused weights from
+:func:`dsi.model.llama.fuse_projections`, the rope of :mod:`dsi.model.ops` with its angles
+computed once per step). Products run through :class:`dsi.engine.gemm.PackedGemm` (weights
+packed once for oneDNN); attention is one call per layer for the whole step. Each row's attention
+is computed on its own and a product's row does not depend on the others (``batch_invariant``),
+so a token's logits are the same bits whatever else the step holds and however its prompt was
+chunked. The logits product runs only for the rows that sample.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from dsi.engine import invariant
+from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
-from dsi.kvcache.block_pool import NULL_BLOCK, BlockPool
+from dsi.engine.invariant import ROW_TILE
+from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
-from dsi.model.llama import LlamaConfig, causal_attend, finish_layer, qkv
-from dsi.model.ops import Matmul, rms_norm
+from dsi.model.llama import LlamaConfig, fuse_projections
+from dsi.model.ops import Matmul, rope_angles, rope_rotate
 
-_PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # weights of x @ w products
+_PRODUCTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer weights of x @ w products
 
 
 class DenseRunner:
@@ -45,13 +50,14 @@ class DenseRunner:
     ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
-        self.w = weights
-        products = [w for name, w in weights.items() if name.rsplit(".", 1)[-1] in _PRODUCTS]
-        self.mm: Matmul = PackedGemm([*products, weights["lm_head"].T], batch_invariant)
+        self.w = fuse_projections(cfg, weights)
+        products = [self.w[f"layers.{i}.{name}"] for i in range(cfg.n_layers) for name in _PRODUCTS]
+        self.mm: Matmul = PackedGemm([*products, self.w["lm_head"].T], batch_invariant)
         self.layout = DenseBlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)  # empty: rings of length 0, no partial rows
         self._kv = self.layout.kv_view(self.pool.pages)  # [N, L, 2, block_size, Hkv, D]
+        self.attend = paged_rows(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, batch_invariant, cfg.max_context)
 
     def rollback(self, slot: int, end: int) -> None:
         """After a speculative verify slice: positions >= ``end`` were rejected. Nothing to put
@@ -66,94 +72,49 @@ class DenseRunner:
         ``sample`` (each slice's rows in position order). ``snapshots`` is accepted for the door's
         sake and stays empty (no SWA rings). ``hidden``: a list that gets the last layer's output
         of the same rows ([rows, H], before the final norm), what a speculative draft is fed with.
-
-        One-token slices (decodes) and speculative verify slices are done together: one scatter
-        of their new keys and values and one batched attention per layer, a row per token
-        (:func:`dsi.engine.invariant.attend_pages`, the bits of the per-slice path); other
-        slices (prefill chunks) go one by one."""
+        A speculative verify slice needs nothing of its own: each of its rows attends over the
+        positions up to its own, like any other row."""
         cfg, w = self.cfg, self.w
-        ids = torch.tensor([t for s in batch for t in s.tokens], dtype=torch.long)
-        pos = torch.cat([torch.arange(s.start, s.end) for s in batch])
-        spans, a = [], 0
-        for s in batch:
-            spans.append((a, a + len(s.tokens)))
-            a += len(s.tokens)
-        one = [i for i, s in enumerate(batch) if _batched(s)]
-        chunks = sorted(set(range(len(batch))) - set(one))
-        where = {i: self._locations(batch[i]) for i in chunks}
-        decode = self._decode_rows([batch[i] for i in one], [spans[i][0] for i in one])
-        x = w["embed"][ids]
+        tokens = [t for s in batch for t in s.tokens]
+        rows = max(ROW_TILE, -(-len(tokens) // ROW_TILE) * ROW_TILE) if self.invariant else len(tokens)
+        where = step_rows(batch, cfg.block_size, rows)
+        plan = self.attend.prepare(batch, where)
+        cos, sin = rope_angles(where.pos.clamp(min=0), cfg.head_dim, cfg.rope_theta)
+        x = w["embed"][torch.tensor(tokens + [0] * (rows - len(tokens)), dtype=torch.long)]
+        if rows > len(tokens):
+            x[len(tokens) :] = 0.0
         for i in range(cfg.n_layers):
-            q, k, v = qkv(cfg, w, i, x, pos, self.mm)
-            out = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim)
-            if decode is not None:
-                rows, pages, offs, tables, dpos = decode
-                self._kv[pages, i, 0, offs] = k[rows]
-                self._kv[pages, i, 1, offs] = v[rows]
-                out[rows] = invariant.attend_pages(q[rows], self._kv[:, i], tables, dpos)
-            for j in chunks:
-                s, (a, b), (pages, offs) = batch[j], spans[j], where[j]
-                self._write(i, s, pages, offs, k[a:b], v[a:b])
-                keys, vals = self._kv[pages, i, 0, offs], self._kv[pages, i, 1, offs]  # [end, Hkv, D]
-                out[a:b] = self._attend(q[a:b], s.start, keys, vals)
-            x = finish_layer(cfg, w, i, x, out, self.mm)
-        last = [
-            r for s, (_a, b) in zip(batch, spans, strict=True) if s.sample for r in range(b - s.num_logits, b)
-        ]
+            x = self._layer(i, x, cos, sin, plan)
+        last = self._sampled_rows(batch)
         if hidden is not None:
             hidden.append(x[last])
-        h = rms_norm(x[last], w["final_norm"], cfg.norm_eps)
-        return self.mm(h, w["lm_head"].T)
+        return self.mm(self._norm(x[last], w["final_norm"]), w["lm_head"].T)
 
-    def _decode_rows(
-        self, slices: list[StepSlice], rows: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """For batched slices whose first tokens sit at step rows ``rows``, a row per token (n of
-        them): (step rows [n], page [n] and offset [n] of each new position, block tables [n, W]
-        padded with the null page, positions [n]); None if none."""
-        if not slices:
-            return None
-        bs = self.cfg.block_size
-        width = max(len(s.block_table) for s in slices)
-        per = [s.block_table + [NULL_BLOCK] * (width - len(s.block_table)) for s in slices]
-        n = [len(s.tokens) for s in slices]
-        tables = torch.tensor([t for t, k in zip(per, n, strict=True) for _ in range(k)])
-        dpos = torch.tensor([p for s in slices for p in range(s.start, s.end)])
-        step_rows = torch.tensor([r + j for r, k in zip(rows, n, strict=True) for j in range(k)])
-        pages = tables.gather(1, (dpos // bs)[:, None])[:, 0]
-        return step_rows, pages, dpos % bs, tables, dpos
+    def _layer(
+        self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: object
+    ) -> torch.Tensor:
+        """Layer i over the step's rows x [T, H] -> [T, H]; cos, sin [T, 1, D/2] of the rows'
+        positions; ``plan``: what ``self.attend.prepare`` made of the step."""
+        cfg, w, p = self.cfg, self.w, f"layers.{i}."
+        t, hq, hkv, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qkv = self.mm(self._norm(x, w[p + "attn_norm"]), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
+        qk = rope_rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
+        k, v = qk[:, hq:].reshape(t, hkv * d), qkv[:, (hq + hkv) * d :]
+        x = x + self.mm(self.attend(self._kv[:, i], qk[:, :hq], k, v, plan), w[p + "wo"])
+        gate_up = self.mm(self._norm(x, w[p + "ffn_norm"]), w[p + "w_gate_up"])  # [T, 2F]
+        f = cfg.intermediate
+        return x + self.mm(F.silu(gate_up[:, :f]) * gate_up[:, f:], w[p + "w_down"])
 
-    def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:
-        """(page [end], offset [end]) of every position 0 .. s.end - 1 of the slice's sequence."""
-        p = torch.arange(s.end)
-        table = torch.tensor(s.block_table, dtype=torch.long)
-        return table[p // self.cfg.block_size], p % self.cfg.block_size
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of rows x [T, H] in one fused op (the formula of :func:`dsi.model.ops.rms_norm`)."""
+        return F.rms_norm(x, (x.shape[1],), weight, self.cfg.norm_eps)
 
-    def _write(
-        self,
-        layer: int,
-        s: StepSlice,
-        pages: torch.Tensor,
-        offs: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        """K, V of positions [start, end) into the pages; loaded (cached) positions stay as they are."""
-        skip = min(max(0, s.cached_end - s.start), len(s.tokens))
-        rows = torch.arange(s.start + skip, s.end)
-        self._kv[pages[rows], layer, 0, offs[rows]] = k[skip:]
-        self._kv[pages[rows], layer, 1, offs[rows]] = v[skip:]
-
-    def _attend(self, q: torch.Tensor, first: int, keys: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        """Queries [T, Hq, D] at positions first .. first + T - 1 over keys of positions 0 .. Tk - 1."""
-        if self.invariant:
-            return invariant.attend_chunk(q, q, first, keys, vals, 0, 0, None, None, self.cfg.max_context + 1)
-        t, tk = q.shape[0], keys.shape[0]
-        return causal_attend(q, torch.arange(first, first + t), keys, vals, torch.arange(tk))
-
-
-def _batched(s: StepSlice) -> bool:
-    """A slice that joins the batched attention: a one-token decode, or a speculative verify
-    slice (its last token and drafts, every position's logits wanted), nothing of it cached.
-    Its queries see their own keys because every row's keys are written before attention."""
-    return s.cached_end <= s.start and (len(s.tokens) == 1 or (s.sample and s.num_logits == len(s.tokens)))
+    @staticmethod
+    def _sampled_rows(batch: list[StepSlice]) -> list[int]:
+        """Rows of the last ``num_logits`` positions of each slice that samples."""
+        out, end = [], 0
+        for s in batch:
+            end += len(s.tokens)
+            if s.sample:
+                out.extend(range(end - s.num_logits, end))
+        return out

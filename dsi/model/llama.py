@@ -15,6 +15,12 @@ K = kv_heads * D, F = intermediate, V = vocab)::
     embed [V, H]   lm_head [V, H]   final_norm [H]
     layers.{i}.attn_norm [H]  wq [H, Q]  wk, wv [H, K]  wo [Q, H]
     layers.{i}.ffn_norm [H]   w_gate, w_up [H, F]  w_down [F, H]
+
+:func:`fuse_projections` (applied by :func:`load_llama`) also keeps each layer's products that read
+the same input as one weight, so that the engine runs one product where the naive math runs
+two or three; the separate names stay, as column views of the fused ones (no second copy)::
+
+    layers.{i}.wqkv [H, Q + 2K] = [wq | wk | wv]     layers.{i}.w_gate_up [H, 2F] = [w_gate | w_up]
 """
 
 from __future__ import annotations
@@ -151,7 +157,24 @@ def load_llama(directory: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         for ours, theirs in proj.items():
             w[p + ours] = take(hp + theirs + ".weight").T.contiguous()
     _check_shapes(cfg, w, directory)
-    return cfg, w
+    return cfg, fuse_projections(cfg, w)
+
+
+def fuse_projections(cfg: LlamaConfig, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights with ``wqkv`` and ``w_gate_up`` per layer (see the module docstring); wq, wk, wv,
+    w_gate and w_up become views of them. Weights that already have them are returned as they are."""
+    if "layers.0.wqkv" in w:
+        return w
+    out = dict(w)
+    q, k, f = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        qkv_w = torch.cat([w[p + "wq"], w[p + "wk"], w[p + "wv"]], dim=1)
+        gate_up = torch.cat([w[p + "w_gate"], w[p + "w_up"]], dim=1)
+        out[p + "wqkv"], out[p + "w_gate_up"] = qkv_w, gate_up
+        out[p + "wq"], out[p + "wk"], out[p + "wv"] = qkv_w[:, :q], qkv_w[:, q : q + k], qkv_w[:, q + k :]
+        out[p + "w_gate"], out[p + "w_up"] = gate_up[:, :f], gate_up[:, f:]
+    return out
 
 
 def _check_shapes(cfg: LlamaConfig, w: dict[str, torch.Tensor], directory: Path) -> None:

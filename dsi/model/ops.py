@@ -20,11 +20,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding, half-split layout. x: [T, heads, D]; positions: [T] (int64)."""
-    d = x.shape[-1]
+    return rope_rotate(x, *rope_angles(positions, x.shape[-1], theta, x.dtype))
+
+
+def rope_angles(
+    positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, 1, D/2] of positions [T] (int64) for head dim d, computed in float64."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]  # [T, D/2]
-    cos = ang.cos().to(x.dtype)[:, None, :]
-    sin = ang.sin().to(x.dtype)[:, None, :]
+    return ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :]
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] rotated by :func:`rope_angles` (the same bits as :func:`rope`)."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 

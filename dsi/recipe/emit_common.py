@@ -39,7 +39,8 @@ class OutputOptions:
     ``logprobs``, Responses ``include: ["message.output_text.logprobs"]``; see
     ``dsi.recipe.logprobs``). ``response_fields`` are request settings the
     Responses object echoes (``instructions``, ``tools``, ``temperature``, ...), merged over
-    the defaults.
+    the defaults. ``ignore_eos``: the request's extension field; the engine generates past EOS,
+    so EOS ends nothing here either and the message runs to the engine's finish.
     """
 
     protocol: ProtocolName
@@ -59,6 +60,7 @@ class OutputOptions:
     # prefilled for tool_choice required / named): parsed first, never emitted or counted.
     prefill_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    ignore_eos: bool = False  # EOS is dropped from the text instead of ending the message
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:

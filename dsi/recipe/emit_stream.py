@@ -58,6 +58,8 @@ class OutputStream:
         acts on (None: the DeepSeek markers of ``tokenizer``)."""
         self.options = options
         prefix, rid = _TOOL_ID_PREFIX[options.protocol], options.request_id
+        if options.ignore_eos:
+            control = (control or ControlIds.for_tokenizer(tokenizer)).without_eos()
         self._parser = OutputParser(
             starts_in_reasoning=options.in_reasoning_at_start,
             stop=options.stop,

@@ -44,12 +44,14 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tokenizers import Tokenizer
 
 from dsi.recipe.detok import IncrementalDetokenizer
+
+NO_ID = -1  # an id no token has: a control the parser must never act on
 
 FinishReason = Literal["stop", "stop_sequence", "length", "tool_calls", "abort", "error"]
 EngineFinish = Literal["stop", "length", "abort", "error"]
@@ -105,6 +107,16 @@ class ControlIds:
     end_think: int = 128822
     dsml: int = 128825
     dropped: frozenset[int] = frozenset({0, 128803, 128804, 128828})
+
+    def without_eos(self) -> ControlIds:
+        """The same ids with EOS dropped from the text instead of ending the message (a request
+        with ``ignore_eos``)."""
+        return replace(self, eos=NO_ID, dropped=self.dropped | {self.eos})
+
+    @classmethod
+    def for_tokenizer(cls, tok: Tokenizer | None) -> ControlIds:
+        """The DeepSeek markers of ``tok`` (None: the V4 vocabulary's)."""
+        return cls() if tok is None else cls.from_tokenizer(tok)
 
     @classmethod
     def from_tokenizer(cls, tok: Tokenizer) -> ControlIds:
@@ -177,7 +189,7 @@ class OutputParser:
     ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer)
         if control is None:
-            control = ControlIds() if tokenizer is None else ControlIds.from_tokenizer(tokenizer)
+            control = ControlIds.for_tokenizer(tokenizer)
         self._ctrl = control
         c = self._ctrl
         self._ctrl_set = frozenset({c.eos, c.think, c.end_think, c.dsml, *c.dropped})

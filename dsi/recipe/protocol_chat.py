@@ -3,7 +3,8 @@
 DeepSeek extensions accepted: ``thinking: {"type": ..., "budget_tokens": ...}`` (the budget is
 not a limit, as in deepseek-recipe), ``reasoning_effort: "max"`` / ``"ultra"``, a ``regex``
 response format, image ``detail: "original"``, assistant ``reasoning_content`` and ``prefix``
-(continue the last assistant message), and the ``latest_reminder`` role. As in deepseek-recipe,
+(continue the last assistant message), and the ``latest_reminder`` role. vLLM's ``ignore_eos``
+(a boolean): the output runs to ``max_tokens``, past the model's EOS. As in deepseek-recipe,
 an image in assistant history and a ``file`` part are the text ``[Unsupported Image]`` in V4 and
 refused in V4.1, and a ``json_schema`` format needs no name.
 """
@@ -250,6 +251,7 @@ def _options(req: ChatRequest) -> SamplingOptions:
         top_logprobs=check_top_logprobs(req.top_logprobs, logprobs),
         frequency_penalty=req.frequency_penalty or 0.0,
         presence_penalty=req.presence_penalty or 0.0,
+        ignore_eos=bool(req.ignore_eos),
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         parallel_tool_calls=req.parallel_tool_calls is not False,

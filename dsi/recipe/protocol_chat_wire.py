@@ -154,6 +154,7 @@ class ChatRequest(Wire):
     top_logprobs: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    ignore_eos: bool | None = None  # extension, as vLLM's: generate past EOS up to max_tokens
     logit_bias: dict[str, float] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -295,6 +295,7 @@ def _options(req: MessagesRequest) -> SamplingOptions:
         parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
         user=req.metadata.user_id if req.metadata else None,
         metadata=_metadata(req.metadata),
+        ignore_eos=bool(req.metadata and req.metadata.ignore_eos),
     )
 
 

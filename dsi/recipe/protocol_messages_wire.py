@@ -131,6 +131,7 @@ class OutputConfig(Wire):
 class Metadata(Wire):
     user_id: str | None = None
     hit_policy: str | None = None  # dsi: "bounded" | "exact" (checked by the gateway)
+    ignore_eos: bool | None = None  # dsi: generate past EOS up to max_tokens (vLLM's ignore_eos)
 
 
 class MessagesRequest(Wire):

@@ -327,4 +327,5 @@ def _options(req: ResponsesRequest) -> SamplingOptions:
         parallel_tool_calls=req.parallel_tool_calls is not False,
         user=req.user,
         metadata=req.metadata,
+        ignore_eos=bool(req.ignore_eos),
     )

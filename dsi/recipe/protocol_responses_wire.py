@@ -154,6 +154,7 @@ class ResponsesRequest(Wire):
     reasoning: Reasoning | None = None
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
+    ignore_eos: bool | None = None  # extension, as in Chat Completions: generate past EOS
     user: str | None = None
     store: bool | None = None
     background: bool | None = None

@@ -44,6 +44,7 @@ class SamplingOptions:
     top_logprobs: int = 0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    ignore_eos: bool = False  # extension (vLLM's): EOS neither ends the output nor shows in it
     stream: bool = False
     include_usage: bool = False
     parallel_tool_calls: bool = True

@@ -93,6 +93,7 @@ class ResolvedRequest:
     echo: dict[str, Any] = field(default_factory=dict)
     template: ChatTemplate | None = None
     placed_images: tuple[PlacedImage, ...] = ()  # a vision model's decoded images, in prompt order
+    ignore_eos: bool = False  # the request's ignore_eos: EOS does not end the output
 
     @property
     def prompt_text(self) -> str:
@@ -110,6 +111,7 @@ class ResolvedRequest:
             top_logprobs=self.top_logprobs,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
+            ignore_eos=self.ignore_eos,
         )
 
 
@@ -179,6 +181,7 @@ def resolve(
         images=images,
         echo=parsed.echo,
         placed_images=placed,
+        ignore_eos=opts.ignore_eos,
     )
 
 

@@ -74,6 +74,7 @@ def resolve_templated(
         metadata=opts.metadata,
         echo=parsed.echo,
         template=template,
+        ignore_eos=opts.ignore_eos,
     )
 
 

@@ -78,6 +78,7 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
                     "top_logprobs": {"type": "integer"},
                     "frequency_penalty": {"type": "number"},
                     "presence_penalty": {"type": "number"},
+                    "ignore_eos": {"type": "boolean", "description": "extension: generate past EOS"},
                 },
             ),
             "/v1/responses": _post(
@@ -91,6 +92,7 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
                     "text": {"type": "object"},
                     "include": {"type": "array", "items": {"type": "string"}},
                     "top_logprobs": {"type": "integer"},
+                    "ignore_eos": {"type": "boolean", "description": "extension: generate past EOS"},
                 },
             ),
             "/v1/messages": _post(
@@ -103,7 +105,10 @@ def openapi_document(models: list[str]) -> dict[str, Any]:
                     "stop_sequences": {"type": "array", "items": {"type": "string"}},
                     "thinking": {"type": "object"},
                     "top_k": {"type": "integer"},
-                    "metadata": {"type": "object"},
+                    "metadata": {
+                        "type": "object",
+                        "description": "also dsi's hit_policy and ignore_eos (a boolean: generate past EOS)",
+                    },
                 },
             ),
             "/v1/models": {

@@ -73,6 +73,7 @@ class Preparer:
             response_fields=req.echo,
             prefill_ids=tuple(prefill),
             logprobs=req.logprobs,
+            ignore_eos=req.ignore_eos,
         )
         template = req.template
         return Prepared(

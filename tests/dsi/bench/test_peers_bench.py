@@ -8,8 +8,9 @@ import subprocess
 import pytest
 
 from dsi.bench import peers, peers_vllm
+from dsi.bench.peer_child import PeerRun, parse_answer
 from dsi.bench.peers import PeersConfig, agreement, config_from_args, summarise
-from dsi.bench.peers_vllm import VllmRun, install_vllm, parse_child
+from dsi.bench.peers_vllm import install_vllm
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -37,13 +38,15 @@ def test_a_bad_count_is_refused_with_its_flag(capsys):
 
 def test_fields_and_ratios_with_vllm():
     outs = [[1, 2], [3, 4]]
-    vllm = VllmRun([100.0, 80.0, 120.0], 12.34, "0.32.0", [[1, 2], [3, 5]])
-    result = summarise(PeersConfig(prompts=2), [50.0, 60.0, 40.0], [20.0, 25.0, 30.0], outs, outs, vllm)
+    vllm = PeerRun([100.0, 80.0, 120.0], [0.5, 0.4, 0.6], 12.34, "0.32.0", [[1, 2], [3, 5]])
+    cfg = PeersConfig(prompts=2, max_tokens=100)
+    result = summarise(cfg, [50.0, 60.0, 40.0], [20.0, 25.0, 30.0], outs, outs, vllm, [1.0, 2.0, 4.0])
     assert (result.dsi_tok_s, result.hf_tok_s, result.vllm_tok_s) == (50.0, 25.0, 100.0)
     assert result.dsi_vs_vllm == 0.5 and result.dsi_vs_hf == 2.0
     assert result.agree_hf == 1.0 and result.agree_vllm == 0.5
     assert result.vllm_error is None and result.vllm_version == "0.32.0" and result.vllm_load_s == 12.3
     assert "peers-served" in result.served
+    assert (result.dsi_cpu_tok_s, result.vllm_cpu_tok_s, result.dsi_vs_vllm_cpu) == (100.0, 400.0, 0.25)
 
 
 def test_vllm_unavailable_keeps_the_other_figures_and_says_why():
@@ -53,14 +56,15 @@ def test_vllm_unavailable_keeps_the_other_figures_and_says_why():
     assert result.vllm_error == "vLLM failed: OSError: no"
     assert (result.dsi_tok_s, result.hf_tok_s, result.dsi_vs_hf) == (10.0, 5.0, 2.0)
     assert json.loads(json.dumps(peers.asdict(result)))["vllm_error"] == "vLLM failed: OSError: no"
-    assert peers._vllm(PeersConfig(vllm=False), None, []) == "not run (--no-vllm)"
+    assert peers._vllm_child(PeersConfig(vllm=False), None, None) == "not run (--no-vllm)"
 
 
-def test_the_childs_last_json_line_is_its_result():
-    line = json.dumps({"tok_s": [3.5], "load_s": 9.0, "version": "0.32.0", "outputs": [[1]]})
-    assert parse_child(f"INFO loading\n{{not json\n{line}\n") == VllmRun([3.5], 9.0, "0.32.0", [[1]])
-    assert parse_child('{"error": "RuntimeError: boom"}') == "vLLM failed: RuntimeError: boom"
-    assert parse_child("Traceback\nImportError: vllm").startswith("vLLM printed no result: ")
+def test_each_answer_of_the_child_is_one_json_line():
+    line = json.dumps({"tok_s": 3.5, "outputs": [[1]]})
+    assert parse_answer(line + "\n") == {"tok_s": 3.5, "outputs": [[1]]}
+    assert parse_answer('{"error": "RuntimeError: boom"}') == "failed: RuntimeError: boom"
+    assert parse_answer("Traceback").startswith("printed an unreadable answer: ")
+    assert parse_answer("") == "stopped without an answer"
 
 
 def test_an_install_that_fails_is_reported_not_raised(tmp_path, monkeypatch):

@@ -86,7 +86,7 @@ def test_bodies_are_the_same_greedy_streams_for_both_systems():
     assert len(b) == 40 and b[32]["messages"] == b[0]["messages"]
     assert b[0]["messages"][0]["content"] == LONG_QUESTIONS[0]
     assert all(x["temperature"] == 0.0 and x["stream"] and x["max_tokens"] == 16 for x in b)
-    assert all("ignore_eos" not in x for x in b)
+    assert all(x["ignore_eos"] is True for x in b)  # both systems generate exactly max_tokens
 
 
 def test_vllm_server_is_eager_without_prefix_caching_on_loopback():

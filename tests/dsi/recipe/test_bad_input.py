@@ -214,6 +214,14 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         "messages[1].prefix",
     ),
     "chat-logit-bias": ("chat", chat(logit_bias={"42": 5}), 400, "logit_bias"),
+    "chat-ignore-eos-not-a-boolean": ("chat", chat(ignore_eos="yes"), 400, "ignore_eos"),
+    "responses-ignore-eos-not-a-boolean": ("responses", resp(ignore_eos=1), 400, "ignore_eos"),
+    "messages-ignore-eos-not-a-boolean": (
+        "messages",
+        msgs(metadata={"ignore_eos": "true"}),
+        400,
+        "metadata.ignore_eos",
+    ),
     "responses-missing-input": ("responses", without(resp(), "input"), 400, "input"),
     "responses-empty-input": ("responses", resp(input=[]), 400, "input"),
     "responses-previous-response-id": (

@@ -322,3 +322,17 @@ def test_messages_error_event():
 def test_messages_without_thinking_has_no_thinking_block():
     body = collect(opts("messages", thinking=False), [output_ids(["Hello", EOS_ID])], "stop")
     assert body["content"] == [{"type": "text", "text": "Hello"}]
+
+
+def test_ignore_eos_runs_the_output_past_eos_to_the_engines_finish() -> None:
+    """A request with ignore_eos: EOS neither ends the message nor shows in its text."""
+    ids = output_ids(["Hello", EOS_ID, " again"])
+    stopped = OutputStream(opts("chat", thinking=False))
+    stopped.feed(ids)
+    assert stopped.done and stopped.body()["choices"][0]["message"]["content"] == "Hello"
+    out = OutputStream(opts("chat", thinking=False, ignore_eos=True))
+    out.feed(ids)
+    assert not out.done
+    out.finish("length")
+    choice = out.body()["choices"][0]
+    assert choice["message"]["content"] == "Hello again" and choice["finish_reason"] == "length"

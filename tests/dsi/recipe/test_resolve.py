@@ -159,3 +159,26 @@ def test_messages_clamps_max_tokens_and_echoes_responses_settings(recipe: Recipe
     )
     assert resp.echo["instructions"] == "Be brief." and resp.echo["max_output_tokens"] == 50
     assert resp.response_format.kind == "json_schema" and resp.max_tokens == 50
+
+
+# ignore_eos: an extension field (vLLM's); Chat Completions and Responses at the top level,
+# Messages in metadata. A non-boolean is a 400 (test_bad_input).
+IGNORE_EOS_BODIES = {
+    "chat": ({"messages": USER, "ignore_eos": True}, {"messages": USER}),
+    "responses": ({"input": "hi", "ignore_eos": True}, {"input": "hi"}),
+    "messages": (
+        {"max_tokens": 8, "messages": USER, "metadata": {"user_id": "u", "ignore_eos": True}},
+        {"max_tokens": 8, "messages": USER, "metadata": {"user_id": "u"}},
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(IGNORE_EOS_BODIES))
+def test_ignore_eos_reaches_the_engine_from_every_protocol(recipe: Recipe, protocol: str) -> None:
+    asked, plain = IGNORE_EOS_BODIES[protocol]
+    req = recipe.prepare(protocol, {"model": "dsi-tiny", **asked})
+    assert req.ignore_eos and req.sampling_params().ignore_eos
+    req = recipe.prepare(protocol, {"model": "dsi-tiny", **plain})
+    assert not req.ignore_eos and not req.sampling_params().ignore_eos
+    if protocol == "messages":
+        assert req.metadata == {"user_id": "u"}
