@@ -89,13 +89,13 @@ async def test_hits_survive_restarts_and_compute_only_the_uncached_tokens(procs,
     cluster.start()
     first = conversation(7)
     async with Client(cluster) as client:
-        out_a = await client.generate("a", first, 140)  # 740 tokens: 5 full pages, prompt and generated
+        out_a = await client.generate("a", first, 100)  # 700 tokens: 5 full pages, prompt and generated
     await wait_blocks(cluster, 5)
     for role in ("kvstore-0", "prefill-0", "decode-0"):
         cluster.kill(role)
     cluster.start("kvstore-0", "prefill-0", "decode-0")
     second = first + out_a[:100] + [11, 12, 13] * 17  # shares 700 tokens: 5 full pages
-    expect_a, expect_b = in_process(first, 140, second, 20, hit=5 * BS)
+    expect_a, expect_b = in_process(first, 100, second, 20, hit=5 * BS)
     assert out_a == expect_a
     async with Client(cluster) as client:
         await client.wait_instances()
@@ -146,7 +146,7 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
     cluster.start()
     first = conversation(9)
     async with Client(cluster) as client:
-        out_a = await client.generate("a", first, 140)  # the decode reaches boundary 640 and keeps its state
+        out_a = await client.generate("a", first, 100)  # the decode reaches boundary 640 and keeps its state
         await wait_blocks(cluster, 5)
         second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit can end at 640
         expected = reference_outputs([second], max_tokens=20)[0]  # the hit-free output
