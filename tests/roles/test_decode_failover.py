@@ -26,8 +26,14 @@ from tests.roles.test_prefix_cache_cluster import in_process, wait_blocks
 pytestmark = pytest.mark.slow
 
 BS = 128
-GREEDY = SamplingParams(max_tokens=160, temperature=0.0)
-UNPINNED = 40  # tokens of the control request that shows the pin mattered (greedy: a prefix of the run)
+# Streams are long enough to be killed mid-way (a kill follows their 4th token) and to hold the
+# UNPINNED tokens; every token more is only decoded three times over (run, re-run, reference).
+GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
+# The bounded-hit cases' stream must outlast another request (and its pages' persistence) first.
+LONG = SamplingParams(max_tokens=96, temperature=0.0)
+# Tokens of the control request that shows the pin mattered (greedy: a prefix of the run). Its
+# output leaves the pinned one's at token 0 (no hit, exact hit) or 14 (bounded 256 vs 512).
+UNPINNED = 16
 
 
 def add_decode(config: Path, role_id: str) -> None:
@@ -118,7 +124,7 @@ async def test_a_first_run_with_an_exact_hit_is_rerun_hit_free_when_the_state_di
     first = prompt(9, 600)
     async with Client(cluster) as client:
         client.pool.reroute_wait_s = 60.0  # the re-run waits for decode-1 to start
-        out_a = await client.generate("a", first, 140)  # decode-0 reaches boundary 640 and keeps its state
+        out_a = await client.generate("a", first, 100)  # decode-0 reaches boundary 640 and keeps its state
         await wait_blocks(cluster, 5)
         second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit ends at 640
         expected = reference_outputs([second], GREEDY.max_tokens)[0]  # the hit-free output
@@ -150,7 +156,7 @@ async def test_a_first_run_with_a_bounded_hit_is_rerun_with_the_same_hit_though_
     q = prompt(11, 400)  # its run stores 3 pages and keeps SWA states at 384 only
     p = q[:300] + prompt(12, 300)  # shares 2 pages with q: a bounded hit of 256 (no state at 256)
     r = p[:520] + prompt(13, 180)  # computed hit-free (exact policy, no state): stores p's first 4 pages
-    sampling = SamplingParams(max_tokens=200, temperature=0.0)
+    sampling = LONG
     async with Client(cluster) as client:
         await client.generate("q", q, 2)
         await wait_blocks(cluster, 3)
@@ -186,7 +192,7 @@ async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after
     async with Client(cluster) as client:
         await client.generate("q", q, 2)
         await wait_blocks(cluster, 3)
-        s = Stream(client, "p", p)
+        s = Stream(client, "p", p, LONG)
         await s.until(4)
         holder = (await holders(client, ("decode-0", "decode-1")))[0]
         cluster.kill("kvstore-0")  # the pages of its hit are gone with the store
@@ -195,5 +201,5 @@ async def test_a_rerun_whose_bounded_hit_is_gone_ends_with_hit_unavailable_after
             await asyncio.wait_for(s.task, 60)
         survivors = ("prefill-0", *(d for d in ("decode-0", "decode-1") if d != holder))
         await assert_no_leaks(client, survivors)
-    _, expected = in_process(q, 2, p, GREEDY.max_tokens, hit=2 * BS)
+    _, expected = in_process(q, 2, p, LONG.max_tokens, hit=2 * BS)  # the case above's, computed once
     assert 4 <= len(s.tokens) < len(expected) and s.tokens == expected[: len(s.tokens)]  # sent: a prefix

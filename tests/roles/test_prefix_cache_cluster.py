@@ -4,6 +4,7 @@ hit policy."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from pathlib import Path
 
@@ -30,19 +31,28 @@ def in_process(
     first: list[int], first_max: int, second: list[int], second_max: int, hit: int
 ) -> tuple[list[int], list[int]]:
     """One engine runs ``first`` cold and keeps its full pages; a second engine runs ``second``
-    with the first ``hit`` tokens loaded from those pages (the engine's hit semantics)."""
+    with the first ``hit`` tokens loaded from those pages (the engine's hit semantics). Greedy
+    and deterministic: computed once per test process for the same arguments."""
+    out_a, out_b = _in_process(tuple(first), first_max, tuple(second), second_max, hit)
+    return list(out_a), list(out_b)
+
+
+@functools.cache
+def _in_process(
+    first: tuple[int, ...], first_max: int, second: tuple[int, ...], second_max: int, hit: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     cfg, w = load_model(ensure_model(SHARED_MODEL_DIR, "tiny"))
     engine = Engine(cfg, w, EngineConfig(async_scheduling=False, collect_full_pages=True))
-    engine.add_request("a", first, SamplingParams(max_tokens=first_max, temperature=0.0))
+    engine.add_request("a", list(first), SamplingParams(max_tokens=first_max, temperature=0.0))
     out_a = next(o for o in engine.run_until_done() if o.finished).output
     pages = sorted(engine.take_full_pages(), key=lambda p: p.index)
     engine.close()
     cold = Engine(cfg, w, EngineConfig(async_scheduling=False))
     cached = CachedPrefix(hit, torch.stack([p.data for p in pages[: hit // BS]]))
-    cold.add_request("b", second, SamplingParams(max_tokens=second_max, temperature=0.0), cached=cached)
+    cold.add_request("b", list(second), SamplingParams(max_tokens=second_max, temperature=0.0), cached=cached)
     out_b = next(o for o in cold.run_until_done() if o.finished).output
     cold.close()
-    return out_a, out_b
+    return tuple(out_a), tuple(out_b)
 
 
 async def store_stats(cluster: Cluster) -> StoreStats:
@@ -79,13 +89,13 @@ async def test_hits_survive_restarts_and_compute_only_the_uncached_tokens(procs,
     cluster.start()
     first = conversation(7)
     async with Client(cluster) as client:
-        out_a = await client.generate("a", first, 140)  # 740 tokens: 5 full pages, prompt and generated
+        out_a = await client.generate("a", first, 100)  # 700 tokens: 5 full pages, prompt and generated
     await wait_blocks(cluster, 5)
     for role in ("kvstore-0", "prefill-0", "decode-0"):
         cluster.kill(role)
     cluster.start("kvstore-0", "prefill-0", "decode-0")
     second = first + out_a[:100] + [11, 12, 13] * 17  # shares 700 tokens: 5 full pages
-    expect_a, expect_b = in_process(first, 140, second, 20, hit=5 * BS)
+    expect_a, expect_b = in_process(first, 100, second, 20, hit=5 * BS)
     assert out_a == expect_a
     async with Client(cluster) as client:
         await client.wait_instances()
