@@ -8,7 +8,7 @@ replaced by instant echoes, beside vllm-router and sglang-router in the same run
                    with a real controller and pushing LoadReports to the balancer
                    (``route_mode = "table"``: it routes from the balancer's decision table and
                    asks only while it holds no fresh one; see dsi.roles.entrypoint.router)
-    route_ask      the same, through a third entrypoint of ``route_mode = "ask"``: a RouteQuery
+    route_query    the same, through a third entrypoint of ``route_mode = "ask"``: a RouteQuery
                    per request
     route_local    the same, through an entrypoint whose config lists no balancer: it
                    picks the decode itself (DecodePool's least loaded); same echoes, same controller
@@ -402,7 +402,7 @@ def run(
             http_workers,
         )
         if asking is not None:
-            fronts["route_ask"] = Front(
+            fronts["route_query"] = Front(
                 f"http://{_HOST}:{asking.port}/v1/chat/completions",
                 lambda: tree_cpu_s(asking.process.pid),
                 balancer.cpu_s,
@@ -427,7 +427,7 @@ def run(
             stop_router(proc)
         for child in reversed(children):
             child.stop()
-    for name in ("route_ask", "route_local", *peers) if ask else ("route_local", *peers):
+    for name in ("route_query", "route_local", *peers) if ask else ("route_local", *peers):
         for figure in ("req_s", "p50_ms", "p99_ms", "cpu_us_per_req"):
             out.setdefault(f"{name}_{figure}", None)
         theirs = out[f"{name}_req_s"]
@@ -442,7 +442,7 @@ def format_table(r: dict) -> str:
              f"{r['workers']} echo workers, {r.get('http_workers', 1)} HTTP workers per entrypoint, "
              f"{r['requests']} requests x {r['repeats']} rounds (medians)",
              f"{'':16}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}   route/them"]  # fmt: skip
-    for name in ("route", "route_ask", "route_local", *PEERS):
+    for name in ("route", "route_query", "route_local", *PEERS):
         if f"{name}_req_s" not in r:
             continue
         if r[f"{name}_req_s"] is None:
@@ -458,8 +458,8 @@ def format_table(r: dict) -> str:
             f"route: entrypoint + balancer's tables; {r['route_balancer_fraction']} of its routes from the "
             f"balancer ({r.get('route_table_fraction')} from tables) "
             f"(fallbacks {r['route_fallbacks'] or 'none'}), ask {r['route_ask_mean_us']} us mean, "
-            f"balancer CPU {r['route_balancer_cpu_us_per_req']} us/req; route_ask: asks per request "
-            f"(balancer CPU {r.get('route_ask_balancer_cpu_us_per_req')} us/req); route_local: the entrypoint alone"
+            f"balancer CPU {r['route_balancer_cpu_us_per_req']} us/req; route_query: asks per request "
+            f"(balancer CPU {r.get('route_query_balancer_cpu_us_per_req')} us/req); route_local: the entrypoint alone"
         )
     return "\n".join(lines)
 
@@ -517,7 +517,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-ask",
         dest="ask",
         action="store_false",
-        help="leave out route_ask (a third entrypoint that asks the balancer per request)",
+        help="leave out route_query (a third entrypoint that asks the balancer per request)",
     )
     parser.add_argument(
         "--peers",
