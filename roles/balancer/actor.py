@@ -137,11 +137,15 @@ class BalancerActor(RoleActor):
     @handles
     def table(self, msg: TableQuery) -> RouteTable:
         now = self._clock()
+        roles = set()
         for r in msg.routed:
             if measure_routed(self.policies, self.table, r, now):
                 self.routed[r.role] += 1
+                roles.add(r.role)
         self.tables += 1
-        return make_table(self.name, self.epoch, self.tables, msg.upto, self.policies, self.table, now)
+        return make_table(
+            self.name, self.epoch, self.tables, msg.upto, self.policies, self.table, now, frozenset(roles)
+        )
 
     @handles
     def status(self, msg: BalancerStatus) -> BalancerState:

@@ -35,16 +35,28 @@ def measure_routed(policies: Policies, table: LoadTable, r: RoutedRequest, now: 
 
 
 def make_table(
-    name: str, epoch: float, version: int, acked: int, policies: Policies, table: LoadTable, now: float
+    name: str,
+    epoch: float,
+    version: int,
+    acked: int,
+    policies: Policies,
+    table: LoadTable,
+    now: float,
+    replan: frozenset[str] = frozenset({"prefill", "decode"}),
 ) -> RouteTable:
-    """The table of serving instances now; ``now`` monotonic seconds."""
+    """The table of serving instances now; ``now`` monotonic seconds. The plan of a role in
+    ``replan`` (one whose requests were just measured) is checked as a RouteQuery would; the
+    other keeps its plan, so an instance's brief absence between routes moves nothing (as with
+    RouteQuery, whose plans are checked only when a request is routed)."""
     prefills = serving(table.snapshot("prefill", now), "prefill")
     decodes = serving(table.snapshot("decode", now), "decode")
     cfg = policies.prefill.cfg
-    plan = policies.prefill.plan_for(prefills, now)
+    plan = policies.prefill.plan
+    if "prefill" in replan or plan is None:
+        plan = policies.prefill.plan_for(prefills, now)
     ids = [e.id for e in prefills]
     buckets = [list(plan.engines_for(b)) if plan is not None else ids for b in range(cfg.buckets)]
-    bands = policies.decode.plan_for(decodes)
+    bands = policies.decode.plan_for(decodes) if "decode" in replan else policies.decode.bands
     return RouteTable(
         name,
         epoch,
