@@ -209,3 +209,13 @@ class DecodeBalancer:
         self._recent.append(kv_tokens)
         self.bands = plan_bands(list(self._recent), pool, self.bands, self.cfg)
         return choose(kv_tokens, pool, self.bands, self.cfg)
+
+    def observe(self, kv_tokens: int) -> None:
+        """Measure a request routed elsewhere (from a decision table): its KV length joins the
+        recent ones the bands are made from."""
+        self._recent.append(max(1, kv_tokens))
+
+    def plan_for(self, instances: Sequence[InstanceLoad]) -> DecodeBands:
+        """The bands to route by now over ``instances`` (redone as :meth:`route` does)."""
+        self.bands = plan_bands(list(self._recent), serving(instances, "decode"), self.bands, self.cfg)
+        return self.bands

@@ -44,7 +44,7 @@ bucket 0, so every engine serves every bucket), one of 300K tokens at t = 10 s, 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from dsi.balance.cost import PrefillCost
@@ -102,6 +102,14 @@ class PrefillDecision:
     instance: str
     bucket: int
     flops: float  # the request's estimated cost, FLOPs
+
+
+def least_queued(engines: Sequence[InstanceLoad], chosen: Collection[str]) -> InstanceLoad:
+    """The engine of ``chosen`` with the fewest queued un-cached tokens (ties: fewer running
+    requests, then id); ``engines`` are the serving ones."""
+    return min(
+        (e for e in engines if e.id in chosen), key=lambda e: (e.queued_tokens, e.running_requests, e.id)
+    )
 
 
 def plan_buckets(
@@ -186,11 +194,24 @@ class PrefillBalancer:
         self._decay(now)
         self._loads[bucket] += flops
         plan = self._check(engines, now)
-        chosen = set(plan.engines_for(bucket))
-        best = min(
-            (e for e in engines if e.id in chosen), key=lambda e: (e.queued_tokens, e.running_requests, e.id)
-        )
-        return PrefillDecision(best.id, bucket, flops)
+        return PrefillDecision(least_queued(engines, plan.engines_for(bucket)).id, bucket, flops)
+
+    def observe(self, uncached: int, cached: int, now: float) -> int:
+        """Measure a request routed elsewhere (from a decision table made by :meth:`plan_for`):
+        its FLOPs join its bucket's load. Returns its bucket."""
+        bucket = self.cfg.bucket_of(uncached)
+        self._decay(now)
+        self._loads[bucket] += self.cost(uncached, cached)
+        return bucket
+
+    def plan_for(self, instances: Sequence[InstanceLoad], now: float) -> BucketPlan | None:
+        """The plan to route by now over ``instances`` (re-checked as :meth:`route` does), or None
+        when no prefill serves."""
+        engines = serving(instances, "prefill")
+        if not engines:
+            return None
+        self._decay(now)
+        return self._check(engines, now)
 
     def _check(self, engines: list[InstanceLoad], now: float) -> BucketPlan:
         """The plan to route by: redone when the engine set changed, or at a periodic check when

@@ -97,7 +97,7 @@ async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str
     await cpeer.connect(30)
     await bpeer.connect(30)
     feeding = asyncio.ensure_future(_feed(cpeer, bpeer, engines))
-    router = BalancerRouter([balancer], ctx, bound_s=1.0)
+    router = BalancerRouter([balancer], ctx, bound_s=1.0, mode="ask")
     await router.start()
     pool = InstancePool(controller, ctx, role="decode")
     table = InstanceTable(
@@ -126,7 +126,7 @@ async def _measure(controller: str, balancer: str, n: int) -> dict[str, dict[str
         both, decode, local = [], [], []
         for _ in range(n):
             t = time.perf_counter()
-            pre, dec = await router.route(ask, prefill=True)
+            pre, dec, _ = await router.route(ask, prefill=True)
             both.append(time.perf_counter() - t)
             if isinstance(pre, str) or isinstance(dec, str):
                 raise RuntimeError(f"the balancer did not route: {pre!r} {dec!r}")

@@ -6,7 +6,11 @@ replaced by instant echoes, beside vllm-router and sglang-router in the same run
                    BalancerActor in its own process) --Route--> entrypoint --ZeroMQ stream-->
                    ``workers`` EchoDecodeActor instances (dsi.bench.echo_engine), registered
                    with a real controller and pushing LoadReports to the balancer
-    route_local    the same, through a second entrypoint whose config lists no balancer: it
+                   (``route_mode = "table"``: it routes from the balancer's decision table and
+                   asks only while it holds no fresh one; see dsi.roles.entrypoint.router)
+    route_query    the same, through a third entrypoint of ``route_mode = "ask"``: a RouteQuery
+                   per request
+    route_local    the same, through an entrypoint whose config lists no balancer: it
                    picks the decode itself (DecodePool's least loaded); same echoes, same controller
     vllm_router    client --HTTP--> vllm-router --HTTP--> ``workers`` EchoBackend servers
     sglang_router  client --HTTP--> sglang-router --HTTP--> the same EchoBackend servers
@@ -21,7 +25,8 @@ entrypoints run ``http_workers`` HTTP worker processes (``--http-workers``, defa
 CPUs, 2 to 4), whose CPU time counts in the entrypoint's and whose /metrics are summed;
 ``route_balancer_cpu_us_per_req`` is the balancer process's over the route rounds.
 ``route_vs_*`` = route_req_s / the other's. From the balanced entrypoint's /metrics, over the
-measured rounds: ``route_balancer_fraction`` (decode routes with source balancer / all),
+measured rounds: ``route_balancer_fraction`` (decode routes with source table or balancer / all),
+``route_table_fraction`` (source table / all),
 ``route_fallbacks`` (local picks by reason) and ``route_ask_mean_us`` (``dsi_route_seconds``'
 mean). Before measuring, the balanced entrypoint must have routed a request through the
 balancer. It waits up to ``balancer_timeout_ms`` (default 1000) for each route: with a
@@ -73,10 +78,10 @@ _DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
 def cluster_config(
     workers: int, balancer_timeout_s: float = _BALANCER_TIMEOUT_S, http_workers: int = 1
 ) -> dict:
-    """A node config (as parsed TOML) of one controller, one balancer, two entrypoints of
-    ``http_workers`` HTTP worker processes each, and ``workers`` decodes. ``entrypoint-0`` asks
-    the balancer; ``entrypoint-1`` is started from :func:`without_balancer` of it and picks
-    locally. ``balancer_timeout_s``: how long ``entrypoint-0`` waits for the balancer's route
+    """A node config (as parsed TOML) of one controller, one balancer, three entrypoints of
+    ``http_workers`` HTTP worker processes each, and ``workers`` decodes. ``entrypoint-0`` routes
+    from the balancer's tables, ``entrypoint-2`` asks it per request; ``entrypoint-1`` is started
+    from :func:`without_balancer` of it and picks locally. ``balancer_timeout_s``: how long ``entrypoint-0`` waits for the balancer's route
     before it picks locally."""
     controller = f"tcp://{_HOST}:{free_port()}"
     roles = [{"kind": "controller", "id": "controller-0", "bind": controller},
@@ -84,8 +89,8 @@ def cluster_config(
     roles += [
         {"kind": "entrypoint", "id": f"entrypoint-{i}", "bind": f"tcp://{_HOST}:{free_port()}",
          "http": f"{_HOST}:{free_port()}", "balancer_timeout_s": balancer_timeout_s,
-         "http_workers": http_workers}
-        for i in range(2)
+         "http_workers": http_workers, "route_mode": "ask" if i == 2 else "table"}
+        for i in range(3)
     ]  # fmt: skip
     roles += [
         {"kind": "decode", "id": f"decode-{i}", "bind": f"tcp://{_HOST}:{free_port()}"}
@@ -215,7 +220,7 @@ _METRICS_ASKS = 400
 
 async def route_counters(url: str, http_workers: int = 1) -> dict[str, float]:
     """The gateway's route counters from its /metrics, summed over its ``http_workers`` workers:
-    ``source:<balancer|local>`` (decode routes), ``fallback:<reason>``, ``ask:sum`` /
+    ``source:<table|balancer|local>`` (decode routes), ``fallback:<reason>``, ``ask:sum`` /
     ``ask:count`` (dsi_route_seconds). Each GET is a new connection, which the kernel may hand
     to any worker, so it asks until every worker (``X-Dsi-Worker``) has answered."""
     texts: dict[str, str] = {}
@@ -250,19 +255,24 @@ async def _wait_balanced(session: aiohttp.ClientSession, name: str, front: Front
         before = await route_counters(front.metrics_url, front.http_workers)
         await _one(session, front.url, body)
         after = await route_counters(front.metrics_url, front.http_workers)
-        if after.get("source:balancer", 0) > before.get("source:balancer", 0):
+        if _balanced(after) > _balanced(before):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{name}: no request was routed by the balancer in {_START_WAIT_S}s: {after}")
         await asyncio.sleep(0.2)
 
 
+def _balanced(counts: dict[str, float]) -> float:
+    return counts.get("source:balancer", 0.0) + counts.get("source:table", 0.0)
+
+
 def _route_figures(name: str, before: dict[str, float], after: dict[str, float]) -> dict:
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    routed = d.get("source:balancer", 0.0) + d.get("source:local", 0.0)
+    routed = _balanced(d) + d.get("source:local", 0.0)
     asks = d.get("ask:count", 0.0)
     return {
-        f"{name}_balancer_fraction": round(d.get("source:balancer", 0.0) / routed, 4) if routed else None,
+        f"{name}_balancer_fraction": round(_balanced(d) / routed, 4) if routed else None,
+        f"{name}_table_fraction": round(d.get("source:table", 0.0) / routed, 4) if routed else None,
         f"{name}_fallbacks": {
             k.split(":", 1)[1]: int(v) for k, v in d.items() if k.startswith("fallback:") and v
         },
@@ -347,6 +357,7 @@ def run(
     peers_dir: Path = _DEFAULT_PEERS_DIR,
     balancer_timeout_s: float = _BALANCER_TIMEOUT_S,
     http_workers: int = 1,
+    ask: bool = True,
 ) -> dict:
     """Every figure in one flat dict (see the module docstring); a peer that could not run has
     null figures and ``<peer>_error``."""
@@ -374,8 +385,9 @@ def run(
         children.append(ServerProcess(_serve_echoes_main, data, ids))  # these boot side by side
         balancer = ServerProcess(_serve_role_main, data, "balancer-0")
         entry = ServerProcess(_serve_role_main, data, "entrypoint-0")
+        asking = ServerProcess(_serve_role_main, data, "entrypoint-2") if ask else None
         local = ServerProcess(_serve_role_main, without_balancer(data), "entrypoint-1")
-        children += [balancer, entry, local]
+        children += [balancer, entry, local] + ([asking] if asking is not None else [])
         if bin_dir is not None:
             backends = ServerProcess(_serve_backends_main, echo_pieces(ids), workers)
             children.append(backends)
@@ -389,6 +401,14 @@ def run(
             f"http://{_HOST}:{entry.port}/metrics",
             http_workers,
         )
+        if asking is not None:
+            fronts["route_query"] = Front(
+                f"http://{_HOST}:{asking.port}/v1/chat/completions",
+                lambda: tree_cpu_s(asking.process.pid),
+                balancer.cpu_s,
+                f"http://{_HOST}:{asking.port}/metrics",
+                http_workers,
+            )
         fronts["route_local"] = Front(
             f"http://{_HOST}:{local.port}/v1/chat/completions", lambda: tree_cpu_s(local.process.pid)
         )
@@ -407,7 +427,7 @@ def run(
             stop_router(proc)
         for child in reversed(children):
             child.stop()
-    for name in ("route_local", *peers):
+    for name in ("route_query", "route_local", *peers) if ask else ("route_local", *peers):
         for figure in ("req_s", "p50_ms", "p99_ms", "cpu_us_per_req"):
             out.setdefault(f"{name}_{figure}", None)
         theirs = out[f"{name}_req_s"]
@@ -422,7 +442,7 @@ def format_table(r: dict) -> str:
              f"{r['workers']} echo workers, {r.get('http_workers', 1)} HTTP workers per entrypoint, "
              f"{r['requests']} requests x {r['repeats']} rounds (medians)",
              f"{'':16}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}   route/them"]  # fmt: skip
-    for name in ("route", "route_local", *PEERS):
+    for name in ("route", "route_query", "route_local", *PEERS):
         if f"{name}_req_s" not in r:
             continue
         if r[f"{name}_req_s"] is None:
@@ -435,10 +455,11 @@ def format_table(r: dict) -> str:
         )
     if "route_balancer_fraction" in r:
         lines.append(
-            f"route: entrypoint + balancer; {r['route_balancer_fraction']} of its routes from the balancer "
+            f"route: entrypoint + balancer's tables; {r['route_balancer_fraction']} of its routes from the "
+            f"balancer ({r.get('route_table_fraction')} from tables) "
             f"(fallbacks {r['route_fallbacks'] or 'none'}), ask {r['route_ask_mean_us']} us mean, "
-            f"balancer CPU {r['route_balancer_cpu_us_per_req']} us/req; "
-            "route_local: the entrypoint alone"
+            f"balancer CPU {r['route_balancer_cpu_us_per_req']} us/req; route_query: asks per request "
+            f"(balancer CPU {r.get('route_query_balancer_cpu_us_per_req')} us/req); route_local: the entrypoint alone"
         )
     return "\n".join(lines)
 
@@ -455,6 +476,7 @@ def _main(args: argparse.Namespace) -> int:
         Path(args.peers_dir),
         args.balancer_timeout_ms / 1e3,
         args.http_workers,
+        args.ask,
     )
     print(json.dumps(result) if args.json else format_table(result))
     return 0
@@ -490,6 +512,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=_BALANCER_TIMEOUT_S * 1e3,
         help="how long the balanced entrypoint waits for a route before it picks locally "
         f"(default {_BALANCER_TIMEOUT_S * 1e3:g}; a deployment's default is 20)",
+    )
+    parser.add_argument(
+        "--no-ask",
+        dest="ask",
+        action="store_false",
+        help="leave out route_query (a third entrypoint that asks the balancer per request)",
     )
     parser.add_argument(
         "--peers",

@@ -47,6 +47,10 @@ class EntrypointOptions:
     # Seconds a request waits for a balancer's route before the gateway picks the least loaded
     # instance itself (see dsi.roles.entrypoint.router).
     balancer_timeout_s: float = field(default=0.02, metadata=spec(checks=(greater(0.0), at_most(10.0))))
+    # "table": route from a decision table the balancers send every route_table_ttl_s / 4 seconds,
+    # held for route_table_ttl_s, asking per request only without one; "ask": every request asks.
+    route_mode: Literal["table", "ask"] = "table"
+    route_table_ttl_s: float = field(default=0.2, metadata=spec(checks=(greater(0.0), at_most(10.0))))
     # HTTP worker processes sharing the http port (SO_REUSEPORT), each a whole gateway with its own
     # connections to the controller and balancers; the role's process is worker 0 (see
     # dsi.roles.entrypoint.workers).

@@ -2,6 +2,8 @@
 
     prefill / decode --LoadReport (tell; every interval and on change)--> every balancer
     entrypoint --RouteQuery (ask, bounded)--> one balancer --Route | NoInstance
+    entrypoint --TableQuery (ask, every few tens of ms; what it routed since)--> every balancer
+               --RouteTable (the plan and loads to route from until the next one)
     dsi status --BalancerStatus (ask)--> balancer --BalancerState
 
 A balancer routes only to instances that the controller lists as ``serving`` and that sent a
@@ -77,5 +79,73 @@ class BalancerState(Message):
     spread: dict[str, float] = {}  # per role: max / mean load over serving instances (1.0 = even)
 
 
-BalancerMsg = RouteQuery | Route | LoadReport | BalancerStatus | BucketInfo | InstanceView | BalancerState
-BALANCER = (RouteQuery, Route, LoadReport, BalancerStatus, BucketInfo, InstanceView, BalancerState)
+class RoutedRequest(Message):
+    """A request a router placed from a table, for the balancer's measured loads and pending."""
+
+    role: str  # prefill | decode
+    instance_id: str
+    tokens: int  # prefill: un-cached tokens; decode: KV tokens
+    cached_tokens: int = 0  # prefill: the predicted prefix hit (for the FLOP estimate)
+
+
+class TableQuery(Message):
+    """Entrypoint -> balancer: the requests it routed from tables since its last query (each
+    sequence number up to ``upto`` is in ``routed`` or an earlier query); answered with RouteTable."""
+
+    routed: list[RoutedRequest] = []
+    upto: int = 0
+
+
+class TableEntry(Message):
+    instance_id: str
+    address: str  # control-plane endpoint
+    queued_tokens: int = 0  # prefill: un-cached tokens queued (reported + pending)
+    running: int = 0  # requests it holds (reported + pending)
+    kv_tokens: int = 0  # decode
+    max_requests: int = 0  # decode capacity
+    kv_capacity_tokens: int = 0  # decode capacity
+
+
+class RouteTable(Message):
+    """Balancer -> entrypoint: the decision table (see dsi.balance.table); serving instances only."""
+
+    balancer_id: str
+    epoch: float  # unix seconds the balancer started (a restarted balancer has a new one)
+    version: int  # tables made by this balancer since it started
+    made_at: float  # unix seconds
+    acked: int  # the query's ``upto``: the asker's routes up to it are counted in the loads
+    edges: list[int]  # un-cached tokens where prefill buckets 1.. start
+    buckets: list[list[str]]  # [bucket] prefill ids
+    prefills: list[TableEntry]
+    decodes: list[TableEntry]
+    long_band: list[str] = []  # decode ids of the long band (empty: one band)
+    long_threshold: int = 0  # KV tokens where long starts (0: one band)
+    overload: float = 0.9  # decode score above which an instance with >= 2 requests is overloaded
+
+
+BalancerMsg = (
+    RouteQuery
+    | Route
+    | LoadReport
+    | BalancerStatus
+    | BucketInfo
+    | InstanceView
+    | BalancerState
+    | RoutedRequest
+    | TableQuery
+    | TableEntry
+    | RouteTable
+)
+BALANCER = (
+    RouteQuery,
+    Route,
+    LoadReport,
+    BalancerStatus,
+    BucketInfo,
+    InstanceView,
+    BalancerState,
+    RoutedRequest,
+    TableQuery,
+    TableEntry,
+    RouteTable,
+)

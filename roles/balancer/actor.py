@@ -3,6 +3,7 @@
     LoadReport (tell, from every engine)   -> LoadTable
     controller ListInstances (every refresh_s) -> LoadTable (serving / draining / gone)
     RouteQuery (ask, from the entrypoint)  -> Route | NoInstance | InvalidRequest
+    TableQuery (ask, from the entrypoint)  -> RouteTable (the plan and loads, for routing there)
     BalancerStatus (ask, dsi status)       -> BalancerState (buckets, bands, instances, spread)
 
 The policies are dsi.balance's (prefill length buckets, decode bands); see
@@ -25,11 +26,20 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import BalancerOptions
 from dsi.errors import DsiError, InvalidRequest
-from dsi.messages.balancer import BalancerState, BalancerStatus, LoadReport, Route, RouteQuery
+from dsi.messages.balancer import (
+    BalancerState,
+    BalancerStatus,
+    LoadReport,
+    Route,
+    RouteQuery,
+    RouteTable,
+    TableQuery,
+)
 from dsi.messages.control import InstanceTable, ListInstances
 from dsi.model.config import ModelConfig
 from dsi.roles.balancer.loads import LoadTable
 from dsi.roles.balancer.policies import Policies, spread
+from dsi.roles.balancer.tables import make_table, measure_routed
 from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -60,6 +70,8 @@ class BalancerActor(RoleActor):
         self.table = LoadTable(options.report_timeout_s)
         self.routed: Counter[str] = Counter()
         self.reports = 0
+        self.tables = 0  # decision tables made
+        self.epoch = time.time()
         self._controller_address, self._keys, self._refresh_s = controller, keys, refresh_s
         self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
@@ -121,6 +133,19 @@ class BalancerActor(RoleActor):
             raise InvalidRequest(f"a balancer routes prefill and decode requests, not {msg.role!r}")
         self.routed[msg.role] += 1
         return Route(choice.instance, self.table.address(choice.instance), choice.bucket, choice.band)
+
+    @handles
+    def table(self, msg: TableQuery) -> RouteTable:
+        now = self._clock()
+        roles = set()
+        for r in msg.routed:
+            if measure_routed(self.policies, self.table, r, now):
+                self.routed[r.role] += 1
+                roles.add(r.role)
+        self.tables += 1
+        return make_table(
+            self.name, self.epoch, self.tables, msg.upto, self.policies, self.table, now, frozenset(roles)
+        )
 
     @handles
     def status(self, msg: BalancerStatus) -> BalancerState:

@@ -110,6 +110,9 @@ class LoadTable:
     def routed(self, instance_id: str, tokens: int, now: float) -> None:
         self._known[instance_id].pending.append(Pending(now, tokens))
 
+    def knows(self, instance_id: str) -> bool:
+        return instance_id in self._known
+
     def address(self, instance_id: str) -> str:
         return self._known[instance_id].address
 

@@ -217,6 +217,8 @@ class DecodePool:
         reroute_wait_s: float = 5.0,
         balancers: Sequence[str] = (),
         balancer_timeout_s: float = 0.02,
+        route_mode: str = "table",
+        route_table_ttl_s: float = 0.2,
     ) -> None:
         self.decode = InstancePool(
             controller, ctx, role="decode", keys=keys, refresh_s=refresh_s, peer_id=peer_id
@@ -229,7 +231,16 @@ class DecodePool:
         self.retries = 0
         # Asked first for every route; None (no balancer configured) is today's local pick alone.
         self.router = (
-            BalancerRouter(balancers, ctx, keys=keys, peer_id=peer_id, bound_s=balancer_timeout_s)
+            BalancerRouter(
+                balancers,
+                ctx,
+                keys=keys,
+                peer_id=peer_id,
+                bound_s=balancer_timeout_s,
+                mode=route_mode,
+                table_ttl_s=route_table_ttl_s,
+                table_every_s=route_table_ttl_s / 4,
+            )
             if balancers
             else None
         )
@@ -351,6 +362,7 @@ class DecodePool:
         need_prefill = bool(self.prefill.ready)
         pre_route: Route | str = ""
         dec_route: Route | str = ""
+        source = "balancer"
         if self.router is not None:
             ask = Ask(
                 len(msg.token_ids),
@@ -358,22 +370,26 @@ class DecodePool:
                 {k[0] for k in bad_prefills},
                 {k[0] for k in bad_decodes},
             )
-            pre_route, dec_route = await self.router.route(ask, prefill=need_prefill)
-        inst = self._routed(self.decode, dec_route, bad_decodes) or await self._pick_decode(bad_decodes, wait)
+            pre_route, dec_route, source = await self.router.route(ask, prefill=need_prefill)
+        inst = self._routed(self.decode, dec_route, bad_decodes, source) or await self._pick_decode(
+            bad_decodes, wait
+        )
         pre = None
         if need_prefill:
-            pre = self._routed(self.prefill, pre_route, bad_prefills) or self.prefill.pick(bad_prefills)
+            pre = self._routed(self.prefill, pre_route, bad_prefills, source) or self.prefill.pick(
+                bad_prefills
+            )
         return inst, pre
 
     def _routed(
-        self, pool: InstancePool, route: Route | str, exclude: set[tuple[str, float]]
+        self, pool: InstancePool, route: Route | str, exclude: set[tuple[str, float]], source: str
     ) -> _Instance | None:
         """The instance a balancer's ``route`` names, if this gateway can use it; counts the route."""
         if self.router is None:
             return None
         inst = pool.get(route.instance_id, exclude) if isinstance(route, Route) else None
         if inst is not None:
-            self.router.taken(pool.role)
+            self.router.taken(pool.role, source)
         else:
             self.router.local(pool.role, route if isinstance(route, str) else "unknown")
         return inst

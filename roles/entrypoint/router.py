@@ -12,12 +12,18 @@ bucket loads see the whole stream. A balancer that times out or goes away is ski
 to the local pick). A balancer that knows no instance for the request (``NoInstance``) is not
 a failure: the local pick decides, and says so if nothing can serve.
 
-Per request, not a decision table: the prefill policy measures compute per bucket from the
-requests it routes, and a route must see the load the previous one added.
+``mode = "table"`` (the default, ``[entrypoint] route_mode``): the gateway routes from a
+decision table it takes from the balancers every ``table_every_s`` (see
+dsi.roles.entrypoint.route_table), with the balancers' own rules and its own in-flight additions;
+it asks per request only while it holds no table younger than ``table_ttl_s``. The routes it makes
+go back to every balancer with the next table query, so their measured bucket loads and bands
+see every request. ``mode = "ask"``: every request asks.
 
 Metrics (Prometheus text, on the gateway's /metrics):
 
-    dsi_route_total{role, source}           routes by role, source = balancer | local
+    dsi_route_total{role, source}           routes by role, source = table | balancer (asked) | local
+    dsi_route_table_age_seconds             age of the held decision table (-1: none)
+    dsi_route_tables_total                  decision tables taken
     dsi_route_fallbacks_total{reason}       local picks: timeout | lost | no_instance | down | error |
                                             unknown (the route names an instance this gateway cannot use)
     dsi_route_seconds (histogram)           the balancer's answer time, per request (both asks)
@@ -37,10 +43,12 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
+from dsi.balance.load import NoInstance
 from dsi.errors import AskTimeout, DsiError, PeerLost
 from dsi.messages import ALL
-from dsi.messages.balancer import BalancerState, BalancerStatus, Route, RouteQuery
+from dsi.messages.balancer import BalancerState, BalancerStatus, Route, RouteQuery, RouteTable
 from dsi.roles.entrypoint.metrics import Histogram
+from dsi.roles.entrypoint.route_table import TableRoutes
 from dsi.transport.client import Peer, connect_until_up
 from dsi.transport.security import CurveKeys
 
@@ -60,7 +68,9 @@ class Ask:
 
 
 class BalancerRouter:
-    """``bound_s``: the longest a request waits for a balancer (seconds)."""
+    """``bound_s``: the longest a request waits for a balancer (seconds); ``mode``: "table" or
+    "ask"; ``table_ttl_s`` / ``table_every_s``: how long a table is routed from / how often
+    one is asked for (seconds)."""
 
     def __init__(
         self,
@@ -72,8 +82,15 @@ class BalancerRouter:
         bound_s: float = 0.02,
         retry_after_s: float = 1.0,
         status_every_s: float = 1.0,
+        mode: str = "table",
+        table_ttl_s: float = 0.2,
+        table_every_s: float = 0.05,
     ) -> None:
+        if mode not in ("table", "ask"):
+            raise ValueError(f"route mode must be table or ask, not {mode!r}")
         self.bound_s, self.retry_after_s, self.status_every_s = bound_s, retry_after_s, status_every_s
+        self.mode, self.table_every_s = mode, table_every_s
+        self.tables = TableRoutes(table_ttl_s)
         self._peers = [
             Peer(a, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
             for a in addresses
@@ -90,6 +107,11 @@ class BalancerRouter:
         self._tasks = [loop.create_task(self._connect(p), name=f"balancer {p.address}") for p in self._peers]
         if self._peers:
             self._tasks.append(loop.create_task(self._follow_status(), name="balancer status"))
+        if self.mode == "table":
+            self._tasks += [
+                loop.create_task(self._follow_table(i), name=f"balancer table {p.address}")
+                for i, p in enumerate(self._peers)
+            ]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -103,9 +125,29 @@ class BalancerRouter:
         self.routes[(role, "local")] += 1
         self.fallbacks[reason] += 1
 
-    async def route(self, ask: Ask, *, prefill: bool) -> tuple[Route | str, Route | str]:
-        """(prefill, decode): each a Route, or the reason to pick locally (``dsi_route_fallbacks_total``).
-        ``prefill``: whether the request needs a prefill instance at all (else its first is "")."""
+    async def route(self, ask: Ask, *, prefill: bool) -> tuple[Route | str, Route | str, str]:
+        """(prefill, decode, source): each a Route, or the reason to pick locally
+        (``dsi_route_fallbacks_total``); source "table" or "balancer" (asked). ``prefill``: whether
+        the request needs a prefill instance at all (else its first is "")."""
+        if self.mode == "table":
+            held = self.tables.fresh(time.monotonic())
+            if held is not None:
+                try:
+                    pre, dec = self.tables.route(
+                        held,
+                        ask.prompt_tokens,
+                        ask.cached_tokens,
+                        ask.exclude_prefill,
+                        ask.exclude_decode,
+                        prefill,
+                    )
+                except NoInstance:
+                    return ("no_instance" if prefill else ""), "no_instance", "table"
+                return pre, dec, "table"
+        pre, dec = await self._ask(ask, prefill)
+        return pre, dec, "balancer"
+
+    async def _ask(self, ask: Ask, prefill: bool) -> tuple[Route | str, Route | str]:
         index = self._choose()
         if index is None:
             return ("down" if prefill else ""), "down"
@@ -139,9 +181,9 @@ class BalancerRouter:
         self.latency.observe(time.perf_counter() - started)
         return (self._take(index, answers[1]) if prefill else ""), self._take(index, answers[0])
 
-    def taken(self, role: str) -> None:
-        """Count a route the balancer gave and the caller used."""
-        self.routes[(role, "balancer")] += 1
+    def taken(self, role: str, source: str = "balancer") -> None:
+        """Count a route the balancer (or its table) gave and the caller used."""
+        self.routes[(role, source)] += 1
 
     def _choose(self) -> int | None:
         now = time.monotonic()
@@ -168,6 +210,23 @@ class BalancerRouter:
     async def _connect(self, peer: Peer) -> None:
         await connect_until_up(peer, "balancer")
 
+    async def _follow_table(self, index: int) -> None:
+        """Ask balancer ``index`` for a table every ``table_every_s`` while it is connected."""
+        peer = self._peers[index]
+        while True:
+            if not peer.connected:
+                self.tables.forget(index)
+            else:
+                try:
+                    table = await peer.ask(
+                        self.tables.query(index), timeout=max(self.tables.ttl_s, self.bound_s)
+                    )
+                    if isinstance(table, RouteTable):
+                        self.tables.take(table, time.monotonic())
+                except DsiError as exc:
+                    log.info("balancer %s: no table: %s", peer.address, exc)
+            await asyncio.sleep(self.table_every_s)
+
     async def _follow_status(self) -> None:
         while True:
             await asyncio.sleep(self.status_every_s)
@@ -188,6 +247,13 @@ class BalancerRouter:
         lines.append("# TYPE dsi_route_fallbacks_total counter")
         lines += [f'dsi_route_fallbacks_total{{reason="{r}"}} {n}' for r, n in sorted(self.fallbacks.items())]
         lines += ["# TYPE dsi_route_seconds histogram", *self.latency.lines("dsi_route_seconds")]
+        if self.mode == "table":
+            lines += [
+                "# TYPE dsi_route_table_age_seconds gauge",
+                f"dsi_route_table_age_seconds {round(self.tables.age(time.monotonic()), 4)}",
+                "# TYPE dsi_route_tables_total counter",
+                f"dsi_route_tables_total {self.tables.received}",
+            ]
         if self.state is not None:
             lines += state_lines(self.state)
         return lines

@@ -73,6 +73,8 @@ class GatewayServing:
             reroute_wait_s=opts.reroute_wait_s,
             balancers=node.balancer_addresses,
             balancer_timeout_s=opts.balancer_timeout_s,
+            route_mode=opts.route_mode,
+            route_table_ttl_s=opts.route_table_ttl_s,
         )
         await pool.start()
         m = node.model

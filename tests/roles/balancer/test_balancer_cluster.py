@@ -120,7 +120,7 @@ async def test_long_prompts_go_to_the_prefill_that_serves_the_long_bucket(procs,
             ]  # the plan held
             async with session.get(f"{base}/metrics") as resp:
                 metrics = await resp.text()
-            assert 'dsi_route_total{role="prefill",source="balancer"}' in metrics
+            assert 'dsi_route_total{role="prefill",source="table"}' in metrics  # the default route_mode
             assert 'dsi_balancer_bucket_engines{balancer="balancer-0",bucket="1"} 1' in metrics
     finally:
         for p in peers.values():

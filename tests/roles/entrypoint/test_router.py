@@ -1,5 +1,6 @@
 """The gateway's routes with a real balancer process: the balancer's choice, ``exclude`` on a
-retry, and the local pick once the balancer is killed."""
+retry, and the local pick once the balancer is killed (asking per request); the routes from
+the balancer's decision table (the default mode)."""
 
 import asyncio
 import contextlib
@@ -34,9 +35,10 @@ def _info(instance_id: str, address: str) -> InstanceInfo:
 
 
 @pytest.fixture
-async def balanced(procs, tmp_path):
+async def balanced(procs, tmp_path, request):
     """A controller + balancer process; fake engines heartbeat to the controller and report to
-    the balancer; a DecodePool whose controller table lists the same engines (all idle)."""
+    the balancer; a DecodePool whose controller table lists the same engines (all idle). Its
+    route mode is the test's indirect parameter ("ask" without one)."""
     config = local_config(tmp_path, keep=("controller-0", "balancer-0"))
     addresses = role_addresses(config)
     proc = procs.start("balancer", python_module("dsi.cli.role", "--config", str(config)))
@@ -79,7 +81,11 @@ async def balanced(procs, tmp_path):
     else:
         raise AssertionError(f"the balancer never saw the engines: {views}")
     pool = DecodePool(
-        f"tcp://127.0.0.1:{free_port()}", ctx, balancers=[addresses["balancer-0"]], balancer_timeout_s=BOUND_S
+        f"tcp://127.0.0.1:{free_port()}",
+        ctx,
+        balancers=[addresses["balancer-0"]],
+        balancer_timeout_s=BOUND_S,
+        route_mode=getattr(request, "param", "ask"),
     )
     table = InstanceTable([_info(i, a) for i, a in engines.items()])
 
@@ -132,3 +138,31 @@ async def test_balancer_routes_exclude_on_retry_and_the_local_pick_once_it_is_ki
     await until(lambda: not pool.router._peers[0].connected or pool.router._down_until[0] > time.monotonic())
     inst, _ = await pool._route(_msg(2), set(), set(), wait=False)
     assert inst.info.instance_id == "decode-0" and pool.router.routes[("decode", "local")] == 2
+
+
+@pytest.mark.parametrize("balanced", ["table"], indirect=True)
+async def test_routes_come_from_the_balancers_table_and_reach_its_loads(balanced):
+    pool, _ = balanced
+    await until(lambda: pool.router.tables.held is not None)
+    picks = [await pool._route(_msg(n), set(), set(), wait=False) for n in range(4)]
+    # the table shows decode-0 loaded (30 requests, 50K KV); the gateway's own table does not
+    assert [inst.info.instance_id for inst, _ in picks] == ["decode-1"] * 4
+    # two idle prefills serve every bucket: the in-flight additions alternate them
+    assert [pre.info.instance_id for _, pre in picks] == ["prefill-0", "prefill-1"] * 2
+    assert pool.router.routes[("decode", "table")] == 4 and pool.router.routes[("decode", "balancer")] == 0
+    lines = "\n".join(pool.metric_lines())
+    assert (
+        'dsi_route_total{role="prefill",source="table"} 4' in lines
+        and "dsi_route_table_age_seconds " in lines
+    )
+    # the routes go back with the next table query: the balancer counts them
+    peer = pool.router._peers[0]
+
+    async def routed():
+        return (await peer.ask(BalancerStatus())).routed
+
+    for _ in range(100):
+        if await routed() == {"prefill": 4, "decode": 4}:
+            break
+        await asyncio.sleep(0.05)
+    assert await routed() == {"prefill": 4, "decode": 4}

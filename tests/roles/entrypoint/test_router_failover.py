@@ -31,18 +31,18 @@ async def test_the_second_balancer_takes_over_when_the_first_goes_away():
         )
         for i in ("prefill-0", "decode-0")
     ]
-    router = BalancerRouter(addresses, ctx, bound_s=0.5, retry_after_s=60.0)
+    router = BalancerRouter(addresses, ctx, bound_s=0.5, retry_after_s=60.0, mode="ask")
     for r in reporters:
         await r.start()
     await router.start()
     try:
         await until(lambda: all(a.reports >= 2 for a in actors) and router._choose() == 0)
-        pre, dec = await router.route(Ask(100, 0), prefill=True)
+        pre, dec, _ = await router.route(Ask(100, 0), prefill=True)
         assert isinstance(pre, Route) and isinstance(dec, Route)
         assert (dict(actors[0].routed), dict(actors[1].routed)) == ({"prefill": 1, "decode": 1}, {})
         await servers[0].stop()  # the first balancer goes away
         await until(lambda: router._choose() == 1)
-        pre, dec = await router.route(Ask(100, 0), prefill=True)
+        pre, dec, _ = await router.route(Ask(100, 0), prefill=True)
         assert (pre.instance_id, dec.instance_id) == ("prefill-0", "decode-0")
         assert dict(actors[1].routed) == {"prefill": 1, "decode": 1}  # it had every report already
     finally:
