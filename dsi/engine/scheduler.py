@@ -4,7 +4,9 @@ Each step it walks the running requests first (oldest first), giving each the to
 behind by (``num_tokens + in_flight - num_computed``) up to the remaining budget, then admits
 waiting requests while budget, slots and pages last. Counters move at scheduling time, so the
 next step can be scheduled while this one still runs (asynchronous scheduling): a decode slice
-whose input token is still being sampled carries a placeholder that the runner fills in.
+whose input token is still being sampled carries a placeholder that the runner fills in. A
+request with a verify slice in flight (``verifying``) gets no slice until that step is processed:
+how many of its drafts are accepted, and so where it continues, is not known before.
 
 Preemption by recompute: when a running request needs a page and none is free, the running
 request with the longest output gives its pages and slot back and returns to the head of the
@@ -45,6 +47,7 @@ class Step:
     blocked: bool = False  # some request needed a page that only a preemption could give
     snapshots: Snapshots = field(default_factory=dict)  # ring snapshots the worker captured
     accepted: dict[int, int] = field(default_factory=dict)  # verify slice index -> drafts accepted
+    draft_fills: dict[int, int] = field(default_factory=dict)  # slice index -> drafts the worker fills in
 
     @property
     def num_tokens(self) -> int:
@@ -71,7 +74,7 @@ class Scheduler:
         step = Step()
         budget = self.max_batch_tokens
         for req in list(self.running):
-            if req.status is not Status.RUNNING or self._done_soon(req):
+            if req.status is not Status.RUNNING or req.verifying or self._done_soon(req):
                 continue
             n = min(req.num_tokens + req.in_flight - req.num_computed, budget)
             if n <= 0:
@@ -108,6 +111,7 @@ class Scheduler:
         sl.tokens.extend(drafts)
         sl.num_logits = 1 + len(drafts)
         req.num_computed += len(drafts)
+        req.verifying = True
         return True
 
     def rollback(self, req: Request, end: int) -> None:
@@ -115,6 +119,7 @@ class Scheduler:
         give back the pages that only rejected positions used (the table keeps exactly the pages
         of positions < ``end``, as if the drafts had never been scheduled)."""
         req.num_computed = min(req.num_computed, end)
+        req.verifying = False
         keep = -(-req.num_computed // self.block_size)
         if len(req.block_table) > keep:
             self.pool.free(req.block_table[keep:])
