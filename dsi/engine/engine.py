@@ -12,7 +12,8 @@ pages and slot are freed only once N+1 has run. A step that could only be schedu
 preempting waits until nothing is in flight, so preemption never races the worker. On CUDA the
 worker is a stream; on the CPU it is one thread (torch releases the GIL inside kernels).
 Speculative decoding in this mode: see dsi.engine.speculator (a request's drafts proposed by
-step N are filled into its N + 1 slice by the worker; after a verify slice it skips a step).
+step N are filled into its N + 1 slice by the worker; after a verify slice the next slice's
+position is set by the worker too).
 
 Prefix hits (``add_request(..., cached=CachedPrefix)``): the hit's pages are loaded on
 admission and the request computes only positions >= R (the bounded SWA replay and the
@@ -172,6 +173,7 @@ class Engine:
         )
         self._inflight: tuple[Step, Future] | None = None
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
+        self._resume: dict[int, int] = {}  # id(request) -> where its last verify slice left off (worker)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
         self.spec = (
@@ -476,6 +478,8 @@ class Engine:
         the drafts of verify slices); per sampled slice, the tokens it emits."""
         t0 = time.perf_counter()
         for i, (sl, req, fill) in enumerate(zip(step.slices, step.requests, step.fills, strict=True)):
+            if i in step.floating:  # where the verify slice before it left off
+                sl.start = self._resume.pop(id(req))
             if fill:
                 k = step.draft_fills.get(i, 0)
                 sl.tokens[-1 - k] = self._last_token[id(req)]
@@ -507,6 +511,10 @@ class Engine:
         out: list[list[Sampled]] = [[s] for s in sampled]
         if len(single) != len(rows):  # verify slices: drafts checked against their rows
             out = verify_step(self.spec, step, chosen, rows, logits, single, sampled)
+            for j, accepted in step.accepted.items():  # before the next step's forward
+                sl, req = step.slices[j], step.requests[j]
+                self._resume[id(req)] = sl.start + accepted + 1
+                self.runner.rollback(sl.slot, sl.start + accepted + 1)
         for (_, req), new in zip(chosen, out, strict=True):
             for s in new:
                 self._last_token[id(req)] = s.token
@@ -559,7 +567,7 @@ class Engine:
         decode = [
             i
             for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True))
-            if sl.sample and len(sl.tokens) == 1 and self.spec.eligible(req)
+            if sl.sample and len(sl.tokens) == 1 and i not in step.floating and self.spec.eligible(req)
         ]
         if not decode:
             return
@@ -584,9 +592,7 @@ class Engine:
         for j, accepted in step.accepted.items():
             sl, req = step.slices[j], step.requests[j]
             end = sl.start + accepted + 1
-            self.scheduler.rollback(req, end)
-            if req.slot >= 0:
-                self.runner.rollback(req.slot, end)
+            self.scheduler.rollback(req, end)  # the runner's part ran on the worker (_execute)
             for k, (boundary, _snap) in list(step.snapshots.items()):
                 if k == j and boundary > end:
                     del step.snapshots[k]
@@ -623,6 +629,7 @@ class Engine:
             self.spec.forget(req)
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
+        self._resume.pop(id(req), None)
         self._output_counts.drop(req)
         req.cached = None  # the caller's buffer is not needed any more
         self.stats.record(req.request_id, req.stats)
@@ -649,10 +656,12 @@ class Engine:
 
     def _unschedule(self, step: Step) -> None:
         """Roll back the counters of a step that will not run."""
-        for sl, req in zip(step.slices, step.requests, strict=True):
+        for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True)):
             req.num_computed -= len(sl.tokens)
             if sl.sample:
                 req.in_flight -= 1
+            if i in step.floating:
+                req.floating = False
 
     def _drain(self) -> None:
         if self._inflight is not None:

@@ -10,9 +10,10 @@ One step of a speculating request (sync scheduling; see the engine's docstring):
 With async scheduling (the engine schedules step N + 1 while N runs) a request decoding one
 token a step verifies, in N + 1, the drafts that N proposes after sampling the token N + 1
 takes as input: the worker fills them in. How many is chosen when N + 1 is scheduled, before
-they exist, from the confidences of the drafts N - 1 proposed (one step stale). After a verify
-slice the request skips one step (where it continues is known only once the verify is done) and
-then verifies the drafts proposed with it, their own confidences deciding how many.
+they exist, from the confidences of the drafts N - 1 proposed (one step stale). Where a request
+continues after a verify slice is known only once the worker has verified it: the step after
+gives it one token (no drafts) that the worker places there (the scheduler's floating slice);
+the runner's rollback runs on the worker, before that step's forward.
 
 Which requests speculate: decoding ones (one token behind), not prefill-only, without
 penalties (their logits depend on the output so far; they decode one token per step in the

@@ -117,8 +117,9 @@ def test_greedy_output_is_the_same_off_fixed_and_dspark(mini, greedy_off):
 @pytest.mark.parametrize("mode", ["fixed", "dspark"])
 def test_greedy_output_with_async_scheduling_is_the_same(mini, greedy_off, mode):
     """Async scheduling: a decoding request verifies, in the step after, the drafts the step in
-    flight proposes (filled in by the worker, lengths from one-step-stale confidences); after a
-    verify slice it skips a step. Output equals speculation off."""
+    flight proposes (filled in by the worker, lengths from one-step-stale confidences); the step
+    after a verify slice gives it one token at the position the worker learns from the verify.
+    Output equals speculation off."""
     draft = init_draft(mini[0].hidden, torch.arange(512))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     off = greedy_off
@@ -136,7 +137,7 @@ def test_greedy_output_with_async_scheduling_is_the_same(mini, greedy_off, mode)
         engine.close()
     assert outs == off
     st = engine.spec.stats
-    assert fills[0] > 0 and st.verify_slices > fills[0]  # pipelined verifies and fresh ones
+    assert fills[0] > 0 and st.verify_slices >= fills[0]  # verifies of drafts filled in
     assert st.accepted[0] > 0 and st.accepted[4] > 0
     assert sum(st.reached) > sum(st.accepted)  # and some were rejected
     assert engine.runner.pool.num_free == engine.config.num_blocks - 1
