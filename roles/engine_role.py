@@ -213,6 +213,7 @@ class EngineRole(RoleActor):
             self.ctx.destroy(linger=0)
 
     def _build_service(self) -> EngineService:
+        from dsi.engine.step_curve import load_curve
         from dsi.model.draft import load_draft
         from dsi.model.family import load_model_dir
         from dsi.model.prepare import ensure_model
@@ -235,6 +236,9 @@ class EngineRole(RoleActor):
             async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async",
             speculative=spec,
             num_drafts=s.compute.num_drafts,
+            step_curve=load_curve(s.compute.step_curve)
+            if spec == "dspark" and s.compute.step_curve is not None
+            else None,
         )
         experts = self.experts = self._start_experts(model, weights)
         try:

@@ -134,9 +134,13 @@ class EngineSection:
     # Speculative decoding of the decode engines (dsi.engine.speculator): "fixed" verifies
     # num_drafts drafts per request and step, "dspark" a variable number chosen from the
     # draft's confidences and a step-time curve measured at start-up. It needs the model
-    # directory's draft.safetensors (dsi model train-draft) and steps with sync scheduling.
+    # directory's draft.safetensors (dsi model train-draft). With async scheduling a request
+    # verifies the drafts of the step in flight, lengths chosen from one-step-stale confidences.
     speculative: Literal["off", "fixed", "dspark"] = "off"
     num_drafts: int = field(default=5, metadata=spec(checks=(at_least(1), at_most(5))))
     # torch compute threads of each engine process (0: torch's default, one per core); several
     # engine roles sharing a machine's cores each take a share instead of all of them.
     threads: int = field(default=0, metadata=spec(checks=(at_least(0),)))
+    # dspark: a JSON file with the step-time curve to use instead of measuring one at start-up
+    # (the step_curve object that `dsi status --json` or `dsi bench spec --json` prints).
+    step_curve: Path | None = None

@@ -11,6 +11,9 @@ A request that finishes in N still has a slice in N+1 (its extra token is discar
 pages and slot are freed only once N+1 has run. A step that could only be scheduled by
 preempting waits until nothing is in flight, so preemption never races the worker. On CUDA the
 worker is a stream; on the CPU it is one thread (torch releases the GIL inside kernels).
+Speculative decoding in this mode: see dsi.engine.speculator (a request's drafts proposed by
+step N are filled into its N + 1 slice by the worker; after a verify slice the next slice's
+position is set by the worker too).
 
 Prefix hits (``add_request(..., cached=CachedPrefix)``): the hit's pages are loaded on
 admission and the request computes only positions >= R (the bounded SWA replay and the
@@ -55,7 +58,7 @@ from dsi.engine.runner import ModelRunner
 from dsi.engine.runner_dense import DenseRunner
 from dsi.engine.runner_gemma3 import Gemma3Runner
 from dsi.engine.sampler import Sampled, sample
-from dsi.engine.scheduler import Scheduler, Step
+from dsi.engine.scheduler import PLACEHOLDER, Scheduler, Step
 from dsi.engine.shape import EngineShape
 from dsi.engine.spec_steps import build_speculator, propose_step, verify_step
 from dsi.engine.speculator import MODES
@@ -90,10 +93,6 @@ class EngineConfig:
             raise ValueError("engine sizes must be positive (num_blocks >= 2)")
         if self.speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}")
-        if self.speculative != "off" and self.async_scheduling:
-            raise ValueError(
-                "speculative decoding steps with sync scheduling (async_scheduling must not be on)"
-            )
 
 
 def auto_async(device: str) -> bool:
@@ -169,12 +168,13 @@ class Engine:
         self.timings: list[StepTiming] = []
         self.async_scheduling = (
             c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
-        ) and c.speculative == "off"  # speculative decoding steps with sync scheduling
+        )
         self._worker = (
             ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None
         )
         self._inflight: tuple[Step, Future] | None = None
         self._last_token: dict[int, int] = {}  # id(request) -> token sampled by the last step (worker-owned)
+        self._resume: dict[int, int] = {}  # id(request) -> where its last verify slice left off (worker)
         self._output_counts = OutputCounts()  # for penalties (worker-owned)
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
         self.spec = (
@@ -184,6 +184,8 @@ class Engine:
             if c.speculative != "off"
             else None
         )
+        if self.spec is not None:
+            self.spec.pipelined = self.async_scheduling
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -300,12 +302,16 @@ class Engine:
             step = self.scheduler.schedule()
             if not step.slices:
                 return self._collect([])
+            if self.spec is not None:
+                self._add_drafts(step)
             self._inflight = (step, self._worker.submit(self._execute, step))
         current, future = self._inflight
         following = self.scheduler.schedule(allow_preempt=False)
         if following.blocked:  # needs a preemption: undo nothing, retry once the worker is idle
             self._unschedule(following)
             following = Step()
+        elif self.spec is not None and following.slices:
+            self._add_drafts(following)
         nxt = (following, self._worker.submit(self._execute, following)) if following.slices else None
         sampled = future.result()
         self._inflight = nxt
@@ -472,9 +478,15 @@ class Engine:
         """Runs on the worker: fill placeholders from the previous step, forward, sample (verify
         the drafts of verify slices); per sampled slice, the tokens it emits."""
         t0 = time.perf_counter()
-        for sl, req, fill in zip(step.slices, step.requests, step.fills, strict=True):
+        for i, (sl, req, fill) in enumerate(zip(step.slices, step.requests, step.fills, strict=True)):
+            if i in step.floating:  # where the verify slice before it left off
+                sl.start = self._resume.pop(id(req))
             if fill:
-                sl.tokens[-1] = self._last_token[id(req)]
+                k = step.draft_fills.get(i, 0)
+                sl.tokens[-1 - k] = self._last_token[id(req)]
+                if k:  # drafts proposed by the previous step (async scheduling)
+                    assert self.spec is not None
+                    sl.tokens[-k:] = self.spec.fill_drafts(req, sl.start + 1, k, self._last_token[id(req)])
         snapshots = step.snapshots if self.ring_snapshots.collect else None
         hidden: list[torch.Tensor] | None = None
         if self.spec is None:
@@ -500,6 +512,10 @@ class Engine:
         out: list[list[Sampled]] = [[s] for s in sampled]
         if len(single) != len(rows):  # verify slices: drafts checked against their rows
             out = verify_step(self.spec, step, chosen, rows, logits, single, sampled)
+            for j, accepted in step.accepted.items():  # before the next step's forward
+                sl, req = step.slices[j], step.requests[j]
+                self._resume[id(req)] = sl.start + accepted + 1
+                self.runner.rollback(sl.slot, sl.start + accepted + 1)
         for (_, req), new in zip(chosen, out, strict=True):
             for s in new:
                 self._last_token[id(req)] = s.token
@@ -540,33 +556,44 @@ class Engine:
                 continue
             self.full_pages.update(req, min(sl.end, req.num_tokens, req.num_computed))
 
-    # ---- speculative decoding (sync scheduling) -----------------------------------------------------
+    # ---- speculative decoding -----------------------------------------------------------------------
     def _add_drafts(self, step: Step) -> None:
-        """Give the decode slices of a scheduled step their drafts (the speculator's lengths)."""
+        """Give the decode slices of a scheduled step their drafts (the speculator's lengths).
+
+        A slice whose input token is still being sampled by the step in flight (async
+        scheduling) verifies the drafts that step proposes after sampling it; they are not known
+        yet, so its lengths come from the confidences of the drafts before them (one step
+        stale) and the worker fills the tokens in (``Step.draft_fills``)."""
         assert self.spec is not None
         decode = [
             i
             for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True))
-            if sl.sample and len(sl.tokens) == 1 and not step.fills[i] and self.spec.eligible(req)
+            if sl.sample and len(sl.tokens) == 1 and i not in step.floating and self.spec.eligible(req)
         ]
         if not decode:
             return
         budget = self.config.max_batch_tokens - step.num_tokens
-        plan = self.spec.plan([step.requests[i] for i in decode], step.num_tokens, budget)
+        plan = self.spec.plan(
+            [step.requests[i] for i in decode],
+            [step.slices[i].start + 1 for i in decode],
+            step.num_tokens,
+            budget,
+        )
         for i in decode:
             req = step.requests[i]
             n = plan.get(id(req), 0)
-            if n:
-                self.scheduler.add_drafts(step, i, self.spec.drafts_of(req, n))
+            if not n:
+                continue
+            drafts = [PLACEHOLDER] * n if step.fills[i] else self.spec.drafts_of(req, n)
+            if self.scheduler.add_drafts(step, i, drafts) and step.fills[i]:
+                step.draft_fills[i] = n
 
     def _rollback(self, step: Step) -> None:
         """Verify slices: keep the positions of the accepted drafts, drop the rest."""
         for j, accepted in step.accepted.items():
             sl, req = step.slices[j], step.requests[j]
             end = sl.start + accepted + 1
-            self.scheduler.rollback(req, end)
-            if req.slot >= 0:
-                self.runner.rollback(req.slot, end)
+            self.scheduler.rollback(req, end)  # the runner's part ran on the worker (_execute)
             for k, (boundary, _snap) in list(step.snapshots.items()):
                 if k == j and boundary > end:
                     del step.snapshots[k]
@@ -603,6 +630,7 @@ class Engine:
             self.spec.forget(req)
         self.scheduler.free(req)
         self._last_token.pop(id(req), None)
+        self._resume.pop(id(req), None)
         self._output_counts.drop(req)
         req.cached = None  # the caller's buffer is not needed any more
         self.stats.record(req.request_id, req.stats)
@@ -629,10 +657,12 @@ class Engine:
 
     def _unschedule(self, step: Step) -> None:
         """Roll back the counters of a step that will not run."""
-        for sl, req in zip(step.slices, step.requests, strict=True):
+        for i, (sl, req) in enumerate(zip(step.slices, step.requests, strict=True)):
             req.num_computed -= len(sl.tokens)
             if sl.sample:
                 req.in_flight -= 1
+            if i in step.floating:
+                req.floating = False
 
     def _drain(self) -> None:
         if self._inflight is not None:

@@ -42,6 +42,8 @@ class Request:
     status: Status = Status.WAITING
     num_computed: int = 0
     in_flight: int = 0  # tokens being sampled by a step that has not been processed yet
+    verifying: bool = False  # a verify slice of it is in flight (where it continues is not known yet)
+    floating: bool = False  # a slice after that verify slice is scheduled; the worker places it
     block_table: list[int] = field(default_factory=list)
     slot: int = -1
     finish_reason: str | None = None

@@ -4,7 +4,11 @@ Each step it walks the running requests first (oldest first), giving each the to
 behind by (``num_tokens + in_flight - num_computed``) up to the remaining budget, then admits
 waiting requests while budget, slots and pages last. Counters move at scheduling time, so the
 next step can be scheduled while this one still runs (asynchronous scheduling): a decode slice
-whose input token is still being sampled carries a placeholder that the runner fills in.
+whose input token is still being sampled carries a placeholder that the runner fills in. A
+request with a speculative verify slice in flight (``verifying``) continues at a position known
+only once its drafts are verified: it gets a one-token "floating" slice (``Step.floating``) at
+the farthest position it can reach, with pages for it, which the worker moves back to where the
+verify left off before the forward (``floating``: the rollback counts it).
 
 Preemption by recompute: when a running request needs a page and none is free, the running
 request with the longest output gives its pages and slot back and returns to the head of the
@@ -45,6 +49,8 @@ class Step:
     blocked: bool = False  # some request needed a page that only a preemption could give
     snapshots: Snapshots = field(default_factory=dict)  # ring snapshots the worker captured
     accepted: dict[int, int] = field(default_factory=dict)  # verify slice index -> drafts accepted
+    draft_fills: dict[int, int] = field(default_factory=dict)  # slice index -> drafts the worker fills in
+    floating: set[int] = field(default_factory=set)  # slices the worker places (after a verify slice)
 
     @property
     def num_tokens(self) -> int:
@@ -71,7 +77,11 @@ class Scheduler:
         step = Step()
         budget = self.max_batch_tokens
         for req in list(self.running):
-            if req.status is not Status.RUNNING or self._done_soon(req):
+            if req.status is not Status.RUNNING or req.floating or self._done_soon(req):
+                continue
+            if req.verifying:
+                if budget > 0 and self._reserve(req, 1, allow_preempt, step):
+                    budget -= self._add_floating(step, req)
                 continue
             n = min(req.num_tokens + req.in_flight - req.num_computed, budget)
             if n <= 0:
@@ -108,13 +118,15 @@ class Scheduler:
         sl.tokens.extend(drafts)
         sl.num_logits = 1 + len(drafts)
         req.num_computed += len(drafts)
+        req.verifying = True
         return True
 
     def rollback(self, req: Request, end: int) -> None:
         """Positions >= ``end`` of a verify slice were rejected: compute from ``end`` again, and
         give back the pages that only rejected positions used (the table keeps exactly the pages
         of positions < ``end``, as if the drafts had never been scheduled)."""
-        req.num_computed = min(req.num_computed, end)
+        req.num_computed = min(req.num_computed, end + req.floating)  # a floating slice follows end
+        req.verifying = req.floating = False
         keep = -(-req.num_computed // self.block_size)
         if len(req.block_table) > keep:
             self.pool.free(req.block_table[keep:])
@@ -169,6 +181,31 @@ class Scheduler:
         if sample:
             req.in_flight += 1
         return n
+
+    def _add_floating(self, step: Step, req: Request) -> int:
+        """One token after the verify slice in flight: its last emitted token (a placeholder) at
+        the position after its last draft, which the worker moves back to where the verify left
+        off. The slice gets its own copy of the block table (the rollback shortens the request's
+        while the slice may be running; the pages it gives back are past the slice's position)."""
+        step.slices.append(
+            StepSlice(
+                req.slot,
+                list(req.block_table),
+                req.num_computed,
+                [PLACEHOLDER],
+                req.consumer_start,
+                True,
+                req.producer_start,
+                req.num_cached,
+            )
+        )
+        step.requests.append(req)
+        step.fills.append(True)
+        step.floating.add(len(step.slices) - 1)
+        req.num_computed += 1
+        req.in_flight += 1
+        req.floating = True
+        return 1
 
     def _load_cached(self, req: Request) -> None:
         cached = req.cached

@@ -7,6 +7,14 @@ One step of a speculating request (sync scheduling; see the engine's docstring):
               propose: draft(hidden at start + j, t_j) -> d'_1 .. d'_K with confidences
     step N+1: lengths chosen (fixed K, or dspark_lengths over the confidences and the step curve)
 
+With async scheduling (the engine schedules step N + 1 while N runs) a request decoding one
+token a step verifies, in N + 1, the drafts that N proposes after sampling the token N + 1
+takes as input: the worker fills them in. How many is chosen when N + 1 is scheduled, before
+they exist, from the confidences of the drafts N - 1 proposed (one step stale). Where a request
+continues after a verify slice is known only once the worker has verified it: the step after
+gives it one token (no drafts) that the worker places there (the scheduler's floating slice);
+the runner's rollback runs on the worker, before that step's forward.
+
 Which requests speculate: decoding ones (one token behind), not prefill-only, without
 penalties (their logits depend on the output so far; they decode one token per step in the
 same batch). Structured output does: each verified position is masked by the grammar advanced
@@ -83,6 +91,9 @@ class Speculator:
         # last step (at least 1), so that when drafts do not pay their cost is one draft step
         # (the confidences of position 1, one step stale), not K.
         self.depth = num_drafts
+        # Async scheduling: the lengths of a step are chosen before the drafts they take are
+        # proposed, so every proposal drafts K (depth is not cut to the last step's lengths).
+        self.pipelined = False
 
     @staticmethod
     def eligible(req: Request) -> bool:
@@ -95,17 +106,26 @@ class Speculator:
         self._drafts.clear()
 
     # ---- planning (CPU, before scheduling) ---------------------------------------------------------
-    def plan(self, running: Sequence[Request], base_tokens: int, budget: int) -> dict[int, int]:
+    def plan(
+        self, running: Sequence[Request], positions: Sequence[int], base_tokens: int, budget: int
+    ) -> dict[int, int]:
         """id(request) -> drafts to verify this step. ``running``: requests with a one-token
-        decode slice (of their last token) in the step; those whose drafts follow that token
-        may verify some."""
+        decode slice in the step; ``positions``: where each one's first draft would sit (its
+        slice's start + 1). A request whose drafts sit there may verify some; one whose input
+        token is still being sampled (position num_tokens + 1, async scheduling) may verify
+        the drafts the step in flight will propose, planned with the confidences of the drafts
+        before them (position num_tokens) when those are all that is known yet."""
         reqs, avail = [], []
-        for req in running:
+        for req, pos in zip(running, positions, strict=True):
             d = self._drafts.get(id(req))
-            if d is None or d.position != req.num_tokens:
+            pending = pos > req.num_tokens  # the drafts are proposed by the step in flight
+            if d is None or not (d.position == pos or (pending and d.position == pos - 1)):
                 continue
-            # tokens it may still emit after t_0, and positions the context still holds
-            room = min(req.params.max_tokens - len(req.output), self.max_context - req.num_tokens) - 1
+            # tokens it may still emit after those in flight, and positions the context holds
+            room = (
+                min(req.params.max_tokens - len(req.output), self.max_context - req.num_tokens)
+                - req.in_flight
+            )
             n = min(len(d.tokens), room)
             if n > 0:
                 reqs.append(req)
@@ -124,7 +144,7 @@ class Speculator:
                 budget,
             )
         self.stats.steps += 1
-        if self.mode == "dspark":
+        if self.mode == "dspark" and not self.pipelined:
             self.depth = min(self.k, max(lengths, default=0) + 1)
         for n in lengths:
             self.stats.lengths[n] = self.stats.lengths.get(n, 0) + 1
@@ -133,17 +153,28 @@ class Speculator:
     def drafts_of(self, req: Request, n: int) -> list[int]:
         return self._drafts[id(req)].tokens[:n]
 
+    def fill_drafts(self, req: Request, position: int, n: int, last: int) -> list[int]:
+        """Worker (async scheduling): the first ``n`` drafts at ``position``, proposed by the
+        step before. A request that finished meanwhile got none (its tokens are discarded):
+        ``last`` repeated, which ``verify`` then does not check."""
+        d = self._drafts.get(id(req))
+        if d is None or d.position != position or len(d.tokens) < n:
+            return [last] * n
+        return d.tokens[:n]
+
     # ---- worker: verify and propose -----------------------------------------------------------------
     def verify(self, req: Request, logits: torch.Tensor, start: int) -> Verified:
         """logits: [k + 1, V] of a verify slice at ``start`` (k = its drafts)."""
         k = logits.shape[0] - 1
-        d = self._drafts[id(req)]
+        d = self._drafts.get(id(req))
+        constraint = constraint_at(start + 1, req)  # having accepted the output so far
+        if d is None or d.position != start + 1 or len(d.tokens) < k:  # see fill_drafts
+            return verify(logits[:1], [], None, req.params, req.seed, start, constraint)
         q = None
         if not req.params.greedy:
             assert d.probs is not None
             q = torch.zeros(k, logits.shape[1])
             q[:, self.vocab] = d.probs[:k]
-        constraint = constraint_at(start + 1, req)  # having accepted the output so far
         out = verify(logits, d.tokens[:k], q, req.params, req.seed, start, constraint)
         st = self.stats
         st.verify_slices += 1

@@ -8,14 +8,21 @@ B sequences. The dspark policy reads ``step_time(B, n)``: linear in L = n / B be
 measured lengths (extended linearly beyond), linear in B between the measured batches::
 
     seconds[b][l]   B = batches[b], L = lengths[l]      (+ draft_seconds[b] per step)
+
+A curve measured once (the ``step_curve`` object of ``dsi status --json`` or ``dsi bench spec
+--json``, saved as a JSON file) can be given instead (``[engine] step_curve``): the engine then
+starts without measuring.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -58,6 +65,36 @@ class StepCurve:
             "step_ms": [[round(1e3 * s, 3) for s in row] for row in self.seconds],
             "draft_ms": [round(1e3 * s, 3) for s in self.draft_seconds],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepCurve:
+        """The inverse of ``as_dict`` (what ``dsi status --json`` and ``dsi bench spec --json``
+        print); ValueError when it is not a curve: batches and lengths increasing positive
+        integers (lengths from 1, at least two), step_ms [batch][length] and draft_ms [batch]
+        non-negative milliseconds."""
+        try:
+            batches = tuple(int(b) for b in d["batches"])
+            lengths = tuple(int(n) for n in d["lengths"])
+            seconds = tuple(tuple(float(s) / 1e3 for s in row) for row in d["step_ms"])
+            draft = tuple(float(s) / 1e3 for s in d["draft_ms"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a step-time curve (batches, lengths, step_ms, draft_ms): {exc}") from None
+        increasing = all(a < b for xs in (batches, lengths) for a, b in itertools.pairwise(xs))
+        if not (batches and batches[0] >= 1 and len(lengths) >= 2 and lengths[0] == 1 and increasing):
+            raise ValueError("a step-time curve's batches and lengths are increasing (lengths from 1)")
+        if len(seconds) != len(batches) or len(draft) != len(batches):
+            raise ValueError("a step-time curve has a step_ms row and a draft_ms value per batch")
+        if any(len(row) != len(lengths) for row in seconds) or min(min(r) for r in (*seconds, draft)) < 0:
+            raise ValueError("a step-time curve's step_ms rows have a value >= 0 per length")
+        return cls(batches, lengths, seconds, draft)
+
+
+def load_curve(path: Path) -> StepCurve:
+    """A step-time curve from a JSON file (``[engine] step_curve``); ValueError naming the file."""
+    try:
+        return StepCurve.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def measure(

@@ -4,9 +4,14 @@ the OpenAI SDK's answer to the capital question names Paris; the greedy tokens o
 prompts of tests/smollm2.py equal transformers'; a repeated long prompt takes an exact prefix
 hit (pages from the store) and answers alike; DeepSeek-only features are a 400.
 
-The decode engine speculates (``[engine] speculative = "fixed"``, 5 drafts a step from a seeded
-untrained draft, nearly all rejected and rolled back), so the greedy checks also say that
-speculation leaves greedy output as it is through the cluster; ``dsi status`` shows its mode.
+The decode engine speculates with DSpark (``[engine] speculative = "dspark"``, its step-time
+curve given by ``[engine] step_curve`` instead of measured at start-up): a seeded untrained
+draft whose confidence head says every draft is all but sure to be accepted, and a curve where
+drafts cost little, so DSpark verifies all 5 drafts of every request every step (the lengths
+fixed-5 verifies) and nearly all are rejected and rolled back.
+The greedy checks therefore say that DSpark leaves greedy output as it is through the cluster
+(speculation off: transformers' tokens); ``dsi status`` shows its mode and that drafts were
+verified.
 
 One cluster serves every check (module fixture); the model directory is the session's import.
 """
@@ -14,6 +19,7 @@ One cluster serves every check (module fixture); the model directory is the sess
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import urllib.request
 from pathlib import Path
@@ -32,6 +38,13 @@ pytestmark = pytest.mark.slow
 SMOLLM2_TOML = REPO_ROOT / "configs" / "smollm2.toml"
 MODEL = "SmolLM2-135M-Instruct"
 ROLES = ("controller-0", "entrypoint-0", "prefill-0", "decode-0", "kvstore-0")
+# ms per step of 1 and 8 sequences x 1..6 tokens each: a draft token costs 2 % of a step
+CURVE = {
+    "batches": [1, 8],
+    "lengths": [1, 2, 3, 4, 6],
+    "step_ms": [[20, 20.4, 20.8, 21.2, 22], [30, 30.6, 31.2, 31.8, 33]],
+    "draft_ms": [1, 2],
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +53,13 @@ def cluster(tmp_path_factory, smollm2_dir):
     tmp = tmp_path_factory.mktemp("llama-cluster")
     config = local_config(tmp, keep=ROLES, source=SMOLLM2_TOML)
     text = re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{smollm2_dir}"', config.read_text())
-    text = text.replace("[engine]\n", '[engine]\nspeculative = "fixed"\n', 1)
+    curve = tmp / "curve.json"
+    curve.write_text(json.dumps(CURVE))
+    text = text.replace("[engine]\n", f'[engine]\nspeculative = "dspark"\nstep_curve = "{curve}"\n', 1)
     config.write_text(text)
-    save_draft(smollm2_dir, init_draft(576, torch.arange(4096), layers=1, ffn=64))
+    draft = init_draft(576, torch.arange(4096), layers=1, ffn=64)
+    draft["draft.conf_ab"] = torch.tensor([0.0, 12.0])  # every confidence sigmoid(12): verify all
+    save_draft(smollm2_dir, draft)
     controller = re.search(r'(?m)^controller = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
     port = free_port()
     with Procs(tmp) as procs:
@@ -104,8 +121,10 @@ def test_status_shows_the_decode_speculating(cluster):
         table = asyncio.run(fetch_instances(cluster[1], None, 10.0))
         return next(i for i in table.instances if i.role == "decode")
 
-    wait_until(lambda: decode().load.accept_rates[:1] >= (0.0,), timeout=10)
-    assert decode().load.speculative == "fixed" and len(decode().load.accept_rates) == 5
+    wait_until(lambda: decode().load.accept_rates[:1] >= (0.0,), timeout=10)  # position 1 verified
+    load = decode().load
+    assert load.speculative == "dspark" and len(load.accept_rates) == 5
+    assert load.step_curve is not None and load.step_curve.step_ms == CURVE["step_ms"]  # the file's
 
 
 def test_a_repeated_long_prompt_hits_its_pages_exactly(cluster):

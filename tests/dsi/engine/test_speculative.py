@@ -1,5 +1,6 @@
 """Speculative decoding in the engine: greedy output is the same with speculation off, fixed-5
-and DSpark; rejected drafts roll back (SWA rings, compressor state, block tables)."""
+and DSpark, with sync and async scheduling; rejected drafts roll back (SWA rings, compressor
+state, block tables)."""
 
 import pytest
 import torch
@@ -45,18 +46,32 @@ def mini():
     torch.set_num_threads(before)
 
 
-def _run(mini, mode, draft, params, oracle=None):
+def _run(mini, mode, draft, params, oracle=None, pipelined=False):
     cfg, w = mini
-    engine = Engine(
-        cfg, w, EngineConfig(async_scheduling=False, speculative=mode, step_curve=CURVE), draft=draft
-    )
+    config = EngineConfig(async_scheduling=pipelined, speculative=mode, step_curve=CURVE)
+    engine = Engine(cfg, w, config, draft=draft)
     if oracle is not None:
         _steer(engine.spec, oracle)
-    for i, p in enumerate(PROMPTS):
-        engine.add_request(str(i), p, params)
-    outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+    try:
+        for i, p in enumerate(PROMPTS):
+            engine.add_request(str(i), p, params)
+        outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+    finally:
+        engine.close()
     assert engine.runner.pool.num_free == engine.config.num_blocks - 1  # every page came back
     return outs, engine.spec
+
+
+def _count_fills(spec: Speculator) -> list[int]:
+    """Counts the verify slices whose drafts the worker filled in (async scheduling)."""
+    fills, fill = [0], spec.fill_drafts
+
+    def counted(req, position, n, last):
+        fills[0] += 1
+        return fill(req, position, n, last)
+
+    spec.fill_drafts = counted
+    return fills
 
 
 def _steer(spec: Speculator, oracle):
@@ -76,10 +91,20 @@ def _steer(spec: Speculator, oracle):
     spec.propose = steered
 
 
-def test_greedy_output_is_the_same_off_fixed_and_dspark(mini):
-    draft = init_draft(mini[0].hidden, torch.arange(512))
+@pytest.fixture(scope="module")
+def greedy_off(mini):
+    """Greedy outputs without speculation; async scheduling gives the same."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     off, _ = _run(mini, "off", None, params)
+    off_async, _ = _run(mini, "off", None, params, pipelined=True)
+    assert off_async == off
+    return off
+
+
+def test_greedy_output_is_the_same_off_fixed_and_dspark(mini, greedy_off):
+    draft = init_draft(mini[0].hidden, torch.arange(512))
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    off = greedy_off
     fixed, spec = _run(mini, "fixed", draft, params, oracle=off)
     assert fixed == off
     assert set(spec.stats.lengths) > {5} and spec.stats.accepted[4] > 0
@@ -89,10 +114,40 @@ def test_greedy_output_is_the_same_off_fixed_and_dspark(mini):
     assert spec.stats.verify_slices > 0
 
 
-def test_sampled_requests_speculate_and_stop_at_max_tokens(mini):
+@pytest.mark.parametrize("mode", ["fixed", "dspark"])
+def test_greedy_output_with_async_scheduling_is_the_same(mini, greedy_off, mode):
+    """Async scheduling: a decoding request verifies, in the step after, the drafts the step in
+    flight proposes (filled in by the worker, lengths from one-step-stale confidences); the step
+    after a verify slice gives it one token at the position the worker learns from the verify.
+    Output equals speculation off."""
+    draft = init_draft(mini[0].hidden, torch.arange(512))
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    off = greedy_off
+    cfg, w = mini
+    engine = Engine(
+        cfg, w, EngineConfig(async_scheduling=True, speculative=mode, step_curve=CURVE), draft=draft
+    )
+    _steer(engine.spec, off)
+    fills = _count_fills(engine.spec)
+    try:
+        for i, p in enumerate(PROMPTS):
+            engine.add_request(str(i), p, params)
+        outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+    finally:
+        engine.close()
+    assert outs == off
+    st = engine.spec.stats
+    assert fills[0] > 0 and st.verify_slices >= fills[0]  # verifies of drafts filled in
+    assert st.accepted[0] > 0 and st.accepted[4] > 0
+    assert sum(st.reached) > sum(st.accepted)  # and some were rejected
+    assert engine.runner.pool.num_free == engine.config.num_blocks - 1
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_sampled_requests_speculate_and_stop_at_max_tokens(mini, pipelined):
     draft = init_draft(mini[0].hidden, torch.arange(512))
     params = SamplingParams(max_tokens=9, temperature=0.7, seed=3, ignore_eos=True)
-    outs, spec = _run(mini, "fixed", draft, params)
+    outs, spec = _run(mini, "fixed", draft, params, pipelined=pipelined)
     assert all(len(o) == 9 for o in outs.values())
     assert spec.stats.verify_slices > 0
 
