@@ -52,14 +52,19 @@ def _run(mini, mode, draft, params, oracle=None, pipelined=False):
     engine = Engine(cfg, w, config, draft=draft)
     if oracle is not None:
         _steer(engine.spec, oracle)
+    outs = _outputs(engine, params)
+    assert engine.runner.pool.num_free == engine.config.num_blocks - 1  # every page came back
+    return outs, engine.spec
+
+
+def _outputs(engine: Engine, params) -> dict[str, list[int]]:
+    """Every prompt of PROMPTS through ``engine`` (closed after): request id -> output tokens."""
     try:
         for i, p in enumerate(PROMPTS):
             engine.add_request(str(i), p, params)
-        outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
+        return {o.request_id: o.output for o in engine.run_until_done() if o.finished}
     finally:
         engine.close()
-    assert engine.runner.pool.num_free == engine.config.num_blocks - 1  # every page came back
-    return outs, engine.spec
 
 
 def _count_fills(spec: Speculator) -> list[int]:
@@ -129,12 +134,7 @@ def test_greedy_output_with_async_scheduling_is_the_same(mini, greedy_off, mode)
     )
     _steer(engine.spec, off)
     fills = _count_fills(engine.spec)
-    try:
-        for i, p in enumerate(PROMPTS):
-            engine.add_request(str(i), p, params)
-        outs = {o.request_id: o.output for o in engine.run_until_done() if o.finished}
-    finally:
-        engine.close()
+    outs = _outputs(engine, params)
     assert outs == off
     st = engine.spec.stats
     assert fills[0] > 0 and st.verify_slices >= fills[0]  # verifies of drafts filled in
