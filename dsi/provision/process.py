@@ -4,6 +4,10 @@ The child runs in its own session, so a terminal's Ctrl-C reaches only its paren
 stops the children in order. It asks the kernel for SIGTERM when the parent dies
 (PR_SET_PDEATHSIG), so not even a SIGKILLed parent leaves orphans. Stopping sends SIGTERM to the
 child's process group, waits `grace_s`, then sends SIGKILL.
+
+The roles of one host share its cores, so a child's OpenMP threads (torch's) wait passively
+(``OMP_WAIT_POLICY=PASSIVE``, unless the environment sets a policy): spinning threads of one
+engine would take the cores from another's working ones.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class RoleProcess:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                env={**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")},
                 preexec_fn=_die_with_parent(os.getpid()),
             )
         except OSError as exc:

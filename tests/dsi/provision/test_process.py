@@ -1,0 +1,32 @@
+"""RoleProcess: the environment a role process starts with."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from dsi.provision.process import RoleProcess
+
+SAY_POLICY = "import os; print('READY', os.environ.get('OMP_WAIT_POLICY'), flush=True)"
+
+
+async def _policy_seen_by_child() -> str:
+    child = await RoleProcess.spawn("probe", [sys.executable, "-c", SAY_POLICY])
+    try:
+        return await child.ready(30.0)
+    finally:
+        await child.terminate(5.0)
+        await child.close()
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_wait_passively_unless_the_environment_says(monkeypatch, ours, theirs):
+    """Roles sharing a host's cores: a child's OpenMP threads sleep while they wait, unless the
+    operator's environment chose a policy."""
+    if ours is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", ours)
+    assert asyncio.run(_policy_seen_by_child()).strip() == theirs
