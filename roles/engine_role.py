@@ -213,7 +213,7 @@ class EngineRole(RoleActor):
             self.ctx.destroy(linger=0)
 
     def _build_service(self) -> EngineService:
-        from dsi.engine.step_curve import load_curve
+        from dsi.engine import load_curve
         from dsi.model.draft import load_draft
         from dsi.model.family import load_model_dir
         from dsi.model.prepare import ensure_model

@@ -1,14 +1,5 @@
 """Fixtures shared across the test tree."""
 
-import os
-
-# Before torch (and its OpenMP runtime) is loaded here or in a process a test starts: a thread of
-# torch's OpenMP pool that waits for work sleeps at once instead of spinning. A cluster test runs
-# several torch processes (the test's own reference engine, prefills, decodes) on a machine of two
-# cores; spinning threads then take the cores from the ones with work, and an engine step takes
-# many times longer. The thread count, and so every result bit, is unchanged.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import pytest
 
 from tests.dsi.cli.procs import Procs

@@ -35,6 +35,7 @@ _HOMES = {
     "SamplingParams": "params",
     "StateLayout": "transfer",
     "exact_hit_limit": "prefix",
+    "load_curve": "step_curve",
     "unpacked_images": "images",
 }
 __all__ = sorted(_HOMES)
