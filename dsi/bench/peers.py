@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dsi.bench.peer_child import PeerChild, PeerRun
 
-_DEFAULT_PEERS_DIR = Path("run")
+DEFAULT_PEERS_DIR = Path("run")
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,12 +46,17 @@ class PeersConfig:
     threads: int = 1
     vllm: bool = True
     vllm_compile: bool = False
-    peers_dir: Path = _DEFAULT_PEERS_DIR
+    peers_dir: Path = DEFAULT_PEERS_DIR
 
     def __post_init__(self) -> None:
-        for name in ("prompts", "max_tokens", "repeats", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        require_at_least_one(self, ("prompts", "max_tokens", "repeats", "threads"))
+
+
+def require_at_least_one(config: object, names: tuple[str, ...]) -> None:
+    """ValueError naming the option (``--max-tokens``) of the first field in ``names`` below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
 
 
 @dataclass(slots=True)
@@ -232,7 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--vllm-compile", action="store_true", help="let vLLM use torch.compile")
     parser.add_argument(
         "--peers-dir",
-        default=str(_DEFAULT_PEERS_DIR),
+        default=str(DEFAULT_PEERS_DIR),
         help="where the model import, vLLM's venv (peers-vllm) and its log go (default run)",
     )
     parser.set_defaults(func=_main)

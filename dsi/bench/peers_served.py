@@ -26,10 +26,10 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
 from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
 
 _CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2.toml"
-_DEFAULT_PEERS_DIR = Path("run")
 
 # 32 requests for long answers (each stream also ignores EOS and runs to max_tokens).
 LONG_QUESTIONS = tuple(
@@ -78,12 +78,10 @@ class ServedConfig:
     repeats: int = 1
     threads: int = 1
     vllm: bool = True
-    peers_dir: Path = _DEFAULT_PEERS_DIR
+    peers_dir: Path = DEFAULT_PEERS_DIR
 
     def __post_init__(self) -> None:
-        for name in ("streams", "max_tokens", "repeats", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        require_at_least_one(self, ("streams", "max_tokens", "repeats", "threads"))
 
 
 @dataclass(slots=True)
@@ -279,7 +277,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
         "--peers-dir",
-        default=str(_DEFAULT_PEERS_DIR),
+        default=str(DEFAULT_PEERS_DIR),
         help="model import, vLLM's venv (peers-vllm), the cluster's files and logs (default run)",
     )
     parser.set_defaults(func=_main)
