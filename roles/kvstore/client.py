@@ -56,6 +56,17 @@ async def find_kvstore(controller: Peer, timeout: float = 2.0) -> str | None:
 
 
 @dataclass(slots=True)
+class _Queued:
+    """One item of the background queue: a put (``blocks`` given) or an announcement of the SWA
+    states ``owner`` holds at the blocks of ``hashes`` (``blocks`` None)."""
+
+    hashes: list[bytes]
+    blocks: list[Any] | None
+    traffic_class: str = "chatbot"
+    owner: str = ""
+
+
+@dataclass(slots=True)
 class ClientStats:
     """Counts since start. ``puts`` / ``put_blocks``: PutBlocks acknowledged and their blocks;
     ``dropped``: blocks of background puts dropped because the queue was full (or on close)."""
@@ -70,6 +81,7 @@ class ClientStats:
     fetched_blocks: int = 0
     fetch_errors: int = 0
     unavailable: int = 0  # calls answered as a miss without asking (no kvstore, or retry_s not over)
+    announced: int = 0  # SWA states announced (sent; a tell is not acknowledged)
 
 
 class FetchedBlocks:
@@ -150,7 +162,7 @@ class KvstoreClient:
         self._down_until = 0.0  # loop time before which calls are answered as misses
         self._resolved_at = -1e9
         self._tasks: set[asyncio.Task] = set()
-        self._queue: collections.deque[tuple[list[bytes], list[Any], str]] = collections.deque()
+        self._queue: collections.deque[_Queued] = collections.deque()
         self._queued_blocks = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -274,14 +286,21 @@ class KvstoreClient:
             return ""
         return found.owner
 
-    def announce_states(self, owner: str, block_hashes: Sequence[bytes]) -> None:
-        """Tell the kvstore that ``owner`` holds these SWA states (best effort, never raises)."""
-        peer = self._usable()
-        if peer is not None and block_hashes:
-            try:
-                peer.tell(AnnounceStates(owner, list(block_hashes)))
-            except DsiError as exc:
-                log.debug("kvstore client: announce failed: %s", exc)
+    def announce_states(self, owner: str, block_hashes: Sequence[bytes]) -> bool:
+        """Tell the kvstore that ``owner`` holds these SWA states: queued behind the puts queued
+        before it (so a state is announced after the blocks up to it are sent), and waiting like
+        them while the kvstore is unknown or away. Never raises; False (``dropped`` counted) when
+        the queue is full."""
+        if not block_hashes:
+            return True
+        if self._queued_blocks + len(block_hashes) > self.max_queued_blocks:
+            self.stats.dropped += len(block_hashes)
+            return False
+        self._queue.append(_Queued(list(block_hashes), None, owner=owner))
+        self._queued_blocks += len(block_hashes)
+        self._idle.clear()
+        self._wake.set()
+        return True
 
     def put_background(
         self, hashes: Sequence[bytes], blocks: Sequence[Any], traffic_class: str = "chatbot"
@@ -295,7 +314,7 @@ class KvstoreClient:
         if self._queued_blocks + len(hashes) > self.max_queued_blocks:
             self.stats.dropped += len(hashes)
             return False
-        self._queue.append((list(hashes), list(blocks), traffic_class))
+        self._queue.append(_Queued(list(hashes), list(blocks), traffic_class))
         self._queued_blocks += len(hashes)
         self._idle.clear()
         self._wake.set()
@@ -311,17 +330,22 @@ class KvstoreClient:
         while True:
             await self._wake.wait()
             while self._queue:
-                hashes, blocks, traffic_class = self._queue[0]
-                if self._usable() is None:  # kvstore unknown or away: keep the queue (bounded), retry
+                item = self._queue[0]
+                peer = self._usable()
+                if peer is None:  # kvstore unknown or away: keep the queue (bounded), retry
                     await asyncio.sleep(self.retry_s / 4)
                     continue
                 try:
-                    await self.put(hashes, blocks, traffic_class)
+                    if item.blocks is None:
+                        peer.tell(AnnounceStates(item.owner, item.hashes))
+                        self.stats.announced += len(item.hashes)
+                    else:
+                        await self.put(item.hashes, item.blocks, item.traffic_class)
                 except Exception as exc:  # a bad item must not stop the writer
                     self.stats.put_errors += 1
                     log.warning("kvstore client: background put failed: %r", exc)
                 self._queue.popleft()
-                self._queued_blocks -= len(hashes)
+                self._queued_blocks -= len(item.hashes)
             self._wake.clear()
             self._idle.set()
 

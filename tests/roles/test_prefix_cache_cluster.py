@@ -155,7 +155,8 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
         decode = await client.stats("decode-0")
     # the hit first: an output that differs after a bounded replay (no state found) is not a defect
     # of the exact path, and these say which of the two happened
-    assert prefill.states_pulled == 1 and decode.states_served == 1
+    logs = "\n".join(f"--- {r}:\n{cluster.running[r].log()}" for r in ("prefill-0", "decode-0"))
+    assert prefill.states_pulled == 1 and decode.states_served == 1, (prefill, decode, logs)
     assert prefill.cached_tokens == 5 * BS and prefill.replay_tokens == 0
     assert prefill.computed_prompt_tokens == len(first) + len(second) - 5 * BS
     assert out_b == expected

@@ -137,3 +137,25 @@ async def test_close_counts_what_was_still_queued(kvstores, ctx):
     await client.close()  # before the writer had a turn
     assert client.stats.dropped + client.stats.put_blocks == 3
     await asyncio.sleep(0)
+
+
+async def test_states_announced_before_the_kvstore_is_up_reach_it_after_the_blocks(kvstores, ctx):
+    address = free_address()
+    client = await _client(ctx, address, retry_s=0.2)
+    try:
+        hashes = unpack(chain(3, seed=14))
+        assert client.put_background(hashes, block_bytes(3, SIZE, seed=14))
+        assert client.announce_states("tcp://127.0.0.1:1", hashes[2:])  # waits behind the put
+        await asyncio.sleep(0.3)
+        assert client.stats.announced == 0
+        await kvstores.start(address)
+        await client.flush(timeout=10.0)
+        assert client.stats.put_blocks == 3 and client.stats.announced == 1
+        for _ in range(50):  # a tell: the kvstore handles it soon after
+            if await client.find_state(hashes[2]):
+                break
+            await asyncio.sleep(0.05)
+        assert await client.find_state(hashes[2]) == "tcp://127.0.0.1:1"
+        assert await client.find_state(hashes[1]) == ""
+    finally:
+        await client.close()
