@@ -180,6 +180,7 @@ class EngineRole(RoleActor):
                 self.settings.controller, self.ctx, keys=self.settings.keys, peer_id=self.name
             )
             await self.kvstore.start()
+        self.service.on_finished = self._collect
         self._collect_task = asyncio.get_running_loop().create_task(self._collect_forever())
         await super().on_start()
         if self.settings.balancers:
@@ -428,15 +429,20 @@ class EngineRole(RoleActor):
     async def _collect_forever(self, interval_s: float = 0.05) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            if self.service is None:
-                continue
-            try:
-                pages = self.service.take_full_pages()
-                if pages:
-                    self.on_full_pages(pages)
-                self._keep_states(self.service.take_ring_snapshots())
-            except Exception:  # the loop must survive anything one batch does
-                log.exception("%s: collecting pages and states failed", self.name)
+            self._collect()
+
+    def _collect(self) -> None:
+        """Take the engine's full pages and ring snapshots: every ``interval_s``, and at once after
+        a step that finished a request (so its state is announced before its answer ends)."""
+        if self.service is None:
+            return
+        try:
+            pages = self.service.take_full_pages()
+            if pages:
+                self.on_full_pages(pages)
+            self._keep_states(self.service.take_ring_snapshots())
+        except Exception:  # the loop must survive anything one batch does
+            log.exception("%s: collecting pages and states failed", self.name)
 
     def _keep_states(self, snapshots: list) -> None:
         kept = []

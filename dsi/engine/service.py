@@ -84,6 +84,9 @@ class EngineService:
         self._task: asyncio.Task | None = None
         self._final_stats: dict[str, RequestStats] = {}  # request id -> stats at its final output
         self.steps = 0
+        # Called on the event loop after a step that finished a request, before its final output
+        # reaches its reader: the host takes the request's ring snapshot and pages at once.
+        self.on_finished: Callable[[], None] | None = None
 
     @classmethod
     def create(
@@ -277,6 +280,11 @@ class EngineService:
                 continue
             self.steps += 1
             self._load = self._engine.load()  # before the outputs wake their readers
+            if self.on_finished is not None and any(out.finished for out in outputs):
+                try:
+                    self.on_finished()
+                except Exception:  # the host's hook must not stop the engine
+                    log.exception("on_finished hook failed")
             for out in outputs:
                 queue = self._streams.get(out.request_id)
                 if queue is not None:

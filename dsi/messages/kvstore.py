@@ -90,6 +90,7 @@ class StoreStats(Message):
     compacted_segments: int = 0
     reads_in_flight: int = 0
     seq: int = 0
+    states: int = 0  # SWA states whose holder is known (announced, memory only)
 
 
 class GetIndexInfo(Message):

@@ -197,6 +197,7 @@ class KvstoreActor(RoleActor):
             compacted_segments=m.compacted_segments,
             reads_in_flight=reads.in_flight,
             seq=self.seq,
+            states=len(self.state_owners),
         )
 
     @handles

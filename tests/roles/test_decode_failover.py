@@ -21,7 +21,7 @@ from dsi.messages.handoff import HitUnavailable
 from tests.dsi.cli.procs import free_port
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 from tests.roles.test_disaggregation import assert_no_leaks
-from tests.roles.test_prefix_cache_cluster import in_process, wait_blocks
+from tests.roles.test_prefix_cache_cluster import in_process, wait_blocks, wait_states
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +126,7 @@ async def test_a_first_run_with_an_exact_hit_is_rerun_hit_free_when_the_state_di
         client.pool.reroute_wait_s = 60.0  # the re-run waits for decode-1 to start
         out_a = await client.generate("a", first, 100)  # decode-0 reaches boundary 640 and keeps its state
         await wait_blocks(cluster, 5)
+        await wait_states(cluster, 1)  # kept when "a" finished, announced soon after
         second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit ends at 640
         expected = reference_outputs([second], GREEDY.max_tokens)[0]  # the hit-free output
         s = Stream(client, "b", second)

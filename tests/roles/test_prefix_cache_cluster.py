@@ -79,6 +79,14 @@ async def wait_blocks(cluster: Cluster, n: int) -> StoreStats:
     raise AssertionError(f"the kvstore holds {stats.blocks} blocks, expected {n}")
 
 
+async def wait_states(cluster: Cluster, n: int) -> None:
+    for _ in range(200):
+        if (await store_stats(cluster)).states >= n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the kvstore knows {(await store_stats(cluster)).states} SWA states, expected {n}")
+
+
 def conversation(seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 20_000) for _ in range(600)]
@@ -148,6 +156,7 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
     async with Client(cluster) as client:
         out_a = await client.generate("a", first, 140)  # the decode reaches boundary 640 and keeps its state
         await wait_blocks(cluster, 5)
+        await wait_states(cluster, 1)  # kept when "a" finished, announced soon after
         second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit can end at 640
         expected = reference_outputs([second], max_tokens=20)[0]  # the hit-free output
         out_b = await client.generate("b", second, 20)
@@ -155,8 +164,9 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
         decode = await client.stats("decode-0")
     # the hit first: an output that differs after a bounded replay (no state found) is not a defect
     # of the exact path, and these say which of the two happened
-    logs = "\n".join(f"--- {r}:\n{cluster.running[r].log()}" for r in ("prefill-0", "decode-0"))
-    assert prefill.states_pulled == 1 and decode.states_served == 1, (prefill, decode, logs)
+    if not (prefill.states_pulled == 1 and decode.states_served == 1):
+        logs = "\n".join(f"--- {r}:\n{cluster.running[r].log()}" for r in ("prefill-0", "decode-0"))
+        raise AssertionError(f"no state pulled\n{prefill}\n{decode}\n{await store_stats(cluster)}\n{logs}")
     assert prefill.cached_tokens == 5 * BS and prefill.replay_tokens == 0
     assert prefill.computed_prompt_tokens == len(first) + len(second) - 5 * BS
     assert out_b == expected

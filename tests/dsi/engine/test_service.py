@@ -158,3 +158,20 @@ async def test_load_and_request_stats_come_through_the_service(service):
         303,
         0,
     )
+
+
+async def test_the_finished_hook_runs_before_the_final_output_is_read(tiny):
+    cfg, w = tiny
+    svc = EngineService(Engine(cfg, w, EngineConfig(collect_ring_snapshots=True)))
+    snapshots: list = []
+    svc.on_finished = lambda: snapshots.extend(svc.take_ring_snapshots())
+    svc.start()
+    try:
+        prompt = random_prompts([300], seed=5)[0]
+        async for out in svc.generate("a", prompt, SamplingParams(max_tokens=4, temperature=0)):
+            if out.finished:  # the request's ring snapshot was taken before this was read
+                assert [s.request_id for s in snapshots] == ["a"]
+            else:
+                assert snapshots == []
+    finally:
+        await svc.close()
