@@ -24,17 +24,17 @@ chunked. The logits product runs only for the rows that sample.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
 from dsi.engine.invariant import ROW_TILE
+from dsi.kernels import row_ops
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.llama import LlamaConfig, fuse_projections
-from dsi.model.ops import Matmul, rope_angles, rope_rotate
+from dsi.model.ops import Matmul, rope_angles
 
 _PRODUCTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer weights of x @ w products
 
@@ -98,16 +98,15 @@ class DenseRunner:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         t, hq, hkv, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qkv = self.mm(self._norm(x, w[p + "attn_norm"]), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
-        qk = rope_rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
-        k, v = qk[:, hq:].reshape(t, hkv * d), qkv[:, (hq + hkv) * d :]
-        x = x + self.mm(self.attend(self._kv[:, i], qk[:, :hq], k, v, plan), w[p + "wo"])
+        row_ops.rope_(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # q and k, in place
+        q, k, v = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d], qkv[:, (hq + hkv) * d :]
+        x = x + self.mm(self.attend(self._kv[:, i], q, k, v, plan), w[p + "wo"])
         gate_up = self.mm(self._norm(x, w[p + "ffn_norm"]), w[p + "w_gate_up"])  # [T, 2F]
-        f = cfg.intermediate
-        return x + self.mm(F.silu(gate_up[:, :f]) * gate_up[:, f:], w[p + "w_down"])
+        return x + self.mm(row_ops.silu_mul(gate_up), w[p + "w_down"])
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of rows x [T, H] in one fused op (the formula of :func:`dsi.model.ops.rms_norm`)."""
-        return F.rms_norm(x, (x.shape[1],), weight, self.cfg.norm_eps)
+        """RMSNorm of rows x [T, H], each row on its own (the formula of :func:`dsi.model.ops.rms_norm`)."""
+        return row_ops.rms_norm(x, weight, self.cfg.norm_eps)
 
     @staticmethod
     def _sampled_rows(batch: list[StepSlice]) -> list[int]:
