@@ -1,7 +1,10 @@
 """``dsi bench peers-served``: ``dsi serve`` against vLLM's OpenAI server on SmolLM2-135M-Instruct.
 
 One system at a time: ``dsi serve`` on a private copy of ``configs/smollm2.toml`` (free 127.0.0.1
-ports, its ``[model] dir`` set to the dequantised directory of :mod:`dsi.bench.peers_local`), then
+ports, its ``[model] dir`` set to the dequantised directory of :mod:`dsi.bench.peers_local`, and
+``--engines`` prefill and decode instances of the config's two each: by default one of each, so
+that the decode runs all streams in one batch as vLLM's engine does, reading the weights once per
+step instead of once per instance; ``--engines 2`` runs the config as it is), then
 vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory. Each gets one
 short warm-up request, then ``--streams`` concurrent streaming Chat Completions (greedy,
 ``--max-tokens``) from an aiohttp client in this process (:mod:`dsi.bench.peers_served_client`),
@@ -79,9 +82,10 @@ class ServedConfig:
     threads: int = 1
     vllm: bool = True
     peers_dir: Path = DEFAULT_PEERS_DIR
+    engines: int = 1  # prefill and decode instances of dsi serve (each)
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, ("streams", "max_tokens", "repeats", "threads"))
+        require_at_least_one(self, ("streams", "max_tokens", "repeats", "threads", "engines"))
 
 
 @dataclass(slots=True)
@@ -102,6 +106,7 @@ class ServedResult:
     max_tokens: int
     repeats: int
     threads: int
+    engines: int  # prefill and decode instances of dsi serve, each
     served_dsi_tok_s: float | None
     served_vllm_tok_s: float | None
     served_dsi_vs_vllm: float | None
@@ -146,6 +151,7 @@ def summarise(config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigure
         max_tokens=config.max_tokens,
         repeats=config.repeats,
         threads=config.threads,
+        engines=config.engines,
         served_dsi_tok_s=d.tok_s if d else None,
         served_vllm_tok_s=v.tok_s if v else None,
         served_dsi_vs_vllm=round(d.tok_s / v.tok_s, 3) if d and v and v.tok_s else None,
@@ -163,6 +169,18 @@ def summarise(config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigure
 def with_model_dir(config_text: str, model: Path) -> str:
     """`config_text` with its ``[model] dir`` set to `model` (absolute)."""
     return re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{model.resolve()}"', config_text, count=1)
+
+
+def with_engines(config_text: str, engines: int) -> str:
+    """`config_text` without the ``[[roles]]`` of prefill or decode instances numbered ``engines``
+    or more (ids ``prefill-N`` / ``decode-N``); the other roles stay as they are."""
+    head, *blocks = config_text.split("[[roles]]")
+
+    def kept(block: str) -> bool:
+        found = re.search(r'(?m)^id = "(prefill|decode)-(\d+)"', block)
+        return found is None or int(found.group(2)) < engines
+
+    return "[[roles]]".join([head, *(b for b in blocks if kept(b))])
 
 
 def model_name(config_text: str) -> str:
@@ -189,7 +207,7 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | st
     from dsi.bench.soak_cluster import ServedCluster, private_config
 
     path = private_config(_CONFIG, workdir)
-    text = with_model_dir(path.read_text(), model)
+    text = with_engines(with_model_dir(path.read_text(), model), config.engines)
     path.write_text(text)
     cluster = ServedCluster(path, workdir)
     try:
@@ -250,6 +268,7 @@ def _main(args: argparse.Namespace) -> int:
             threads=args.threads,
             vllm=not args.no_vllm,
             peers_dir=Path(args.peers_dir),
+            engines=args.engines,
         )
     except ValueError as exc:
         print(f"dsi bench peers-served: {exc}")
@@ -275,6 +294,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
     parser.add_argument("--threads", type=int, default=1, help="vLLM's OpenMP compute threads")
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
+    parser.add_argument(
+        "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"
+    )
     parser.add_argument(
         "--peers-dir",
         default=str(DEFAULT_PEERS_DIR),

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from dsi.kernels import native, row_ops
 from dsi.model.ops import rope_angles, rope_rotate
 
-pytestmark = pytest.mark.skipif(row_ops._lib() is None, reason=f"no C kernel here: {native.why_not('row_ops')}")
+pytestmark = pytest.mark.skipif(
+    row_ops._lib() is None, reason=f"no C kernel here: {native.why_not('row_ops')}"
+)
 
 
 def _gen(seed: int) -> torch.Generator:

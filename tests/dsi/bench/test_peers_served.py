@@ -2,6 +2,7 @@
 configs and command lines it builds). The measurement itself is not run here: it takes minutes."""
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,14 @@ from dsi.bench.peers_served import (
     figures,
     model_name,
     summarise,
+    with_engines,
     with_model_dir,
 )
 from dsi.bench.peers_served_client import ServedRun, StreamStat, percentile, sse_data
 from dsi.bench.peers_served_vllm import server_argv
+from dsi.config.node import load_config
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_sse_lines():
@@ -79,6 +84,18 @@ def test_the_private_config_points_at_the_shared_weights():
     text = '[model]\nname = "SmolLM2-135M-Instruct"\ndir = "../run/models/x"\n'
     out = with_model_dir(text, Path("/abs/smollm2"))
     assert 'dir = "/abs/smollm2"' in out and model_name(out) == "SmolLM2-135M-Instruct"
+
+
+def test_the_served_layout_keeps_the_first_engines_of_each_kind(tmp_path):
+    text = (REPO / "configs" / "smollm2.toml").read_text()
+    ids = lambda t: re.findall(r'(?m)^id = "([^"]+)"', t)  # noqa: E731
+    one = with_engines(text, 1)
+    assert [i for i in ids(one) if i.startswith(("prefill", "decode"))] == ["prefill-0", "decode-0"]
+    assert set(ids(text)) - set(ids(one)) == {"prefill-1", "decode-1"}
+    assert with_engines(text, 2) == text
+    path = tmp_path / "smollm2.toml"
+    path.write_text(one)
+    assert [r.id for r in load_config(path).roles] == ids(one)  # still a valid config
 
 
 def test_bodies_are_the_same_greedy_streams_for_both_systems():
