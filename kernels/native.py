@@ -1,9 +1,10 @@
 """C kernels of this package, compiled once per machine into a cached shared library.
 
-``library("paged_attention")`` compiles ``kernels/paged_attention.c`` with the system C compiler
+``library("paged_attention")`` compiles ``kernels/paged_attention.c`` (with the headers of its
+folder, such as ``simd16.h``, on the include path) with the system C compiler
 (``$CC``, else ``cc``) for the CPU it runs on (``-O3 -march=native``) and loads it with ctypes::
 
-    <cache>/paged_attention-<sha256 of source, flags, compiler, CPU flags>.so
+    <cache>/paged_attention-<sha256 of source, headers, flags, compiler, CPU flags>.so
 
 ``<cache>`` is ``$DSI_KERNEL_CACHE``, else ``~/.cache/dsi/kernels``. A library is written under a
 temporary name and renamed into place, so processes that start together (a cluster's roles) may
@@ -45,7 +46,14 @@ def _build(name: str) -> tuple[ctypes.CDLL | None, str]:
     source = _HERE / f"{name}.c"
     compiler = os.environ.get("CC", "cc")
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_signature().encode()):
+    headers = [h.read_bytes() for h in sorted(_HERE.glob("*.h"))]  # what a source may include
+    for part in (
+        source.read_bytes(),
+        *headers,
+        " ".join(FLAGS).encode(),
+        compiler.encode(),
+        _cpu_signature().encode(),
+    ):
         digest.update(part)
     target = cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
     if not target.exists():
@@ -54,7 +62,10 @@ def _build(name: str) -> tuple[ctypes.CDLL | None, str]:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
             done = subprocess.run(
-                [compiler, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120
+                [compiler, *FLAGS, f"-I{_HERE}", "-o", tmp, str(source), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             if done.returncode:
                 os.unlink(tmp)

@@ -1,0 +1,63 @@
+/* 16-lane fp32 vectors for the kernels of this folder: loads, stores, a horizontal sum and max
+ * in one fixed order, and e^x for x <= 0. Included by each kernel's .c file. */
+#ifndef DSI_SIMD16_H
+#define DSI_SIMD16_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 splat(float x) { return (v16){0} + x; }
+
+static inline v16 load16(const float *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* The 16 lanes of x added in one fixed order: halves, then quarters, ... */
+static inline float hsum(v16 x) {
+    x += __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x += __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+    x += __builtin_shufflevector(x, x, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+    x += __builtin_shufflevector(x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+    return x[0];
+}
+
+static inline v16 vmax(v16 a, v16 b) {
+    vi16 gt = a > b;
+    return (v16)(((vi16)a & gt) | ((vi16)b & ~gt));
+}
+
+static inline float hmax(v16 x) {
+    x = vmax(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    x = vmax(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+    x = vmax(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+    x = vmax(x, __builtin_shufflevector(x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
+    return x[0];
+}
+
+/* e^x lane by lane for x <= 0 (x < -87.3 gives 0, -inf included): Cephes' expf polynomial after
+ * a round-to-nearest range reduction x = n ln2 + r, |r| <= ln2 / 2; a few ulp. */
+static inline v16 exp16(v16 x) {
+    const v16 lo = splat(-87.3f), magic = splat(12582912.0f); /* 1.5 * 2^23: rounds to an integer */
+    vi16 under = x < lo;
+    x = (v16)(((vi16)x & ~under) | ((vi16)lo & under));
+    v16 n = (x * 1.44269504088896341f + magic) - magic;
+    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
+              4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    vi16 e = (__builtin_convertvector(n, vi16) + 127) << 23;
+    v16 out = y * (v16)e;
+    return (v16)((vi16)out & ~under);
+}
+
+static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+#endif
