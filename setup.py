@@ -18,4 +18,6 @@ def _packages() -> list[str]:
 
 
 # The C kernels travel as source: dsi.kernels.native compiles them on first use.
-setup(packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data={"dsi.kernels": ["*.c", "*.h"]})
+setup(
+    packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data={"dsi.kernels": ["*.c", "*.h"]}
+)
