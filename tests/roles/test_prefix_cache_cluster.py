@@ -154,7 +154,7 @@ async def test_a_hit_with_the_swa_state_pulled_from_the_decode_is_exact(procs, t
     cluster.start()
     first = conversation(9)
     async with Client(cluster) as client:
-        out_a = await client.generate("a", first, 140)  # the decode reaches boundary 640 and keeps its state
+        out_a = await client.generate("a", first, 100)  # the decode reaches boundary 640 and keeps its state
         await wait_blocks(cluster, 5)
         await wait_states(cluster, 1)  # kept when "a" finished, announced soon after
         second = first + out_a[:100] + [21, 22, 23, 24] * 50  # 900 tokens: an exact hit can end at 640

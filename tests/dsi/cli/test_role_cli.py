@@ -1,5 +1,6 @@
 """dsi-role as a real process: READY, graceful SIGTERM, JSON logs, bad configs."""
 
+import asyncio
 import json
 import re
 import signal
@@ -7,6 +8,8 @@ import subprocess
 
 import pytest
 
+from dsi.cli.status import fetch_instances
+from dsi.config import load_config
 from tests.dsi.cli.procs import REPO_ROOT, Procs, instances, local_config, python_module, wait_until
 
 
@@ -18,11 +21,19 @@ def role(procs: Procs, config, role_id: str, *extra: str):
     return proc
 
 
+def serving(address: str, role_id: str) -> bool:
+    """Whether the controller at `address` lists `role_id` as serving (asked in this process)."""
+    table = asyncio.run(fetch_instances(address, None, 2.0))
+    return any(i.instance_id == role_id and i.state == "serving" for i in table.instances)
+
+
 def test_sigterm_stops_a_role_which_the_controller_then_lists_as_stopped(procs, tmp_path):
     config = local_config(tmp_path)
     controller = role(procs, config, "controller-0")
     prefill = role(procs, config, "prefill-0")
-    wait_until(lambda: instances("--config", str(config)).get("prefill-0", {}).get("state") == "serving")
+    address = load_config(config).cluster.controller
+    # Polled in this process: a `dsi status` subprocess per poll costs seconds on a busy machine.
+    wait_until(lambda: serving(address, "prefill-0"), every=0.1)
     prefill.signal(signal.SIGTERM)
     assert prefill.wait() == 0
     listed = instances("--config", str(config))

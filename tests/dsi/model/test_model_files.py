@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from dsi.cli.main import main
 from dsi.model.config import FLASH, TINY, ModelConfig
 from dsi.model.flops import prefill_flops
 from dsi.model.weights import init_weights, load_model, param_count, save_model
@@ -57,34 +58,23 @@ def test_bounded_replay_nearly_halves_long_prefill_flops():
     assert prefill_flops(FLASH, 100, FLASH.keep).total == prefill_flops(FLASH, 100, None).total
 
 
-def test_model_cli_init_info_and_generate(tmp_path):
-    dsi = [sys.executable, "-m", "dsi.cli.main"]
-    subprocess.run([*dsi, "model", "init", "--out", str(tmp_path / "m")], check=True, capture_output=True)
-    info = json.loads(
-        subprocess.run(
-            [*dsi, "model", "info", "--config", "flash", "--json"], check=True, capture_output=True, text=True
-        ).stdout
-    )
+def test_model_cli_init_info_and_generate(tmp_path, capsys):
+    # init, info and generate run in this process (a python start-up fewer each); the bad model
+    # directory runs as `python -m dsi.cli.main`, so its exit status and stderr are a process's.
+    assert main(["model", "init", "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["model", "info", "--config", "flash", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
     assert info["block_bytes"] == 112_128
-    run = subprocess.run(
-        [
-            *dsi,
-            "generate",
-            "--model",
-            str(tmp_path / "m"),
-            "--prompt",
-            "Hello",
-            "--max-tokens",
-            "5",
-            "--json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
+    assert (
+        main(["generate", "--model", str(tmp_path / "m"), "--prompt", "Hello", "--max-tokens", "5", "--json"])
+        == 0
     )
-    out = json.loads(run.stdout)
+    out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) == 5 and out["prompt_ids"][0] == 0 and out["finish_reason"] == "length"
     bad = subprocess.run(
-        [*dsi, "generate", "--model", str(tmp_path), "--prompt", "x"], capture_output=True, text=True
+        [sys.executable, "-m", "dsi.cli.main", "generate", "--model", str(tmp_path), "--prompt", "x"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and "not a model directory" in bad.stderr

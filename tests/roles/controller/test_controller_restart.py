@@ -6,7 +6,7 @@ import time
 
 from dsi.cli.status import fetch_instances
 from dsi.config import load_config
-from tests.dsi.cli.procs import Procs, dsi_status, instances, local_config, python_module, wait_until
+from tests.dsi.cli.procs import Procs, dsi_status, local_config, python_module, wait_until
 
 TIMEOUT_S = 5.0  # configs/local.toml heartbeat_timeout_s (the interval is 0.5 s in these configs)
 
@@ -23,19 +23,19 @@ def test_a_restarted_controller_lists_a_serving_decode_as_serving_within_one_tim
     with Procs(tmp_path) as procs:
         first = start(procs, config, "controller-0")
         decode = start(procs, config, "decode-0")
-        wait_until(lambda: instances(*status).get("decode-0", {}).get("state") == "serving")
-        pid = instances(*status)["decode-0"]["pid"]
+        address = load_config(config).cluster.controller
+        # Polled in this process: a `dsi status` subprocess per poll costs seconds on a busy machine.
+        pid = wait_until(lambda: _serving_decode(address), every=0.1).pid
         first.kill_group()  # SIGKILL: no goodbye, its table is gone
         time.sleep(1.0)  # the decode keeps beating into the void meanwhile
         second = start(procs, config, "controller-0")
         back = time.monotonic()
-        address = load_config(config).cluster.controller
-        # Polled in this process: a `dsi status` subprocess per poll costs seconds on a busy machine.
         listed = wait_until(lambda: _serving_decode(address), timeout=TIMEOUT_S, every=0.1)
         assert time.monotonic() - back < TIMEOUT_S
         assert listed.pid == pid == decode.pid  # the same process, never restarted
-        assert instances(*status)["decode-0"]["state"] == "serving"  # and `dsi status` says so
-        moves = {(m["role"], m["from"], m["to"]): m["count"] for m in dsi_transitions(status)}
+        shown = dsi_status_json(status)  # and `dsi status` says so
+        assert {i["instance_id"]: i["state"] for i in shown["instances"]}["decode-0"] == "serving"
+        moves = {(m["role"], m["from"], m["to"]): m["count"] for m in shown["transitions"]}
         assert moves[("decode", "none", "serving")] == 1  # straight back to serving, not via ready
         assert ("decode", "none", "ready") not in moves
         assert "decode-0 (decode): none -> serving (re-registered as serving" in second.log()
@@ -47,7 +47,8 @@ def _serving_decode(address: str):
     return next((i for i in table.instances if i.instance_id == "decode-0" and i.state == "serving"), None)
 
 
-def dsi_transitions(status) -> list[dict]:
+def dsi_status_json(status) -> dict:
+    """``dsi status --json``: its instances and transitions (one subprocess)."""
     done = dsi_status("--json", *status)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["transitions"]
+    return json.loads(done.stdout)
