@@ -1,17 +1,5 @@
 """Fixtures shared across the test tree."""
 
-import os
-
-# Before torch (and its OpenMP runtime) is loaded here or in a process a test starts: a thread of
-# torch's OpenMP pool that waits for work sleeps at once instead of spinning. On this machine of
-# two shared cores the test's own engine always competes, with the roles a cluster test starts or
-# with other work; a spinning waiter then holds a core the thread with work needs, and an engine
-# step takes many times longer (an in-process reference of 900 + 64 tokens beside an idle cluster:
-# 59 s spinning, 5 s passive; tests/dsi/engine/test_invariant.py under load: 63-283 s vs 37-40 s).
-# Spinning wins only on an otherwise idle machine (about 2x for one engine). The thread count,
-# and so every result bit, is unchanged.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import pytest
 
 from tests.dsi.cli.procs import Procs

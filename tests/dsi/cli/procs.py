@@ -29,8 +29,8 @@ LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
 SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 # The role processes a test starts share the machine's cores with each other and with the test's
 # own reference engine: their torch OpenMP threads sleep while they wait instead of spinning (as
-# under `dsi serve`, see dsi.provision.process, and as in the test process, see tests/conftest.py).
-# Thread counts, and so every result bit, are unchanged.
+# under `dsi serve`, see dsi.provision.process). The test process keeps torch's default, which is
+# faster for an engine running alone. Thread counts, and so every result bit, are unchanged.
 CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
 
