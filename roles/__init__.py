@@ -1,0 +1,5 @@
+"""dsi.roles: see ARCHITECTURE.md (repository layout)."""
+
+from dsi.folders import step_aside
+
+step_aside(__name__, __file__)  # imported as the bare name from the repository root: yield to an installed one

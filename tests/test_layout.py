@@ -1,9 +1,15 @@
 """Packaging rules from ARCHITECTURE.md that a test run from the repo root would not notice."""
 
+import importlib.metadata
+import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from dsi.folders import FOLDERS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["dsi", "transport", "roles", "kvcache", "kernels", "tests", "benchmarks"]
@@ -28,3 +34,84 @@ def test_subpackages_import_from_outside_the_repo(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "transport"
+
+
+_IMPORT_ALL = """
+import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = getattr(importlib.import_module(name), "__file__", None) or "namespace"
+    except Exception as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def _import_all(names: list[str], cwd: Path) -> dict[str, str]:
+    """Imports each top-level name in ``python -c`` run from ``cwd`` (so cwd is first on sys.path)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONSAFEPATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, *names],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _locked_import_names() -> list[str]:
+    """Top-level import names of the distributions pinned in requirements/dev.lock."""
+    locked = {
+        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
+        for line in (ROOT / "requirements" / "dev.lock").read_text().splitlines()
+        if re.match(r"^[A-Za-z0-9]", line)
+    }
+    names = []
+    for module, dists in importlib.metadata.packages_distributions().items():
+        wanted = module.isidentifier() and not module.startswith("_")
+        if wanted and any(re.sub(r"[-_.]+", "-", d).lower() in locked for d in dists):
+            names.append(module)
+    return sorted(names)
+
+
+def test_bare_folder_names_never_import_the_repository_folders():
+    """From the root, ``import kernels`` gets the installed distribution or nothing, never the folder."""
+    owners = importlib.metadata.packages_distributions()
+    for name, where in _import_all(list(FOLDERS), ROOT).items():
+        if name in owners:
+            assert Path(where).parent.parent != ROOT, (name, where)
+            assert Path(where).is_relative_to(sys.prefix), (name, where)
+        else:
+            assert where == "ModuleNotFoundError", (name, where)
+
+
+def test_transformers_and_hugging_face_kernels_import_from_the_repository_root():
+    assert "kernels" in importlib.metadata.packages_distributions(), (
+        "the lock installs Hugging Face's kernels"
+    )
+    code = "import kernels, transformers; from transformers import Gemma3ForCausalLM, LlamaForCausalLM; print(kernels.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "site-packages" in done.stdout
+
+
+def test_every_locked_library_imports_the_same_from_the_repository_root_as_elsewhere(tmp_path):
+    names = _locked_import_names()
+    assert {"transformers", "kernels", "torch", "zmq"} <= set(names)
+    assert _import_all(names, ROOT) == _import_all(names, tmp_path)
+
+
+def test_this_test_process_sees_the_installed_kernels():
+    kernels = importlib.import_module("kernels")  # pytest runs from the repository root
+
+    assert Path(kernels.__file__).resolve().parent.parent != ROOT
+    assert "CUDAProperties" in dir(kernels)
