@@ -5,9 +5,11 @@
     {"prompt": "<｜begin▁of▁sentence｜>...", "special_ranges": [[0, 21], ...],
      "token_ids": [0, ...], "model_version": "V4"}
 
-``token_ids`` come from the shipped V4 vocabulary. A bad request prints the protocol's error
-body and exits with status 2; so does a prompt that needs a control token this vocabulary lacks
-(``<｜System｜>`` of V4.1).
+``token_ids`` come from the shipped V4 vocabulary. A prompt that needs a control token this
+vocabulary lacks (``<｜System｜>`` of V4.1: reasoning effort, system prompts) is still printed,
+with ``"token_ids": null`` and a ``token_ids_unavailable`` sentence naming the tokens and the
+tokenizer file (serving such a request is a 400). A bad request prints the protocol's error body
+and exits with status 2.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsi.recipe import RequestPrompt
 
 EXIT_BAD_REQUEST = 2
 DEFAULT_ALIASES = ("dsi-tiny=V4",)
@@ -48,15 +54,23 @@ def _render(args: argparse.Namespace) -> int:
             return 1
     body = sys.stdin.buffer.read()
     try:
-        req = Recipe(aliases).prepare(args.protocol, body)
+        rendered = Recipe(aliases).render_prompt(args.protocol, body)
     except RequestError as err:
         print(json.dumps(error_body(err, args.protocol), ensure_ascii=False))
         return EXIT_BAD_REQUEST
-    out = {
-        "prompt": req.prompt.text,
-        "special_ranges": [list(r) for r in req.prompt.special_ranges],
-        "token_ids": list(req.prompt_token_ids),
-        "model_version": req.model_version.value,
-    }
-    print(json.dumps(out, ensure_ascii=False))
+    print(json.dumps(_output(rendered), ensure_ascii=False))
     return 0
+
+
+def _output(rendered: RequestPrompt) -> dict[str, Any]:
+    """The printed JSON: ``token_ids_unavailable`` only where ``token_ids`` is null."""
+    ids = rendered.token_ids
+    out: dict[str, Any] = {
+        "prompt": rendered.prompt.text,
+        "special_ranges": [list(r) for r in rendered.prompt.special_ranges],
+        "token_ids": None if ids is None else list(ids),
+    }
+    if ids is None:
+        out["token_ids_unavailable"] = rendered.token_ids_unavailable
+    out["model_version"] = rendered.model_version.value
+    return out

@@ -14,7 +14,7 @@ from dsi.recipe.errors import Protocol, RequestError, error_body
 from dsi.recipe.models import ModelTable, ServedModel
 from dsi.recipe.recipe import Recipe
 from dsi.recipe.render import render
-from dsi.recipe.resolve import ResolvedRequest
+from dsi.recipe.resolve import RequestPrompt, ResolvedRequest
 
 __all__ = [
     "Conversation",
@@ -23,6 +23,7 @@ __all__ = [
     "Protocol",
     "Recipe",
     "RequestError",
+    "RequestPrompt",
     "ResolvedRequest",
     "ServedModel",
     "error_body",

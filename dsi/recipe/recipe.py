@@ -2,6 +2,9 @@
 
 body --parse--> ParsedRequest --model table--> ServedModel
      --resolve--> Conversation --render--> segments --encode--> prompt token ids
+
+``prepare`` (serving) needs the ids; ``render_prompt`` gives the text without them where the
+served vocabulary lacks a control token the prompt needs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dsi.recipe.protocol_chat import parse_chat
 from dsi.recipe.protocol_messages import parse_messages
 from dsi.recipe.protocol_responses import parse_responses
 from dsi.recipe.request import ParsedRequest
-from dsi.recipe.resolve import MAX_OUTPUT_TOKENS, ResolvedRequest, resolve
+from dsi.recipe.resolve import MAX_OUTPUT_TOKENS, RequestPrompt, ResolvedRequest, render_request, resolve
 from dsi.recipe.resolve_template import resolve_templated
 from dsi.recipe.wire import fail
 
@@ -76,13 +79,29 @@ class Recipe:
         return self._templates[served.template_dir]
 
     def prepare(self, protocol: Protocol, body: Body) -> ResolvedRequest:
-        """Parse, validate, render and encode one request. Raises RequestError."""
-        parser = PARSERS.get(protocol)
-        if parser is None:
-            raise fail(f"unknown protocol {protocol!r}")
-        parsed = parser(body)
-        served = self.models.lookup(parsed.model)
+        """Parse, validate, render and encode one request for serving. Raises RequestError,
+        a 400 for a control token the served model's vocabulary lacks."""
+        parsed, served = self._parse(protocol, body)
         if served.template_dir is not None:
             return resolve_templated(parsed, served, self.template_for(served), self.max_output_tokens)
         encoder = self.encoder_for(served)
         return resolve(parsed, served, encoder, self.default_thinking, self.max_output_tokens)
+
+    def render_prompt(self, protocol: Protocol, body: Body) -> RequestPrompt:
+        """One request's prompt text, and its ids where the served model's vocabulary has every
+        control token the prompt needs (``dsi recipe render``). Raises RequestError where
+        ``prepare`` does, except for a missing control token."""
+        parsed, served = self._parse(protocol, body)
+        if served.template_dir is not None:
+            req = resolve_templated(parsed, served, self.template_for(served), self.max_output_tokens)
+            return RequestPrompt(req.model_version, req.prompt, req.prompt_token_ids)
+        encoder = self.encoder_for(served)
+        return render_request(parsed, served, encoder, self.default_thinking, self.max_output_tokens)
+
+    def _parse(self, protocol: Protocol, body: Body) -> tuple[ParsedRequest, ServedModel]:
+        """The parsed request and the served model it names. Raises RequestError."""
+        parser = PARSERS.get(protocol)
+        if parser is None:
+            raise fail(f"unknown protocol {protocol!r}")
+        parsed = parser(body)
+        return parsed, self.models.lookup(parsed.model)

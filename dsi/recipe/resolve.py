@@ -1,5 +1,7 @@
 """ParsedRequest + served model -> ResolvedRequest: the conversation rendered and encoded, and
-every sampling setting resolved the way DeepSeek's API resolves it.
+every sampling setting resolved the way DeepSeek's API resolves it. Serving needs the ids, so a
+control token the served vocabulary lacks is a 400; ``render_request`` gives the prompt text
+anyway (a RequestPrompt without ids, and the reason), as the official recipe renders it.
 
     max_tokens   requested value kept (refused when prompt + it exceed the context); absent:
                  8192 without thinking, 131072 at effort max, 65536 otherwise, lowered to the
@@ -16,7 +18,9 @@ every sampling setting resolved the way DeepSeek's API resolves it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsi.engine.params import SamplingParams
@@ -36,7 +40,7 @@ from dsi.recipe.errors import Protocol, RequestError
 from dsi.recipe.models import ServedModel
 from dsi.recipe.render import render
 from dsi.recipe.request import EFFORTS, ParsedRequest, ThinkingRequest
-from dsi.recipe.segments import RenderedPrompt
+from dsi.recipe.segments import Control, RenderedPrompt
 from dsi.recipe.vision import v41_images
 from dsi.recipe.vision_prompt import PlacedImage, render_vision
 from dsi.recipe.wire import fail
@@ -44,10 +48,13 @@ from dsi.recipe.wire import fail
 if TYPE_CHECKING:
     from dsi.recipe.chat_template import ChatTemplate
 
+Encode = Callable[[RenderedPrompt], tuple[int, ...]]
+
 MAX_OUTPUT_TOKENS = 393_216
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_THINKING_MAX_TOKENS = 65_536
 DEFAULT_MAX_EFFORT_MAX_TOKENS = 131_072
+STAND_IN_ID = -1  # where a control token the vocabulary lacks sits while a prompt is only measured
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,6 +122,18 @@ class ResolvedRequest:
         )
 
 
+@dataclass(slots=True, frozen=True)
+class RequestPrompt:
+    """A request's prompt as the recipe renders it, and its token ids in the served model's
+    vocabulary. ``token_ids`` is None where that vocabulary lacks a control token the prompt
+    needs; ``token_ids_unavailable`` then names those tokens and the tokenizer file."""
+
+    model_version: ModelVersion
+    prompt: RenderedPrompt
+    token_ids: tuple[int, ...] | None
+    token_ids_unavailable: str | None = None
+
+
 def resolve(
     parsed: ParsedRequest,
     served: ServedModel,
@@ -122,6 +141,42 @@ def resolve(
     default_thinking: bool = True,
     max_output_tokens: int = MAX_OUTPUT_TOKENS,
 ) -> ResolvedRequest:
+    """``parsed`` for ``served``, its prompt encoded with ``encoder`` (that model's vocabulary).
+    Raises RequestError; a control token the vocabulary lacks is a 400 ``unsupported_control_token``."""
+    return _resolve(
+        parsed, served, lambda prompt: _encode(prompt, served, encoder), default_thinking, max_output_tokens
+    )
+
+
+def render_request(
+    parsed: ParsedRequest,
+    served: ServedModel,
+    encoder: PromptEncoder,
+    default_thinking: bool = True,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+) -> RequestPrompt:
+    """``parsed``'s prompt for ``served``, refused (RequestError) only where serving refuses it for
+    another reason than a control token the vocabulary lacks; the length checks count each such
+    token as the one id it is in a vocabulary that has it."""
+
+    def measure(prompt: RenderedPrompt) -> tuple[int, ...]:
+        return tuple(encoder.encode(prompt, STAND_IN_ID))
+
+    req = _resolve(parsed, served, measure, default_thinking, max_output_tokens)
+    missing = encoder.missing(req.prompt)
+    if not missing:
+        return RequestPrompt(req.model_version, req.prompt, req.prompt_token_ids)
+    return RequestPrompt(req.model_version, req.prompt, None, _unavailable(missing, served, encoder.path))
+
+
+def _resolve(
+    parsed: ParsedRequest,
+    served: ServedModel,
+    encode: Encode,
+    default_thinking: bool,
+    max_output_tokens: int,
+) -> ResolvedRequest:
+    """``parsed`` rendered for ``served``, with ``encode`` giving the prompt's ids."""
     thinking, effort = _thinking(parsed.thinking, default_thinking)
     prompt_choice = parsed.tool_choice
     if thinking and parsed.tool_choice == "required":
@@ -141,11 +196,11 @@ def resolve(
     images = v41_images(conv) if version is ModelVersion.V41 else ()
     placed: tuple[PlacedImage, ...] = ()
     if served.vision is not None and version is ModelVersion.V4:
-        vp = render_vision(conv, served.vision, lambda prompt: _encode(prompt, served, encoder))
+        vp = render_vision(conv, served.vision, encode)
         rendered, ids, placed = vp.rendered, vp.token_ids, vp.images
     else:
         rendered = render(conv, version)
-        ids = _encode(rendered.prompt, served, encoder)
+        ids = encode(rendered.prompt)
     count = len(ids)
     opts = parsed.options
     return ResolvedRequest(
@@ -196,6 +251,16 @@ def _encode(prompt: RenderedPrompt, served: ServedModel, encoder: PromptEncoder)
             f"the tokenizer of model `{served.name}` ({exc.tokenizer.name}).",
             code="unsupported_control_token",
         ) from None
+
+
+def _unavailable(missing: tuple[Control, ...], served: ServedModel, tokenizer: Path) -> str:
+    """Why a prompt has no token ids: the control tokens it needs that the tokenizer lacks."""
+    noun = "token" if len(missing) == 1 else "tokens"
+    names = " and ".join(c.value for c in missing)
+    return (
+        f"The prompt needs the control {noun} {names}, which the tokenizer of model `{served.name}` "
+        f"({tokenizer}) does not have."
+    )
 
 
 def _thinking(req: ThinkingRequest, default: bool) -> tuple[bool, Effort | None]:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from dsi.recipe import Recipe
 from dsi.recipe.bench_encode import chinese_text, english_text
-from dsi.recipe.encode import PromptEncoder, cut, default_encoder
-from dsi.recipe.segments import Control
+from dsi.recipe.encode import MissingControlToken, PromptEncoder, cut, default_encoder
+from dsi.recipe.segments import Control, RenderedPrompt
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,30 @@ def test_control_ids_are_the_documented_ones(encoder: PromptEncoder) -> None:
     }
     assert Control.SYSTEM not in encoder.control_ids  # a V4.1 token
     assert len(encoder.added_tokens) == 1283
+
+
+def test_a_missing_control_token_is_named_or_stands_in(encoder: PromptEncoder) -> None:
+    """``<｜System｜>`` is not in the V4 vocabulary: encode raises, or puts the stand-in id in its
+    place (one id, as in a vocabulary that has it); ``missing`` lists it once."""
+    segments = [
+        Control.BOS,
+        Control.SYSTEM,
+        "sys",
+        Control.SYSTEM,
+        "s2",
+        Control.USER,
+        "hi",
+        Control.ASSISTANT,
+    ]
+    prompt = RenderedPrompt.from_segments(segments)
+    assert encoder.missing(prompt) == (Control.SYSTEM,)
+    with pytest.raises(MissingControlToken) as info:
+        encoder.encode(prompt)
+    assert info.value.token is Control.SYSTEM and info.value.tokenizer == encoder.path
+    ids = encoder.encode(prompt, stand_in=-1)
+    sys_ids, s2_ids, hi_ids = (encoder.encode_text(t) for t in ("sys", "s2", "hi"))
+    assert ids == [0, -1, *sys_ids, -1, *s2_ids, 128803, *hi_ids, 128804]
+    assert encoder.missing(RenderedPrompt.from_segments([Control.BOS, "x"])) == ()
 
 
 def test_no_added_token_spelling_encodes_to_an_added_id(encoder: PromptEncoder) -> None:

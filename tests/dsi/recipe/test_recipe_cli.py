@@ -1,5 +1,6 @@
 """``dsi recipe render`` as a real process: JSON on stdin, prompt and ids (or the protocol's
-error body and exit status 2) on stdout."""
+error body and exit status 2) on stdout. A V4.1 prompt that needs ``<｜System｜>`` is rendered as
+deepseek-recipe renders it, with null ids and the reason (the shipped vocabulary lacks it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import deepseek_recipe as dr
 
+from dsi.tokenizer import tokenizer_path
 from tests.dsi.recipe.oracle import tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -65,9 +67,20 @@ def test_render_cli() -> None:
     assert out1["prompt"] == rendered.prompt
     assert [tuple(r) for r in out1["special_ranges"]] == [tuple(r) for r in rendered.special_ranges]
 
+    assert "token_ids_unavailable" not in out1
+
     # a V4.1 prompt opens with <｜System｜>, which the shipped V4 vocabulary lacks
-    assert rc2 == 2 and out2["type"] == "error"
-    assert out2["error"]["type"] == "invalid_request_error" and "<｜System｜>" in out2["error"]["message"]
+    assert rc2 == 0 and out2["model_version"] == "V4.1"
+    v41 = dr.MessagesRequest({**messages, "model": "DeepSeek-V4.1-Flash"}).convert(dr.ConversionOptions())
+    rendered41 = dr.DeepseekV41Encoding().with_tokenizer(tokenizer()).render_conversation(v41.conversation)
+    assert out2["prompt"] == rendered41.prompt and out2["prompt"].startswith(
+        "<｜begin▁of▁sentence｜><｜System｜>"
+    )
+    assert [tuple(r) for r in out2["special_ranges"]] == [tuple(r) for r in rendered41.special_ranges]
+    assert out2["token_ids"] is None
+    reason = out2["token_ids_unavailable"]
+    assert "<｜System｜>" in reason and "`tiny`" in reason and str(tokenizer_path()) in reason
+    assert list(out2) == ["prompt", "special_ranges", "token_ids", "token_ids_unavailable", "model_version"]
 
     assert rc3 == 2 and set(out3["error"]) == {"message", "type", "param", "code"}
     assert out3["error"]["code"] == "invalid_json"

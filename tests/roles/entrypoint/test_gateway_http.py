@@ -239,6 +239,39 @@ async def test_no_instance_is_503(recipe):
     await server.close()
 
 
+V41_EFFORT = {
+    "chat": {
+        "model": "DeepSeek-V4.1-Flash",
+        "messages": [{"role": "user", "content": "hi"}],
+        "reasoning_effort": "max",
+    },
+    "responses": {"model": "DeepSeek-V4.1-Flash", "input": "hi", "reasoning": {"effort": "high"}},
+    "messages": {
+        "model": "DeepSeek-V4.1-Flash",
+        "max_tokens": 64,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"effort": "max"},
+    },
+}
+
+
+async def test_a_control_token_the_served_vocabulary_lacks_is_a_400_naming_it(recipe):
+    """V4.1 with reasoning effort needs <｜System｜>, which the shipped V4 vocabulary lacks: the
+    model could not see the effort, so serving refuses what ``dsi recipe render`` still renders."""
+    server, _ = await _server(recipe)
+    async with ClientSession() as http:
+        for protocol, body in V41_EFFORT.items():
+            async with http.post(server.make_url(PATHS[protocol]), json=body) as resp:
+                payload = await resp.json()
+                assert resp.status == 400, payload
+                _assert_shape(protocol, 400, payload)
+                assert "<｜System｜>" in payload["error"]["message"]
+                if protocol != "messages":
+                    assert payload["error"]["code"] == "unsupported_control_token"
+    await server.close()
+
+
 async def test_client_disconnect_closes_the_engine_stream(recipe):
     pool = FakePool(tokens=range(100, 400), delay_s=0.02)
     server, gateway = await _server(recipe, pool)
