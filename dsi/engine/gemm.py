@@ -7,21 +7,25 @@ its own blocked layout. :class:`PackedGemm` packs every weight of a model once a
 and runs the packed product, or falls back to ``@`` for a weight it has not packed (and
 everywhere when torch has no oneDNN)::
 
-    x [M, K] --(rows padded to a multiple of ROW_TILE, batch-invariant only)--> oneDNN(x, packed w) -> [M, N]
+    batch-invariant: x [M, K] -> tiles of exactly ROW_TILE rows -> oneDNN(tile, packed w) each -> [M, N]
+    otherwise:       x [M, K] -> oneDNN(x, packed w) -> [M, N]
 
-With ``batch_invariant`` the rows are padded as :func:`dsi.engine.invariant.mm` pads them, after
-which a row's bits do not depend on the row count (``tests/dsi/engine/test_gemm.py`` checks this
-on the machine it runs on). Results equal ``x @ w`` to fp32 rounding, not bit for bit.
+With ``batch_invariant`` every product oneDNN sees has ROW_TILE rows, the shape the weights are
+packed for, so its kernel (and a row's bits) cannot depend on the row count on any CPU, as
+:func:`dsi.engine.invariant.mm` does for MKL (``tests/dsi/engine/test_gemm.py`` checks row
+counts up to 2,048 and both thread counts on the machine it runs on). Results equal ``x @ w`` to
+fp32 rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dsi.engine import invariant
 from dsi.engine.invariant import ROW_TILE
 
 _Key = tuple[int, tuple[int, ...], tuple[int, ...]]
-PACK_ROWS = 32  # the row count oneDNN picks the weights' blocked layout for (a decode batch)
+PACK_ROWS = 32  # the row count oneDNN picks the weights' blocked layout for outside invariant mode
 
 
 def onednn_available() -> bool:
@@ -51,16 +55,22 @@ class PackedGemm:
                 # [N, K] reordered into oneDNN's blocked layout for products of about PACK_ROWS
                 # rows (a plain-layout weight is reordered again inside every product: about 25%
                 # slower at 32 rows); the source stays referenced so its storage is not reused.
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous(), PACK_ROWS)
+                rows = ROW_TILE if batch_invariant else PACK_ROWS
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous(), rows)
                 self._packed[_key(w)] = (w, packed)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
-        if self.invariant:
-            rows = max(ROW_TILE, -(-m // ROW_TILE) * ROW_TILE)
-            if rows != m:
-                x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
         hit = self._packed.get(_key(w))
+        if not self.invariant:
+            return x @ w if hit is None else _LINEAR(x.contiguous(), hit[1], None, "none", [], "")
         if hit is None:
-            return (x.contiguous() @ w)[:m]
-        return _LINEAR(x.contiguous(), hit[1], None, "none", [], "")[:m]
+            return invariant.mm(x, w)
+        m = x.shape[0]
+        t = invariant.tiles(m)
+        x = invariant.pad_rows(x, t * ROW_TILE).contiguous()
+        if t == 1:
+            return _LINEAR(x, hit[1], None, "none", [], "")[:m]
+        out = x.new_empty(t * ROW_TILE, w.shape[1])
+        for a in range(0, t * ROW_TILE, ROW_TILE):
+            out[a : a + ROW_TILE] = _LINEAR(x[a : a + ROW_TILE], hit[1], None, "none", [], "")
+        return out[:m]

@@ -3,11 +3,18 @@
 ``[engine] batch_invariant`` (on by default) routes the runner's products and attention through
 this module. Two sources of variation are removed:
 
-- GEMM shapes. MKL picks its kernel, and so the reduction order, by the row count: fewer than 4
-  rows run as matrix-vector products, and some small counts take other paths with two threads.
-  :func:`mm` pads the rows to a multiple of ``ROW_TILE`` (at least one tile), after which every
-  row of the product is the same bits whatever the row count and wherever the row sits
-  (``tests/dsi/engine/test_invariant.py`` checks this on the machine it runs on).
+- GEMM shapes. BLAS libraries pick their kernel, and so the reduction order, by the shape of a
+  product: MKL runs fewer than 4 rows as matrix-vector products, and on some CPUs (AVX-512 with
+  AMX) takes another path for 16 rows than for 8. Padding the rows is not enough, since the padded
+  count still varies. :func:`mm` therefore never lets the row count reach the library: the rows
+  are cut into tiles of exactly ``ROW_TILE`` (the last one zero-padded) and the tiles go as one
+  batched product of identical ``[ROW_TILE, K] x [K, N]`` matrices, so every row of every step is
+  computed by the kernel the library picks for that one model-constant shape, on any CPU and at
+  any thread count (``tests/dsi/engine/test_invariant.py`` checks row counts up to 2,048 and both
+  thread counts on the machine it runs on)::
+
+      x [M, K] -> pad to T * ROW_TILE rows -> [T, ROW_TILE, K] bmm [T, K, N] (w, stride 0) -> [M, N]
+
 - Attention reductions. Keys are cut into blocks of ``KEY_BLOCK`` aligned on absolute positions
   (SWA keys by token position, global latents by entry), each block is scored and weighted with
   fixed-shape products, and blocks are folded into an online softmax in one order: SWA blocks,
@@ -31,27 +38,39 @@ import torch
 
 from dsi.model.config import ModelConfig
 
-ROW_TILE = 8
+ROW_TILE = 16  # rows of every product the engine makes (see above)
 KEY_BLOCK = 128
 VECTOR_RUN = 64  # elements: a multiple of what torch's vectorised loops take per iteration (AVX2, AVX-512)
 
 
+def tiles(m: int) -> int:
+    """How many ROW_TILE-row tiles hold m rows (at least one)."""
+    return max(1, -(-m // ROW_TILE))
+
+
+def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
+    """x with zero rows appended along ``dim`` up to ``rows``."""
+    extra = rows - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """[M, K] @ [K, N] -> [M, N], computed with the rows padded to a multiple of ROW_TILE."""
-    m = x.shape[0]
-    rows = max(ROW_TILE, -(-m // ROW_TILE) * ROW_TILE)
-    if rows != m:
-        x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
-    return (x.contiguous() @ w)[:m]
+    """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ROW_TILE rows in one batched call."""
+    m, k = x.shape
+    t = tiles(m)
+    x = pad_rows(x, t * ROW_TILE).contiguous().view(t, ROW_TILE, k)
+    return torch.bmm(x, w.expand(t, *w.shape)).view(t * ROW_TILE, -1)[:m]
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[B, M, K] @ [B, K, N] -> [B, M, N], each matrix's rows padded like :func:`mm`."""
+    """[B, M, K] @ [B, K, N] -> [B, M, N], each matrix's rows padded to a whole number of tiles
+    (M is a model constant where the engine calls this: heads per KV head)."""
     m = a.shape[1]
-    rows = max(ROW_TILE, -(-m // ROW_TILE) * ROW_TILE)
-    if rows != m:
-        a = torch.cat([a, a.new_zeros(a.shape[0], rows - m, a.shape[2])], dim=1)
-    return torch.bmm(a, b)[:, :m]
+    return torch.bmm(pad_rows(a, tiles(m) * ROW_TILE, dim=1), b)[:, :m]
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,6 @@
 """Batch invariance: a request's logits are the same bits alone, in any batch, under any chunking,
 after a preemption, and on the decode path as on the prefill path."""
 
-import random
 
 import pytest
 import torch
@@ -10,21 +9,39 @@ from dsi.engine import invariant
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.model.ops import attend
-from tests.dsi.engine.conftest import random_prompts
+from tests.dsi.engine.conftest import ROW_COUNTS, random_prompts, rows_with
 
 
-@pytest.mark.parametrize("k,n", [(256, 256), (256, 8), (128, 256), (64, 128), (256, 129_280)])
-def test_mm_rows_do_not_depend_on_the_row_count_or_position(k, n):
+@pytest.mark.parametrize("k,n", [(256, 256), (256, 8), (128, 256), (64, 128), (576, 1536), (256, 129_280)])
+def test_mm_rows_do_not_depend_on_the_row_count_position_or_thread_count(k, n, threads):
+    """Row counts 1 .. 2,048 (a full prefill block); the 129,280-column output projection up to
+    520 rows (the most a step samples), each at one and two threads against one reference."""
     torch.manual_seed(0)
-    w = torch.randn(n, k).T if n > 10_000 else torch.randn(k, n)
+    w = torch.randn(n, k).T if n > 10_000 else torch.randn(k, n)  # the LM head is a transposed view
     x = torch.randn(k)
+    threads(1)
     want = invariant.mm(x[None], w)[0]
-    rng = random.Random(1)
-    for m in [*range(1, 20), 31, 33, 64, 100, 257]:
-        rows = torch.randn(m, k)
-        at = rng.randrange(m)
-        rows[at] = x
-        assert torch.equal(invariant.mm(rows, w)[at], want), m
+    counts = [m for m in ROW_COUNTS if m <= 520] + [520] if n > 10_000 else ROW_COUNTS
+    for t in (1, 2):
+        threads(t)
+        for m in counts:
+            rows, at = rows_with(x, m, seed=m)
+            assert torch.equal(invariant.mm(rows, w)[at], want), (t, m)
+    assert torch.allclose(want, x @ w, atol=1e-4, rtol=1e-4)
+
+
+def test_bmm_matrices_do_not_depend_on_the_batch_size(threads):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 64), torch.randn(64, 128)  # heads per KV head x D, D x key block
+    threads(1)
+    want = invariant.bmm(a[None], b[None])[0]
+    for t in (1, 2):
+        threads(t)
+        for batch in (1, 2, 3, 7, 16, 64, 129):
+            aa, bb = torch.randn(batch, 4, 64), torch.randn(batch, 64, 128)
+            at = batch // 2
+            aa[at], bb[at] = a, b
+            assert torch.equal(invariant.bmm(aa, bb)[at], want), (t, batch)
 
 
 def _sequence(t_total: int, d: int = 64, hq: int = 4, hkv: int = 1, seed: int = 0):
