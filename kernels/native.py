@@ -9,7 +9,8 @@ folder, such as ``simd16.h``, on the include path) with the system C compiler
 ``<cache>`` is ``$DSI_KERNEL_CACHE``, else ``~/.cache/dsi/kernels``. A library is written under a
 temporary name and renamed into place, so processes that start together (a cluster's roles) may
 build it at once. No compiler, or a failed build: ``library`` returns None and ``why_not`` says
-why; callers then use their torch reference.
+why; callers then use their torch reference, whose results differ in bits from the C kernel's (a
+warning says so, once per process and kernel). ``names()`` lists the kernels.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import subprocess
@@ -25,6 +27,8 @@ from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-fno-math-errno", "-fPIC", "-shared")
 _HERE = Path(__file__).parent
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -41,8 +45,25 @@ def _cpu_signature() -> str:
     return platform.machine() + "\n".join(sorted(set(lines)))
 
 
+def names() -> tuple[str, ...]:
+    """The C kernels of this package: the names of ``kernels/*.c``, sorted."""
+    return tuple(sorted(source.stem for source in _HERE.glob("*.c")))
+
+
 @functools.cache
 def _build(name: str) -> tuple[ctypes.CDLL | None, str]:
+    lib, why = _compile(name)
+    if lib is None:
+        log.warning(
+            "C kernel %s unavailable (%s): its callers use their torch reference, whose results "
+            "differ in bits from instances that run the C kernel",
+            name,
+            why,
+        )
+    return lib, why
+
+
+def _compile(name: str) -> tuple[ctypes.CDLL | None, str]:
     source = _HERE / f"{name}.c"
     compiler = os.environ.get("CC", "cc")
     digest = hashlib.sha256()

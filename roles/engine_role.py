@@ -28,7 +28,15 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
 from dsi.config.sections import EngineSection
-from dsi.engine import EngineConfig, EngineLoad, EngineService, EngineShape, ImageEmbeds, unpacked_images
+from dsi.engine import (
+    EngineConfig,
+    EngineLoad,
+    EngineService,
+    EngineShape,
+    ImageEmbeds,
+    machine_fingerprint,
+    unpacked_images,
+)
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 from dsi.eplb import EpSize, policy_for, resize
 from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
@@ -248,7 +256,12 @@ class EngineRole(RoleActor):
             if experts is not None:
                 experts.close()
             raise
-        log.info("%s: engine ready (%s, %d pages)", self.name, model.name, cfg.num_blocks)
+        # After the thread count is set, and in the thread that set it; may build the C kernels.
+        self.fingerprint = machine_fingerprint()
+        log.info(
+            "%s: engine ready (%s, %d pages), machine fingerprint %s",
+            self.name, model.name, cfg.num_blocks, self.fingerprint.short(),
+        )  # fmt: skip
         curve = service.load.step_curve
         if curve is not None:
             log.info("%s: speculative %s, step-time curve %s", self.name, spec, curve.as_dict())

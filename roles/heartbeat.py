@@ -1,7 +1,8 @@
 """HeartbeatSender: tells the controller that one role instance is alive, every interval.
 
-The first heartbeat registers the instance; each carries its state and Load, and the lifecycle
-state the controller last assigned (its answer to the previous heartbeat, an ``Assignment``).
+The first heartbeat registers the instance; each carries its state and Load, an engine's machine
+fingerprint, and the lifecycle state the controller last assigned (its answer to the previous
+heartbeat, an ``Assignment``).
 The Peer's socket queues heartbeats while the controller is away and ZeroMQ reconnects by itself,
 so a restarted controller learns every instance again within one interval, serving ones as
 serving (controller state is soft). A heartbeat's answer is awaited for at most one interval. ``stop`` asks a Goodbye (bounded by
@@ -83,6 +84,7 @@ class HeartbeatSender:
             started_at=self._started_at,
             http=ident.http,
             assigned=self.assigned,
+            fingerprint=self.actor.fingerprint,
         )
 
     async def start(self) -> None:

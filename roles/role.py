@@ -1,6 +1,8 @@
 """RoleActor: what every role instance has in common - a lifecycle state and a Load report.
 
-The heartbeat task reads ``state`` and ``load()`` each interval and sends them to the controller.
+The heartbeat task reads ``state``, ``load()`` and ``fingerprint`` each interval and sends them
+to the controller (``fingerprint``: the machine fingerprint of an engine role, set once its engine
+is built; None for every other role).
 Asking a role with a ``Load`` message (any values) answers its current Load, so an operator or a
 test can read any role's counters without knowing its kind.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from dsi.actor import Actor, handles
+from dsi.engine import MachineFingerprint
 from dsi.messages.control import Load
 
 
@@ -26,6 +29,7 @@ class RoleActor(Actor):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.state = "starting"
+        self.fingerprint: MachineFingerprint | None = None
         self.retired = asyncio.Event()  # set by retire(): the host stops this role
 
     def retire(self, reason: str = "drained") -> None:

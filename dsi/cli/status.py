@@ -13,6 +13,11 @@ decision kept (the last 100). Each serving balancer adds which prefill serves wh
 mode, acceptance per draft position and measured step-time curve (see dsi.cli.status_spec; in
 the JSON under its ``load``: ``speculative``, ``accept_rates``, ``step_curve``).
 
+FINGERPRINT is an engine instance's machine fingerprint (see dsi.engine.fingerprint): the first 8
+chars of its digest and its ISA features; every field is in the JSON under ``fingerprint``. When
+the serving instances of one role report different digests, a ``warning:`` line under the table
+(``warnings`` in the JSON) names them: exact failover and exact prefix hits cannot hold there.
+
 The controller address comes from --controller, else from the config's [cluster] controller.
 With [security] curve = true the config's client key is used. Exit 1 when the controller does
 not answer within --timeout seconds.
@@ -32,6 +37,7 @@ import zmq.asyncio
 
 from dsi.cli.scale_view import format_scale, scale_json
 from dsi.cli.status_balancers import balancers_json, fetch_balancers, format_buckets
+from dsi.cli.status_fingerprint import fingerprint_cell, fingerprint_json, fingerprint_warnings
 from dsi.cli.status_spec import format_curves, load_json, speculating
 from dsi.config import ConfigError, load_config
 from dsi.errors import DsiError
@@ -41,7 +47,7 @@ from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
 DEFAULT_CONFIG = "configs/local.toml"
-_COLUMNS = ("INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST SEEN")
+_COLUMNS = ("INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST SEEN", "FINGERPRINT")
 
 
 class ControllerUnreachable(Exception):
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {"autoscale": scale_json(scale)} if scale else {}
         print(json.dumps({**table_json(table), **extra, "balancers": balancers_json(balancers)}, indent=2))
     else:
-        parts = [format_table(table.instances)]
+        parts = ["\n".join([format_table(table.instances), *fingerprint_warnings(table.instances)])]
         parts += [format_scale(scale)] if scale else []
         parts += [format_buckets(balancers)] if balancers else []
         parts += [format_curves(table.instances)] if speculating(table.instances) else []
@@ -136,20 +142,23 @@ async def fetch_instances(address: str, keys: CurveKeys | None, timeout: float) 
 
 
 def table_json(table: InstanceTable) -> dict[str, Any]:
-    """{"controller": id, "instances": [{instance_id, role, ..., "load": {running, ...}}, ...],
-    "transitions": [{role, from, to, count}, ...]}"""
+    """{"controller": id, "instances": [{instance_id, role, ..., "load": {running, ...},
+    "fingerprint": {digest, ...} | null}, ...], "transitions": [{role, from, to, count}, ...],
+    "warnings": [line, ...]}"""
     return {
         "controller": table.controller_id,
         "instances": [info_json(info) for info in table.instances],
         "transitions": [
             {"role": t.role, "from": t.before, "to": t.after, "count": t.count} for t in table.transitions
         ],
+        "warnings": fingerprint_warnings(table.instances),
     }
 
 
 def info_json(info: InstanceInfo) -> dict[str, Any]:
     fields = msgspec.structs.asdict(info)
     fields["load"] = load_json(info.load)
+    fields["fingerprint"] = fingerprint_json(info.fingerprint)
     return fields
 
 
@@ -177,6 +186,7 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
         f"{info.state}/suspect" if info.suspect else info.state,
         summary,
         f"{info.last_seen_s:.1f}s ago",
+        fingerprint_cell(info),
     )
 
 

@@ -26,6 +26,7 @@ _HOMES = {
     "EngineStats": "prefix",
     "FullPage": "prefix",
     "ImageEmbeds": "images",
+    "MachineFingerprint": "fingerprint",
     "RequestMoved": "service",
     "RequestOutput": "engine",
     "RequestState": "transfer",
@@ -36,6 +37,7 @@ _HOMES = {
     "StateLayout": "transfer",
     "exact_hit_limit": "prefix",
     "load_curve": "step_curve",
+    "machine_fingerprint": "fingerprint",
     "unpacked_images": "images",
 }
 __all__ = sorted(_HOMES)

@@ -6,12 +6,15 @@ controller holds for it, which the next heartbeats carry back (``assigned``) so 
 controller rebuilds its table from them. ``Goodbye`` on a graceful stop. ``ListInstances`` is
 what ``dsi status`` and the gateway ask; ``SetState`` is an operator's order (drain). ``GetScale`` is what ``dsi status`` and ``dsi serve``
 (which starts and stops instances for the targets) ask, ``SetScale`` is ``dsi scale``.
+An engine instance's heartbeats carry its ``MachineFingerprint`` (dsi.engine.fingerprint), which
+``InstanceInfo`` passes on, so that ``dsi status`` can tell when a role's instances compute apart.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from dsi.engine.fingerprint import MachineFingerprint
 from dsi.messages.base import Message
 
 
@@ -64,6 +67,9 @@ class Heartbeat(Message):
     started_at: float = 0.0  # unix seconds
     http: str = ""  # HOST:PORT for an entrypoint, else ""
     assigned: str = ""  # the last lifecycle state a controller assigned ("" = none yet)
+    # An engine instance's compute environment (prefill, decode; None for other roles and before
+    # its engine is built): instances with different digests may compute different bits.
+    fingerprint: MachineFingerprint | None = None
 
 
 class Assignment(Message):
@@ -94,6 +100,7 @@ class InstanceInfo(Message):
     started_at: float
     http: str = ""
     suspect: bool = False  # heartbeats late (2.5 intervals) but not yet for the timeout
+    fingerprint: MachineFingerprint | None = None  # from its last heartbeat (engine instances)
 
 
 class TransitionCount(Message):

@@ -259,6 +259,7 @@ class InstanceRegistry:
             started_at=beat.started_at,
             http=beat.http,
             suspect=entry.state not in FINAL and age >= SUSPECT_AFTER_INTERVALS * self.interval_s,
+            fingerprint=beat.fingerprint,
         )
 
 

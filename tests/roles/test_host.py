@@ -8,6 +8,7 @@ import pytest
 import zmq.asyncio
 
 from dsi.config import NodeConfig, parse_config
+from dsi.engine import machine_fingerprint
 from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances, Load
 from dsi.roles.host import RoleHost, RoleStartError, advertised
@@ -91,6 +92,13 @@ async def test_roles_register_serve_and_say_goodbye(controller_peer):
                     resp.status == 503 and health["status"] == "unavailable" and "decode" in health["reason"]
                 )
             assert workers.heartbeats["prefill-0"].sent >= 1
+            # an engine's heartbeats carry its machine fingerprint (this process's); others none
+            fingerprints = {i.instance_id: i.fingerprint for i in (await peer.ask(ListInstances())).instances}
+            assert fingerprints == {
+                "controller-0": None,
+                "entrypoint-0": None,
+                "prefill-0": machine_fingerprint(),
+            }
         finally:
             await workers.stop()
         await wait_for(peer, {"controller-0": "serving", "entrypoint-0": "stopped", "prefill-0": "stopped"})

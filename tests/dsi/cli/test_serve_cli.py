@@ -9,6 +9,7 @@ import pytest
 from tests.dsi.cli.procs import (
     Procs,
     config_ids,
+    dsi_status,
     free_port,
     gone,
     instances,
@@ -55,6 +56,13 @@ def test_serve_starts_every_role_serving_and_sigint_stops_them_all(procs, tmp_pa
     assert sorted(listed) == sorted(ids)
     assert {info["state"] for info in listed.values()} == {"serving"}
     assert listed["entrypoint-0"]["http"] == f"127.0.0.1:{port}"
+    # every engine reports its machine fingerprint: one machine, one config, one digest
+    engines = [info for info in listed.values() if info["role"] in ("prefill", "decode")]
+    assert engines and len({info["fingerprint"]["digest"] for info in engines}) == 1
+    assert all(info["fingerprint"] is None for info in listed.values() if info not in engines)
+    text = dsi_status("--config", str(config)).stdout
+    assert text.splitlines()[0].endswith("FINGERPRINT") and "warning" not in text
+    assert json.loads(dsi_status("--json", "--config", str(config)).stdout)["warnings"] == []
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
         assert json.load(resp)["status"] == "ok"
     pids = {iid: info["pid"] for iid, info in listed.items()}

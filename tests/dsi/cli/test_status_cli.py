@@ -5,9 +5,11 @@ import re
 
 import msgspec
 
+from dsi.cli import status
 from dsi.cli.main import main
 from dsi.cli.status import format_table, table_json
 from dsi.cli.status_spec import format_curves
+from dsi.engine import MachineFingerprint
 from dsi.messages.control import InstanceInfo, InstanceTable, Load, StepCurveView, TransitionCount
 from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
@@ -28,7 +30,17 @@ INFO = InstanceInfo(
 
 def test_table_has_one_aligned_row_per_instance():
     lines = format_table([INFO]).splitlines()
-    assert lines[0].split() == ["INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST", "SEEN"]
+    assert lines[0].split() == [
+        "INSTANCE",
+        "ROLE",
+        "HOST",
+        "PID",
+        "STATE",
+        "LOAD",
+        "LAST",
+        "SEEN",
+        "FINGERPRINT",
+    ]
     assert lines[1].split() == [
         "prefill-0",
         "prefill",
@@ -41,6 +53,7 @@ def test_table_has_one_aligned_row_per_instance():
         "inbox=0",
         "2.7s",
         "ago",
+        "-",  # no fingerprint reported
     ]
     assert lines[0].index("STATE") == lines[1].index("serving/suspect")
 
@@ -62,6 +75,7 @@ def test_json_is_plain_objects():
         4321,
     )
     assert data["transitions"] == [{"role": "prefill", "from": "ready", "to": "serving", "count": 2}]
+    assert info["fingerprint"] is None and data["warnings"] == []
 
 
 def test_unreachable_controller_exits_1_with_a_clear_message(capsys):
@@ -127,3 +141,97 @@ def test_an_expert_parallel_instance_shows_its_ranks():
     )
     assert "ep=3/4" in format_table([info]).splitlines()[1].split()
     assert "ep=" not in format_table([INFO])
+
+
+def fingerprint(**changes) -> MachineFingerprint:
+    fields = dict(
+        arch="x86_64",
+        isa=("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+        cpu_capability="AVX512",
+        torch="2.13.0+cpu",
+        mkl="2024.2-Product Build 20240605",
+        onednn="3.12.0",
+        threads=8,
+        native={"paged_attention": True, "row_ops": True},
+        env={},
+        cpu_model="Intel(R) Xeon(R) Gold 6338",
+    )
+    return MachineFingerprint.of(**{**fields, **changes})
+
+
+def engine(instance_id: str, fp: MachineFingerprint | None, state: str = "serving") -> InstanceInfo:
+    role = instance_id.split("-")[0]
+    return InstanceInfo(instance_id, role, "h", 7, "tcp://h:7120", state, Load(), 0.5, 1.0e9, fingerprint=fp)
+
+
+def status_output(table: InstanceTable, capsys, monkeypatch, *flags: str) -> str:
+    """``dsi status FLAGS`` against a controller that answers `table` (autoscaling off, no balancers)."""
+
+    async def fetch(address, keys, timeout):
+        return table, None
+
+    monkeypatch.setattr(status, "_fetch_status", fetch)
+    assert main(["status", "--controller", "tcp://127.0.0.1:1", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_each_engine_shows_its_fingerprint_and_one_machine_gives_no_warning(capsys, monkeypatch):
+    fp = fingerprint()
+    table = InstanceTable([engine("decode-0", fp), engine("decode-1", fp), engine("prefill-0", fp), INFO])
+    out = status_output(table, capsys, monkeypatch)
+    lines = out.splitlines()
+    assert lines[1].split()[-1 - len(fp.isa_summary().split()) :] == [
+        fp.digest[:8],
+        *fp.isa_summary().split(),
+    ]
+    assert fp.isa_summary() == "avx2 fma avx512{f,bw,vl,vnni}"
+    assert lines[-1].endswith(" -")  # prefill-0 of INFO reports none
+    assert "warning" not in out
+    data = json.loads(status_output(table, capsys, monkeypatch, "--json"))
+    assert data["warnings"] == []
+    assert data["instances"][0]["fingerprint"] == {
+        "digest": fp.digest, "arch": "x86_64", "isa": list(fp.isa), "cpu_capability": "AVX512",
+        "torch": "2.13.0+cpu", "mkl": "2024.2-Product Build 20240605", "onednn": "3.12.0", "threads": 8,
+        "native": {"paged_attention": True, "row_ops": True}, "env": {}, "cpu_model": "Intel(R) Xeon(R) Gold 6338",
+    }  # fmt: skip
+
+
+def test_a_role_whose_serving_instances_differ_is_warned_about(capsys, monkeypatch):
+    same, fewer_threads, no_kernel = (
+        fingerprint(),
+        fingerprint(threads=4),
+        fingerprint(native={"paged_attention": False, "row_ops": True}),
+    )
+    table = InstanceTable(
+        [
+            engine("decode-0", same),
+            engine("decode-1", fewer_threads),
+            engine("decode-2", no_kernel),
+            engine("decode-3", fingerprint(isa=("avx2",)), state="draining"),  # not serving: not compared
+            engine("prefill-0", same),
+            engine(
+                "prefill-1", fingerprint(cpu_model="AMD EPYC 9654")
+            ),  # the model name alone decides nothing
+        ]
+    )
+    warning = (
+        f"warning: serving decode instances have different machine fingerprints: decode-0 {same.digest[:8]}, "
+        f"decode-1 {fewer_threads.digest[:8]}, decode-2 {no_kernel.digest[:8]} (differ in threads, native); "
+        f"exact decode failover and exact prefix hits with a pulled SWA state cannot hold between them"
+    )
+    out = status_output(table, capsys, monkeypatch)
+    assert [line for line in out.splitlines() if "warning" in line] == [warning]
+    assert out.splitlines()[len(table.instances) + 1] == warning  # right under the table
+    data = json.loads(status_output(table, capsys, monkeypatch, "--json"))
+    assert data["warnings"] == [warning]
+    assert [i["fingerprint"]["threads"] for i in data["instances"]] == [8, 4, 8, 8, 8, 8]
+
+
+def test_mixed_prefills_are_warned_about_apart_from_decodes():
+    table = [engine("prefill-0", fingerprint()), engine("prefill-1", fingerprint(torch="2.12.0+cpu"))]
+    table += [engine("decode-0", fingerprint(torch="2.12.0+cpu"))]
+    [warning] = table_json(InstanceTable(table))["warnings"]
+    assert warning.startswith(
+        "warning: serving prefill instances have different machine fingerprints: prefill-0"
+    )
+    assert "(differ in torch)" in warning and "decode-0" not in warning

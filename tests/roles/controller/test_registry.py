@@ -1,5 +1,6 @@
 import pytest
 
+from dsi.engine import MachineFingerprint
 from dsi.errors import InvalidRequest
 from dsi.messages.control import Heartbeat, Load
 from dsi.roles.controller.lifecycle import IllegalTransition
@@ -166,6 +167,21 @@ def test_instances_are_sorted_and_filtered_by_role(reg):
     assert [i.instance_id for i in reg.instances(0.0)] == ["decode-0", "prefill-0", "prefill-1"]
     assert [i.instance_id for i in reg.instances(0.0, role="prefill")] == ["prefill-0", "prefill-1"]
     assert reg.instances(0.0)[0].load == Load(running=3)
+
+
+def test_the_instance_table_shows_the_fingerprint_of_the_last_heartbeat(reg):
+    def fp(threads: int) -> MachineFingerprint:
+        return MachineFingerprint.of(
+            arch="x86_64", isa=("avx2",), cpu_capability="AVX2", torch="2.13.0", mkl="", onednn="",
+            threads=threads, native={"row_ops": True}, env={},
+        )  # fmt: skip
+
+    reg.heartbeat(beat(), now=0.0)
+    reg.heartbeat(beat("entrypoint-0", role="entrypoint"), now=0.0)
+    assert [i.fingerprint for i in reg.instances(0.0)] == [None, None]  # before the engine is built
+    reg.heartbeat(beat(fingerprint=fp(4)), now=1.0)
+    reg.heartbeat(beat(fingerprint=fp(8)), now=2.0)
+    assert [i.fingerprint for i in reg.instances(2.0)] == [None, fp(8)]
 
 
 def test_clock_going_backwards_counts_as_age_zero(reg):
