@@ -2,4 +2,4 @@
 
 from dsi.folders import step_aside
 
-step_aside(__name__, __file__)  # imported as the bare name from the repository root: yield to an installed one
+step_aside(__name__, __file__)  # imported as a bare name from the repository root
