@@ -9,9 +9,13 @@ if [ ! -x "$TOOLS/bin/pip-compile" ]; then
     "$TOOLS/bin/pip" install --quiet 'pip-tools==7.7.0'
 fi
 compile=("$TOOLS/bin/pip-compile" --quiet --upgrade --generate-hashes --allow-unsafe
-    --no-emit-find-links --no-emit-index-url --no-emit-trusted-host)
-"${compile[@]}" --extra dev --all-build-deps --strip-extras -o dev.lock ../pyproject.toml
+    --no-emit-find-links --no-emit-index-url --no-emit-trusted-host --strip-extras)
+"${compile[@]}" --extra dev --all-build-deps -o dev.lock ../pyproject.toml
 "${compile[@]}" -o gemma.lock gemma.in
+"${compile[@]}" -o vllm.lock vllm.in
+# Entries (a name line and its hash and comment lines) of packages the vLLM venv must not have.
+awk '/^[a-z0-9]/ { drop = ($1 ~ /^(torchvision|torchaudio|torchcodec)==/) } !drop' vllm.lock > vllm.lock.new
+mv vllm.lock.new vllm.lock
 
 # Packages installed without their dependencies: pinned with the hash of their wheel.
 tmp=$(mktemp -d)

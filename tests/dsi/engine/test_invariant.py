@@ -1,7 +1,6 @@
 """Batch invariance: a request's logits are the same bits alone, in any batch, under any chunking,
 after a preemption, and on the decode path as on the prefill path."""
 
-
 import pytest
 import torch
 
