@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from dsi.folders import FOLDERS
@@ -65,24 +66,42 @@ def _import_all(names: list[str], cwd: Path) -> dict[str, str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _venv_top_levels() -> dict[str, set[str]]:
+    """Top-level import name -> names of the distributions in this venv's site-packages that
+    provide it (other tests may add folders such as Debian's dist-packages to sys.path)."""
+    paths = sysconfig.get_paths()
+    owners: dict[str, set[str]] = {}
+    for dist in importlib.metadata.distributions(path=sorted({paths["purelib"], paths["platlib"]})):
+        declared = (dist.read_text("top_level.txt") or "").split()
+        inferred = {
+            f.parts[0].removesuffix(".py") for f in dist.files or () if len(f.parts) > 1 or f.suffix == ".py"
+        }
+        for name in declared or inferred:
+            owners.setdefault(name, set()).add(_normal(dist.metadata["Name"]))
+    return owners
+
+
 def _locked_import_names() -> list[str]:
     """Top-level import names of the distributions pinned in requirements/dev.lock."""
     locked = {
-        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
+        _normal(line.split("==")[0])
         for line in (ROOT / "requirements" / "dev.lock").read_text().splitlines()
         if re.match(r"^[A-Za-z0-9]", line)
     }
-    names = []
-    for module, dists in importlib.metadata.packages_distributions().items():
-        wanted = module.isidentifier() and not module.startswith("_")
-        if wanted and any(re.sub(r"[-_.]+", "-", d).lower() in locked for d in dists):
-            names.append(module)
-    return sorted(names)
+    return sorted(
+        name
+        for name, dists in _venv_top_levels().items()
+        if name.isidentifier() and not name.startswith("_") and dists & locked
+    )
 
 
 def test_bare_folder_names_never_import_the_repository_folders():
     """From the root, ``import kernels`` gets the installed distribution or nothing, never the folder."""
-    owners = importlib.metadata.packages_distributions()
+    owners = _venv_top_levels()
     for name, where in _import_all(list(FOLDERS), ROOT).items():
         if name in owners:
             assert Path(where).parent.parent != ROOT, (name, where)
