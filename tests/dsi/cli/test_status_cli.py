@@ -13,6 +13,7 @@ from dsi.engine import MachineFingerprint
 from dsi.messages.control import InstanceInfo, InstanceTable, Load, StepCurveView, TransitionCount
 from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
+from tests.fingerprints import fingerprint
 
 INFO = InstanceInfo(
     "prefill-0",
@@ -141,22 +142,6 @@ def test_an_expert_parallel_instance_shows_its_ranks():
     )
     assert "ep=3/4" in format_table([info]).splitlines()[1].split()
     assert "ep=" not in format_table([INFO])
-
-
-def fingerprint(**changes) -> MachineFingerprint:
-    fields = dict(
-        arch="x86_64",
-        isa=("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
-        cpu_capability="AVX512",
-        torch="2.13.0+cpu",
-        mkl="2024.2-Product Build 20240605",
-        onednn="3.12.0",
-        threads=8,
-        native={"paged_attention": True, "row_ops": True},
-        env={},
-        cpu_model="Intel(R) Xeon(R) Gold 6338",
-    )
-    return MachineFingerprint.of(**{**fields, **changes})
 
 
 def engine(instance_id: str, fp: MachineFingerprint | None, state: str = "serving") -> InstanceInfo:

@@ -15,6 +15,7 @@ from dsi.engine.fingerprint import (
 )
 from dsi.kernels import native
 from dsi.messages.control import Heartbeat
+from tests.fingerprints import fingerprint as shared_fingerprint
 
 SAPPHIRE_RAPIDS = """\
 processor\t: 0
@@ -42,19 +43,9 @@ CPU part\t: 0xd40
 
 
 def fingerprint(**changes) -> MachineFingerprint:
-    fields = dict(
-        arch="x86_64",
-        isa=("avx2", "fma"),
-        cpu_capability="AVX2",
-        torch="2.13.0+cpu",
-        mkl="2024.2-Product Build 20240605",
-        onednn="3.12.0",
-        threads=8,
-        native={"paged_attention": True, "row_ops": True},
-        env={},
-        cpu_model="Intel(R) Xeon(R) Platinum 8480+",
-    )
-    return MachineFingerprint.of(**{**fields, **changes})
+    """An AVX2 machine's fingerprint with ``changes`` applied."""
+    avx2 = {"isa": ("avx2", "fma"), "cpu_capability": "AVX2", "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"}
+    return shared_fingerprint(**{**avx2, **changes})
 
 
 def test_flags_and_model_come_from_the_cpuinfo_text():
