@@ -257,7 +257,7 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
     # Each (sequence, KV head) is one [tile, D] x [D, KEY_BLOCK] product, its rows padded as mm pads them.
-    tile = max(ROW_TILE, -(-group // ROW_TILE) * ROW_TILE)
+    tile = tiles(group) * ROW_TILE
     qp = q.new_zeros(b, hkv, tile, d)
     qp[:, :, :group] = q.view(b, hkv, group, d)
     ep = q.new_zeros(b, hkv, tile, KEY_BLOCK)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from dsi.engine import invariant
 from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
@@ -76,7 +77,7 @@ class DenseRunner:
         positions up to its own, like any other row."""
         cfg, w = self.cfg, self.w
         tokens = [t for s in batch for t in s.tokens]
-        rows = max(ROW_TILE, -(-len(tokens) // ROW_TILE) * ROW_TILE) if self.invariant else len(tokens)
+        rows = invariant.tiles(len(tokens)) * ROW_TILE if self.invariant else len(tokens)
         where = step_rows(batch, cfg.block_size, rows)
         plan = self.attend.prepare(batch, where)
         cos, sin = rope_angles(where.pos.clamp(min=0), cfg.head_dim, cfg.rope_theta)
