@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 
 from dsi.actor import Actor, handles
-from dsi.engine import MachineFingerprint
 from dsi.messages.control import Load
+from dsi.messages.fingerprint import MachineFingerprint
 
 
 class RoleActor(Actor):

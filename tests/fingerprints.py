@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsi.engine.fingerprint import MachineFingerprint
+from dsi.messages.fingerprint import MachineFingerprint
 
 FIELDS: dict[str, Any] = dict(
     arch="x86_64",

@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from dsi.engine import MachineFingerprint
 from dsi.messages.control import InstanceInfo
+from dsi.messages.fingerprint import MachineFingerprint
 
 
 def fingerprint_cell(info: InstanceInfo) -> str:

@@ -1,4 +1,5 @@
-"""MachineFingerprint: what decides the bits an engine instance computes on this machine.
+"""machine_fingerprint: what decides the bits an engine instance computes on this machine
+(a :class:`dsi.messages.fingerprint.MachineFingerprint`, carried by its heartbeats).
 
 Engines compute batch-invariantly, so a token's logits are the same bits whatever shares its
 step. Exact failover (a re-run reproduces the delivered tokens) and exact prefix hits with a
@@ -20,14 +21,12 @@ first call may build the C kernels).
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import platform
 import re
 from pathlib import Path
-from typing import Any
 
-import msgspec
+from dsi.messages.fingerprint import MachineFingerprint
 
 # Features that change which kernels MKL, oneDNN, ATen and ``gcc -march=native`` use.
 X86_FLAGS = (
@@ -42,67 +41,6 @@ ISA_ENV = (
     "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
     "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE",
 )  # fmt: skip
-_FAMILIES = ("avx512", "amx")  # flags shown grouped by ``isa_summary``: avx512{f,bw,...}
-DIGEST_CHARS = 12
-
-
-class MachineFingerprint(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """One process's compute environment; build it with ``of`` so that ``digest`` matches.
-
-    ``isa``: the features of ``ISA_FLAGS`` this CPU has, in that order. ``mkl`` / ``onednn``:
-    versions as torch reports them, "" when torch has none (oneDNN built but switched off:
-    ``"<version> (disabled)"``). ``native``: kernel name -> whether its C library is built.
-    ``env``: the variables of ``ISA_ENV`` that are set. ``digest``: ``DIGEST_CHARS`` hex chars
-    of a sha256 over every field but ``digest`` and ``cpu_model``.
-    """
-
-    digest: str
-    arch: str
-    isa: tuple[str, ...]
-    cpu_capability: str
-    torch: str
-    mkl: str
-    onednn: str
-    threads: int
-    native: dict[str, bool]
-    env: dict[str, str]
-    cpu_model: str = ""
-
-    @classmethod
-    def of(cls, **fields: Any) -> MachineFingerprint:
-        """The fingerprint of `fields` (every field but ``digest``), with its digest."""
-        probe = cls(digest="", **fields)
-        return msgspec.structs.replace(probe, digest=_digest(probe))
-
-    def deciding(self) -> dict[str, Any]:
-        """The fields that decide the bits (every field but ``digest`` and ``cpu_model``)."""
-        fields = msgspec.structs.asdict(self)
-        del fields["digest"], fields["cpu_model"]
-        return fields
-
-    def differences(self, other: MachineFingerprint) -> list[str]:
-        """Names of the deciding fields in which `other` differs from this one."""
-        mine, theirs = self.deciding(), other.deciding()
-        return [name for name in mine if mine[name] != theirs[name]]
-
-    def isa_summary(self) -> str:
-        """The ISA features in short, e.g. ``avx2 fma avx512{f,bw,vl,vnni} amx{tile,bf16}``."""
-        words: list[str] = []
-        groups: dict[str, list[str]] = {}
-        for flag in self.isa:
-            family = next((f for f in _FAMILIES if flag.startswith(f)), None)
-            if family is None:
-                words.append(flag)
-                continue
-            if family not in groups:
-                groups[family] = []
-                words.append(family)
-            groups[family].append(flag[len(family) :].lstrip("_"))
-        return " ".join(f"{w}{{{','.join(groups[w])}}}" if w in groups else w for w in words) or "-"
-
-    def short(self) -> str:
-        """The first 8 digest chars and the ISA summary, e.g. ``3fa9c2d1 avx2 fma``."""
-        return f"{self.digest[:8]} {self.isa_summary()}"
 
 
 def machine_fingerprint() -> MachineFingerprint:
@@ -143,11 +81,6 @@ def torch_libraries(config: str) -> tuple[str, str]:
     mkl = re.search(r"Math Kernel Library Version (.+?)(?: for |$)", config, re.MULTILINE)
     onednn = re.search(r"(?:MKL-DNN|oneDNN) v(\S+)", config)
     return (mkl.group(1).strip() if mkl else "", onednn.group(1) if onednn else "")
-
-
-def _digest(fp: MachineFingerprint) -> str:
-    encoded = msgspec.json.encode(fp.deciding(), order="sorted")
-    return hashlib.sha256(encoded).hexdigest()[:DIGEST_CHARS]
 
 
 @functools.cache

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
-from dsi.engine.fingerprint import MachineFingerprint
 from dsi.messages.base import Message
+from dsi.messages.fingerprint import MachineFingerprint
 
 
 class StepCurveView(msgspec.Struct, array_like=True, frozen=True, gc=False):

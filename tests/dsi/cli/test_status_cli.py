@@ -9,8 +9,8 @@ from dsi.cli import status
 from dsi.cli.main import main
 from dsi.cli.status import format_table, table_json
 from dsi.cli.status_spec import format_curves
-from dsi.engine import MachineFingerprint
 from dsi.messages.control import InstanceInfo, InstanceTable, Load, StepCurveView, TransitionCount
+from dsi.messages.fingerprint import MachineFingerprint
 from dsi.transport.security import generate_keys
 from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
 from tests.fingerprints import fingerprint

@@ -7,14 +7,10 @@ import msgspec
 import pytest
 import torch
 
-from dsi.engine.fingerprint import (
-    MachineFingerprint,
-    machine_fingerprint,
-    parse_cpuinfo,
-    torch_libraries,
-)
+from dsi.engine.fingerprint import machine_fingerprint, parse_cpuinfo, torch_libraries
 from dsi.kernels import native
 from dsi.messages.control import Heartbeat
+from dsi.messages.fingerprint import MachineFingerprint
 from tests.fingerprints import fingerprint as shared_fingerprint
 
 SAPPHIRE_RAPIDS = """\

@@ -1,8 +1,8 @@
 import pytest
 
-from dsi.engine import MachineFingerprint
 from dsi.errors import InvalidRequest
 from dsi.messages.control import Heartbeat, Load
+from dsi.messages.fingerprint import MachineFingerprint
 from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.controller.registry import InstanceRegistry
 
