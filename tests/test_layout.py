@@ -14,8 +14,8 @@ from pathlib import Path
 from dsi.folders import FOLDERS
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["dsi", "transport", "roles", "kvcache", "kernels", "tests", "benchmarks"]
-_BAD = re.compile(r"^\s*(from|import)\s+(transport|roles|kvcache|kernels)(\.|\s|$)", re.M)
+SOURCES = ["dsi", *FOLDERS, "tests", "benchmarks"]
+_BAD = re.compile(rf"^\s*(from|import)\s+({'|'.join(FOLDERS)})(\.|\s|$)", re.M)
 
 
 def test_imports_always_go_through_dsi():
