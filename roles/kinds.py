@@ -32,6 +32,12 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
             from dsi.roles.entrypoint import EntrypointActor
 
             return EntrypointActor(role.id, options, node)
+        case "prefill" | "decode" if isinstance(options, EngineOptions) and options.engine == "vllm":
+            from dsi.roles.vllm import VllmDecodeActor, VllmPrefillActor
+            from dsi.roles.vllm.role import VllmRoleSettings
+
+            cls = VllmPrefillActor if role.kind == "prefill" else VllmDecodeActor
+            return cls(role.id, VllmRoleSettings.of(role, node))
         case "prefill" if isinstance(options, EngineOptions):
             from dsi.roles.engine_role import EngineRoleSettings
             from dsi.roles.prefill import PrefillActor

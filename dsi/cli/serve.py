@@ -35,7 +35,15 @@ import aiohttp
 import zmq.asyncio
 
 from dsi.cli.status import ControllerUnreachable, fetch_instances, format_table
-from dsi.config import ConfigError, EntrypointOptions, NodeConfig, RoleConfig, load_config, with_http_port
+from dsi.config import (
+    ConfigError,
+    EngineOptions,
+    EntrypointOptions,
+    NodeConfig,
+    RoleConfig,
+    load_config,
+    with_http_port,
+)
 from dsi.config.autoscale import check_declared
 from dsi.logs import setup_logging
 from dsi.messages import ALL
@@ -43,6 +51,7 @@ from dsi.messages.control import InstanceInfo
 from dsi.provision import LocalProvisioner, ProvisionedInstance, StartFailed
 from dsi.provision.follow import ScaleFollower
 from dsi.provision.process import describe_exit
+from dsi.provision.python import NoVllm, role_python
 from dsi.roles.curve import client_keys
 from dsi.transport.client import Peer
 
@@ -58,7 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--port", type=int, default=None, help="HTTP port of the gateway (default: the config's)"
     )
     parser.add_argument(
-        "--ready-timeout", type=float, default=60.0, help="seconds for the whole cluster to come up"
+        "--ready-timeout",
+        type=float,
+        default=None,
+        help="seconds for the whole cluster to come up (default 60; with vLLM roles, their start_timeout_s + 60)",
     )
     parser.set_defaults(func=run)
 
@@ -70,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = with_http_port(cfg, args.port)
         _check_local(cfg)
         _check_autoscale(cfg)
-    except ConfigError as exc:
+        for role in cfg.roles:
+            role_python(cfg, role.id)
+    except (ConfigError, NoVllm) as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.logging.format, cfg.logging.level, role="serve")
@@ -79,7 +93,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 1
-    return asyncio.run(_Serve(cfg, args.port, args.ready_timeout).run())
+    ready_timeout = args.ready_timeout if args.ready_timeout is not None else default_ready_timeout(cfg)
+    return asyncio.run(_Serve(cfg, args.port, ready_timeout).run())
+
+
+def default_ready_timeout(cfg: NodeConfig) -> float:
+    """60 s, or with vLLM roles (which load and profile their model first) their longest
+    ``start_timeout_s`` plus 60 s."""
+    starts = [
+        r.options.vllm.start_timeout_s
+        for r in cfg.roles
+        if isinstance(r.options, EngineOptions) and r.options.engine == "vllm"
+    ]
+    return max(starts, default=0.0) + 60.0
 
 
 def _prepare_model(cfg: NodeConfig) -> None:
@@ -94,9 +120,11 @@ def _prepare_model(cfg: NodeConfig) -> None:
     ensure_model(model.dir, model.config, model.gguf)
 
 
-def role_command(config: str, role_id: str, http_port: int | None) -> list[str]:
-    """The dsi-role command line of one role, run by this interpreter."""
-    argv = [sys.executable, "-m", "dsi.cli.role", "--config", config, "--role", role_id]
+def role_command(config: str, role_id: str, http_port: int | None, python: str | None = None) -> list[str]:
+    """The dsi-role command line of one role, run by ``python`` (default: this interpreter).
+    ``-P``: the working directory is not put on the role's ``sys.path`` (in a source checkout its
+    folders would shadow installed packages, see dsi.folders); dsi comes from its installation."""
+    argv = [python or sys.executable, "-P", "-m", "dsi.cli.role", "--config", config, "--role", role_id]
     return [*argv, "--http-port", str(http_port)] if http_port is not None else argv
 
 
@@ -280,7 +308,9 @@ class _Serve:
                 await asyncio.sleep(_POLL_S)
 
     def _command(self, role_id: str) -> list[str]:
-        return role_command(os.path.abspath(self.cfg.source), role_id, self.http_port)
+        return role_command(
+            os.path.abspath(self.cfg.source), role_id, self.http_port, role_python(self.cfg, role_id)
+        )
 
     def _gateway(self) -> str:
         for role in self.cfg.roles:

@@ -23,6 +23,7 @@ from dsi.config.errors import Where
 from dsi.config.reader import describe, expect_table, read_field, read_table, read_values
 from dsi.config.sections import NAME, NAME_RULE
 from dsi.config.spec import Seen, at_least, at_most, greater, less, matches, nonempty, spec, spec_of
+from dsi.config.vllm import VllmOptions, only_for_vllm
 
 RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
 
@@ -93,7 +94,12 @@ class KvstoreOptions:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class EngineOptions:
-    """Batch limits of a prefill or decode engine."""
+    """Batch limits of a prefill or decode engine. ``engine``: dsi's own engine, or vLLM
+    embedded in the role (its options in ``[roles.vllm]``, see dsi.config.vllm); the batch limits
+    and EP options below are dsi's engine's (vLLM takes its own from ``[roles.vllm] args``)."""
+
+    engine: Literal["dsi", "vllm"] = "dsi"
+    vllm: VllmOptions = field(default_factory=VllmOptions, metadata=spec(checks=(only_for_vllm,)))
 
     max_batch_tokens: int = field(default=8192, metadata=spec(checks=(greater(0),)))
     max_running: int = field(default=64, metadata=spec(checks=(greater(0),)))

@@ -22,8 +22,11 @@ class MachineFingerprint(msgspec.Struct, array_like=True, frozen=True, gc=False)
     ``isa``: the features of ``dsi.engine.fingerprint.ISA_FLAGS`` this CPU has, in that order. ``mkl`` / ``onednn``:
     versions as torch reports them, "" when torch has none (oneDNN built but switched off:
     ``"<version> (disabled)"``). ``native``: kernel name -> whether its C library is built.
-    ``env``: the variables of ``dsi.engine.fingerprint.ISA_ENV`` that are set. ``digest``: ``DIGEST_CHARS`` hex chars
-    of a sha256 over every field but ``digest`` and ``cpu_model``.
+    ``env``: the variables of ``dsi.engine.fingerprint.ISA_ENV`` that are set. ``engine``: what else
+    decides the KV bytes of an engine that is not dsi's own ("" for dsi's): for vLLM its version,
+    model, dtype, block size and KV layout (see dsi.vllm.layout), since its KV pages are portable
+    only between instances that agree on all of them. ``digest``: ``DIGEST_CHARS`` hex chars of a
+    sha256 over every field but ``digest`` and ``cpu_model``.
     """
 
     digest: str
@@ -37,6 +40,7 @@ class MachineFingerprint(msgspec.Struct, array_like=True, frozen=True, gc=False)
     native: dict[str, bool]
     env: dict[str, str]
     cpu_model: str = ""
+    engine: str = ""
 
     @classmethod
     def of(cls, **fields: Any) -> MachineFingerprint:
@@ -44,16 +48,24 @@ class MachineFingerprint(msgspec.Struct, array_like=True, frozen=True, gc=False)
         probe = cls(digest="", **fields)
         return msgspec.structs.replace(probe, digest=_digest(probe))
 
+    def with_engine(self, engine: str) -> MachineFingerprint:
+        """This fingerprint with ``engine`` set (and the digest that covers it)."""
+        fields = msgspec.structs.asdict(self)
+        del fields["digest"]
+        return MachineFingerprint.of(**{**fields, "engine": engine})
+
     def deciding(self) -> dict[str, Any]:
         """The fields that decide the bits (every field but ``digest`` and ``cpu_model``)."""
         fields = msgspec.structs.asdict(self)
         del fields["digest"], fields["cpu_model"]
+        if not fields["engine"]:  # dsi's own engine: the digest is the one it had before the field
+            del fields["engine"]
         return fields
 
     def differences(self, other: MachineFingerprint) -> list[str]:
         """Names of the deciding fields in which `other` differs from this one."""
-        mine, theirs = self.deciding(), other.deciding()
-        return [name for name in mine if mine[name] != theirs[name]]
+        mine, theirs = msgspec.structs.asdict(self), msgspec.structs.asdict(other)
+        return [name for name in mine if name not in ("digest", "cpu_model") and mine[name] != theirs[name]]
 
     def isa_summary(self) -> str:
         """The ISA features in short, e.g. ``avx2 fma avx512{f,bw,vl,vnni} amx{tile,bf16}``."""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 
 from dsi.config import NodeConfig
 from dsi.provision.base import ProvisionedInstance, Provisioner
 from dsi.provision.kubernetes import KubernetesProvisioner
 from dsi.provision.local import LocalProvisioner
+from dsi.provision.python import role_python
 
 
 def make_provisioner(
@@ -24,11 +24,14 @@ def make_provisioner(
     if section.kind == "kubernetes":
         assert section.kubernetes is not None  # the reader fills it for this kind
         return KubernetesProvisioner.from_options(section.kubernetes, on_change=on_change)
-    return LocalProvisioner(command or _role_command(os.path.abspath(cfg.source)), on_change=on_change)
+    return LocalProvisioner(command or _role_command(cfg), on_change=on_change)
 
 
-def _role_command(config: str) -> Callable[[str], list[str]]:
+def _role_command(cfg: NodeConfig) -> Callable[[str], list[str]]:
+    config = os.path.abspath(cfg.source)
+
     def command(role_id: str) -> list[str]:
-        return [sys.executable, "-m", "dsi.cli.role", "--config", config, "--role", role_id]
+        # -P: not the working directory on sys.path (see dsi.cli.serve.role_command)
+        return [role_python(cfg, role_id), "-P", "-m", "dsi.cli.role", "--config", config, "--role", role_id]
 
     return command

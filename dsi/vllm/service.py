@@ -1,0 +1,267 @@
+"""VllmService: vLLM's AsyncLLM embedded in a dsi role, behind one door.
+
+    role --generate(request_id, token ids, SamplingParams, kv params)--> AsyncLLM --> VllmOutput stream
+    role --abort(request_id)--> AsyncLLM.abort
+    vLLM's scheduler stats (every engine step) --> _LoadLogger --> ``load`` (a VllmLoad, any reader)
+
+``start`` builds the engine off the event loop (loading weights and profiling memory take tens of
+seconds) on a thread the service keeps until ``close``: vLLM's engine core is a child process
+that dies with that thread's process (see dsi.vllm.connector), and the KV connector dsi wires in
+(see dsi.vllm.wiring) is loaded there. The service sets the process environment vLLM reads at
+start (CPU KV cache size, OpenMP core binding, offline Hugging Face hub): a vLLM role owns its
+process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsi.config.vllm import VllmOptions
+from dsi.engine.params import SamplingParams
+from dsi.errors import DsiError, InvalidRequest
+from dsi.vllm.sampling import split_logprobs, vllm_sampling
+
+log = logging.getLogger(__name__)
+
+
+class VllmFailed(DsiError):
+    """vLLM's engine failed (its core process died, or a step raised): the role cannot serve."""
+
+    code = "vllm_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmLoad:
+    """The engine's latest scheduler stats: requests running and waiting, the fraction of KV
+    blocks in use (0..1), and the prompt tokens it looked up in its local prefix cache and found
+    there since start (``hit_tokens`` of ``queried_tokens``)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VllmShape:
+    """What the engine is: its KV blocks (tokens each, how many), the model's vocabulary, its
+    maximum sequence length and vLLM's version."""
+
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    max_model_len: int
+    version: str
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+@dataclass(slots=True)
+class VllmOutput:
+    """New tokens of one request since the last output. ``cached_tokens``: prompt tokens vLLM did
+    not compute (its local prefix cache and KV loaded by the connector); ``kv_transfer_params``:
+    what the connector returned when the request finished."""
+
+    new_tokens: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str = ""
+    cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+def engine_environment(options: VllmOptions) -> dict[str, str]:
+    """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB and core
+    binding (CPU build), offline hub, no usage reports, logs on stderr (a role's stdout carries
+    only its READY line, see dsi.provision.process)."""
+    env = {
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if options.cpu_threads != "auto":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads
+    return env
+
+
+def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]) -> Any:
+    """vLLM's AsyncEngineArgs: dsi's settings, ``[roles.vllm] args``, and the connector wiring
+    (``kv_transfer_config`` / ``kv_events_config`` / ``block_size``). InvalidRequest naming an
+    argument vLLM does not have."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in fields(AsyncEngineArgs)}
+    unknown = sorted(set(options.args) - known)
+    if unknown:
+        raise InvalidRequest(
+            f"[roles.vllm] args: vLLM {_version()} has no engine argument {', '.join(unknown)}"
+        )
+    model = str(options.model or model_dir)
+    return AsyncEngineArgs(
+        model=model,
+        dtype=options.dtype,
+        max_model_len=options.max_model_len,
+        disable_log_stats=False,  # the load logger needs the scheduler stats
+        **dict(options.args),
+        **dict(wiring),
+    )
+
+
+def _version() -> str:
+    from vllm import __version__
+
+    return __version__
+
+
+class _LoadLogger:
+    """A vLLM stat logger that keeps the latest scheduler stats as a VllmLoad (vLLM calls it on
+    its output thread; a reader takes one immutable value)."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.load = VllmLoad()
+        self._queried = self._hits = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+        if scheduler_stats is None:
+            return
+        prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if prefix is not None:
+            self._queried += int(getattr(prefix, "queries", 0))
+            self._hits += int(getattr(prefix, "hits", 0))
+        self.load = VllmLoad(
+            running=scheduler_stats.num_running_reqs,
+            waiting=scheduler_stats.num_waiting_reqs,
+            kv_usage=float(scheduler_stats.kv_cache_usage),
+            queried_tokens=self._queried,
+            hit_tokens=self._hits,
+        )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, *args: Any) -> None:
+        pass
+
+
+class VllmService:
+    """One AsyncLLM; see the module docstring."""
+
+    def __init__(self, engine: Any, shape: VllmShape, stats: _LoadLogger, thread: ThreadPoolExecutor) -> None:
+        self._engine = engine
+        self.shape = shape
+        self._stats = stats
+        self._thread = thread
+
+    @classmethod
+    async def start(cls, options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]) -> VllmService:
+        """Build the engine (seconds to minutes); VllmFailed when vLLM cannot start. The process
+        environment must already hold ``engine_environment(options)``."""
+        thread = ThreadPoolExecutor(1, thread_name_prefix="dsi-vllm-owner")
+        holder: list[_LoadLogger] = []
+
+        def build() -> Any:
+            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.v1.metrics.loggers import StatLoggerBase
+
+            class LoadLogger(_LoadLogger, StatLoggerBase):
+                def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                    _LoadLogger.__init__(self, vllm_config, engine_index)
+                    holder.append(self)
+
+            args = engine_args(options, model_dir, wiring)
+            return AsyncLLM.from_engine_args(args, stat_loggers=[LoadLogger])
+
+        loop = asyncio.get_running_loop()
+        try:
+            engine = await asyncio.wait_for(loop.run_in_executor(thread, build), options.start_timeout_s)
+        except InvalidRequest:
+            thread.shutdown(wait=False)
+            raise
+        except Exception as exc:  # vLLM raises anything: a bad argument, a model it cannot load, OOM
+            thread.shutdown(wait=False)
+            raise VllmFailed(f"vLLM did not start: {type(exc).__name__}: {exc}") from exc
+        config = engine.vllm_config
+        shape = VllmShape(
+            block_size=config.cache_config.block_size,
+            num_blocks=int(config.cache_config.num_gpu_blocks or 0),
+            vocab_size=config.model_config.get_vocab_size(),
+            max_model_len=config.model_config.max_model_len,
+            version=_version(),
+        )
+        log.info("vLLM %s ready: %s, %d KV blocks of %d tokens (thread %s)", shape.version,
+                 config.model_config.model, shape.num_blocks, shape.block_size, threading.get_ident())  # fmt: skip
+        return cls(engine, shape, holder[0] if holder else _LoadLogger(None), thread)
+
+    @property
+    def load(self) -> VllmLoad:
+        return self._stats.load
+
+    async def generate(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[VllmOutput]:
+        """The request's outputs as vLLM produces them. InvalidRequest for what vLLM refuses
+        (too long, a bad parameter); VllmFailed when the engine dies meanwhile. Leaving the
+        stream early aborts the request in vLLM."""
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        params = vllm_sampling(sampling, kv_transfer_params)
+        prompt = TokensPrompt(prompt_token_ids=list(token_ids))
+        try:
+            stream = self._engine.generate(prompt, params, request_id)
+            async for out in stream:
+                yield _output(out, sampling)
+        except ValueError as exc:  # vLLM's input checks (length, ids, parameters)
+            raise InvalidRequest(f"vLLM refused the request: {exc}") from None
+        except (EngineDeadError, EngineGenerateError) as exc:
+            raise VllmFailed(f"vLLM failed: {type(exc).__name__}: {exc}") from None
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, engine.shutdown)
+        self._thread.shutdown(wait=False)
+
+    @property
+    def dead(self) -> bool:
+        return self._engine is None or bool(getattr(self._engine, "errored", False))
+
+
+def _output(out: Any, sampling: SamplingParams) -> VllmOutput:
+    completion = out.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs, tops = split_logprobs(tokens, completion.logprobs, sampling)
+    return VllmOutput(
+        tokens,
+        logprobs,
+        tops,
+        finished=bool(out.finished),
+        finish_reason=(completion.finish_reason or "stop") if out.finished else "",
+        cached_tokens=int(out.num_cached_tokens or 0),
+        kv_transfer_params=out.kv_transfer_params,
+    )

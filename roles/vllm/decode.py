@@ -1,0 +1,225 @@
+"""VllmDecodeActor: a decode instance whose engine is vLLM.
+
+Two ways in, both streams of TokenChunk, as for dsi's own decode (dsi.roles.decode):
+
+- ``Generate`` (colocated): prompt and continuation in this vLLM.
+- ``Handoff`` (disaggregated):
+
+      decode                                   prefill (VllmPrefillActor)
+        lease: a receive region for the prompt's KV blocks (KvLayout.block_bytes each)
+        PrefillTo(request, lease)  ------------>  vLLM runs the prompt for one token; dsi's
+                                                  connector stages the prompt's blocks
+        receive region  <------ data plane -----  the staged blocks
+        <------------------------------------  Prefilled(first token)
+        stage the blocks; vLLM runs the prompt: the connector reports all of it but the last
+        token as matched and loads those blocks, so vLLM computes only the last prompt token
+        (its first output is the prefill's first token, recomputed here) and decodes on.
+
+  A prefill that fails, vanishes or times out before the KV arrived answers ``PrefillLost``
+  (the entrypoint retries on another prefill); its ``InvalidRequest`` passes through.
+
+Drain (``DrainOrder``): new requests are refused (``Overloaded``: the entrypoint routes them
+elsewhere); after the grace period every request still running here ends with
+``finish="migrated"`` naming no decode, so the entrypoint re-runs it on another decode from its
+prompt and checks the re-run against the tokens already delivered; then the role retires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from dsi.actor import handles
+from dsi.engine.hit_policy import NO_HIT
+from dsi.errors import DsiError, InvalidRequest, Overloaded
+from dsi.messages.gateway import Abort, Generate, TokenChunk
+from dsi.messages.handoff import Handoff, HitUnavailable, KvLease, Prefilled, PrefillLost, PrefillTo
+from dsi.messages.migrate import DrainOrder
+from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
+from dsi.vllm.service import VllmOutput
+from dsi.vllm.wiring import load_params
+
+log = logging.getLogger(__name__)
+
+
+class _Moved(Exception):
+    """Ends a stream of a request a drain takes away from this decode."""
+
+
+class VllmDecodeActor(VllmRole):
+    kind = "decode"
+
+    def __init__(self, name: str, settings: VllmRoleSettings) -> None:
+        super().__init__(name, settings)
+        self.live: dict[str, str] = {}  # gateway request id -> vLLM request id, streaming now
+        self._moving: asyncio.Event = asyncio.Event()  # set when a drain's grace period ends
+        self._drain: asyncio.Task | None = None
+
+    # ---- colocated -------------------------------------------------------------------------
+    @handles
+    async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
+        self._admit(msg)
+        if msg.pin_hit is not None and msg.pin_hit.tokens and not msg.pin_hit.exact:
+            raise HitUnavailable(
+                f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
+                f"bounded-replay hit of {msg.pin_hit.tokens} tokens"
+            )
+        self.arrive(0).settle()
+        async for chunk in self._tokens(msg, None, cached_tokens=None):
+            yield chunk
+
+    # ---- disaggregated -----------------------------------------------------------------------
+    @handles
+    async def handoff(self, msg: Handoff) -> AsyncIterator[TokenChunk]:
+        assert self.data is not None and self.layout is not None
+        req = msg.request
+        self._admit(req)
+        prompt = len(req.token_ids)
+        num_blocks = self.layout.blocks(prompt)
+        nbytes = num_blocks * self.layout.block_bytes
+        arrival = self.arrive(prompt)
+        lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
+        timeout = self.settings.node.data_plane.lease_timeout_s
+        inbound = self.data.expect(lease_id, nbytes, timeout)
+        target = inbound.target
+        lease = KvLease(lease_id, target.backend, target.address, nbytes, num_blocks, timeout, target.region)
+        staged = self.staged(lease_id)
+        self.counters.leases += 1
+        try:
+            done = await self._prefill(msg, PrefillTo(req, lease), timeout)
+            if done.finish:  # the first token ended it: nothing was written
+                yield TokenChunk(req.request_id, done.output, done.finish, prompt, done.cached_tokens,
+                                 done.logprobs, done.top_logprobs, NO_HIT)  # fmt: skip
+                return
+            try:
+                buf = await inbound.wait()
+            except DsiError as exc:
+                raise PrefillLost(
+                    f"KV from {msg.prefill_id or msg.prefill} did not arrive: {exc.message}"
+                ) from None
+            await asyncio.get_running_loop().run_in_executor(None, staged.write_bytes, buf)
+            inbound.release()
+            arrival.settle()
+            params = load_params(staged, prompt - 1, num_blocks)
+            async for chunk in self._tokens(req, params, cached_tokens=done.cached_tokens, staged=staged):
+                yield chunk
+        finally:
+            self.counters.leases -= 1
+            arrival.settle()
+            inbound.release()
+            staged.unlink(missing_ok=True)
+
+    async def _prefill(self, msg: Handoff, call: PrefillTo, timeout: float) -> Prefilled:
+        try:
+            peer = await self.peer(msg.prefill, timeout)
+            return await peer.ask(call, timeout=timeout)
+        except (InvalidRequest, HitUnavailable):  # another prefill would refuse it too
+            raise
+        except DsiError as exc:
+            self.counters.failed_handoffs += 1
+            raise PrefillLost(
+                f"prefill {msg.prefill_id or msg.prefill} failed: {exc.code}: {exc.message}"
+            ) from None
+
+    # ---- streaming -----------------------------------------------------------------------------
+    def _admit(self, msg: Generate) -> None:
+        if self._drain is not None:
+            raise Overloaded(f"{self.name} is draining: it takes no new requests")
+        if not msg.token_ids:
+            raise InvalidRequest("the prompt is empty")
+        if msg.images:
+            raise InvalidRequest("vLLM-backed instances of dsi serve text prompts only")
+
+    async def _tokens(
+        self, msg: Generate, params: dict | None, *, cached_tokens: int | None, staged: Path | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        """The request's chunks from vLLM; the first carries the (empty) prefix hit. ``cached_tokens``:
+        the prompt tokens a handoff's prefill took from the store, or None for a colocated run
+        (vLLM's own prefix cache hit then counts)."""
+        assert self.service is not None
+        rid, prompt = msg.request_id, len(msg.token_ids)
+        vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"
+        stream = self.service.generate(vid, list(msg.token_ids), msg.sampling, params)
+        first = True
+        try:
+            async with contextlib.aclosing(stream):
+                while True:
+                    out = await self._next(stream)
+                    if out is None:
+                        yield TokenChunk(rid, [], "migrated", prompt, cached_tokens or 0)
+                        return
+                    if cached_tokens is None:
+                        cached_tokens = out.cached_tokens
+                    if first and params is not None:
+                        self.counters.handoffs += 1
+                        self.counters.loaded_tokens += max(0, out.cached_tokens)
+                        if staged is not None:
+                            staged.unlink(missing_ok=True)  # loaded: vLLM computed its first step
+                    yield _chunk(rid, out, prompt, cached_tokens, first)
+                    first = False
+                    if out.finished:
+                        return
+        finally:
+            self.live.pop(rid, None)
+            self.load_changed()
+
+    async def _next(self, stream: AsyncIterator[VllmOutput]) -> VllmOutput | None:
+        """The next output, or None once a drain's grace period is over."""
+        step = asyncio.ensure_future(anext(stream))
+        moving = asyncio.ensure_future(self._moving.wait())
+        try:
+            await asyncio.wait((step, moving), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moving.cancel()
+        if step.done():
+            return step.result()
+        step.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, DsiError):
+            await step
+        return None
+
+    @handles
+    async def abort(self, msg: Abort) -> None:
+        vid = self.live.get(msg.request_id)
+        if vid is not None and self.service is not None:
+            await self.service.abort(vid)
+
+    # ---- drain ---------------------------------------------------------------------------------
+    @handles
+    async def drain_order(self, msg: DrainOrder) -> None:
+        if msg.cancel:
+            if self._drain is not None and not self._moving.is_set():
+                self._drain.cancel()
+                self._drain = None
+            return
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_retire(msg.grace_s))
+
+    async def _drain_then_retire(self, grace_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + grace_s
+        while self.live and loop.time() < ends:
+            await asyncio.sleep(0.05)
+        if self.live:
+            log.info("%s: grace period over; %d requests re-run elsewhere", self.name, len(self.live))
+        self._moving.set()
+        while self.live:
+            await asyncio.sleep(0.02)
+        self.retire("drained")
+
+
+def _chunk(rid: str, out: VllmOutput, prompt: int, cached_tokens: int, first: bool) -> TokenChunk:
+    return TokenChunk(
+        rid,
+        out.new_tokens,
+        out.finish_reason if out.finished else "",
+        prompt,
+        cached_tokens,
+        out.logprobs,
+        out.top_logprobs,
+        NO_HIT if first else None,
+    )

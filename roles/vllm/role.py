@@ -1,0 +1,246 @@
+"""VllmRole: what vLLM-backed prefill and decode instances share.
+
+The same wire contract as dsi's own engine roles (dsi.roles.engine_role), so that the gateway,
+balancers, autoscaler, ``dsi status``, drain and failover treat both alike: heartbeats carry a
+``Load`` and the machine fingerprint, load reports go to every balancer, ``GetEngineStats``
+answers the counters. What differs is inside: the engine is a :class:`dsi.vllm.VllmService`, and
+KV moves through dsi's connector inside vLLM (:mod:`dsi.vllm.connector`), which stages a
+request's KV blocks in files under ``staging`` (``/dev/shm``); the role moves those bytes over
+dsi's data plane.
+
+    load (heartbeat, load report)  <-  vLLM's scheduler stats  +  requests accepted but not yet in vLLM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import zmq.asyncio
+
+from dsi.actor import handles
+from dsi.config import NodeConfig, RoleConfig
+from dsi.engine.fingerprint import machine_fingerprint
+from dsi.messages.balancer import LoadReport
+from dsi.messages.control import Load
+from dsi.messages.handoff import EngineStats, GetEngineStats
+from dsi.roles.curve import server_keys
+from dsi.roles.engine_role import Arrival
+from dsi.roles.load_report import LoadReporter
+from dsi.roles.role import RoleActor
+from dsi.transport.client import Peer
+from dsi.transport.kv import DataPlane, make_data_plane
+from dsi.transport.security import CurveKeys
+from dsi.vllm.layout import KvLayout
+from dsi.vllm.service import VllmService, engine_environment
+from dsi.vllm.wiring import connector_wiring, staging_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmRoleSettings:
+    """Everything a vLLM role needs from its node config."""
+
+    role: RoleConfig
+    node: NodeConfig
+    keys: CurveKeys | None
+
+    @classmethod
+    def of(cls, role: RoleConfig, node: NodeConfig) -> VllmRoleSettings:
+        return cls(role, node, server_keys(node.security))
+
+    @property
+    def data_host(self) -> str:
+        return self.role.host if self.role.host not in ("*", "0.0.0.0") else "127.0.0.1"
+
+
+@dataclass(slots=True)
+class VllmCounters:
+    """Handoff counters of one vLLM role, since start."""
+
+    prefills: int = 0
+    handoffs: int = 0
+    failed_handoffs: int = 0
+    leases: int = 0
+    loaded_tokens: int = 0  # prompt tokens vLLM took from the connector instead of computing them
+
+
+class VllmRole(RoleActor):
+    """Base of VllmPrefillActor and VllmDecodeActor."""
+
+    kind = "engine"
+
+    def __init__(self, name: str, settings: VllmRoleSettings) -> None:
+        super().__init__(name)
+        self.settings = settings
+        self.options = settings.role.options.vllm  # type: ignore[union-attr]
+        self.service: VllmService | None = None
+        self.layout: KvLayout | None = None
+        self.data: DataPlane | None = None
+        self.ctx: zmq.asyncio.Context | None = None
+        self.reporter: LoadReporter | None = None
+        self.counters = VllmCounters()
+        self.staging = staging_dir(name, settings.role.bind)
+        self._peers: dict[str, Peer] = {}
+        self.accepted = 0
+        self.incoming_requests = 0  # accepted, not yet counted by vLLM (see Arrival)
+        self.incoming_tokens = 0
+        self.started_at = time.time()
+
+    async def on_start(self) -> None:
+        os.environ.update(engine_environment(self.options))  # before vLLM is first imported
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        self.ctx = zmq.asyncio.Context()
+        node = self.settings.node
+        wiring = connector_wiring(self.kind, self.staging)
+        self.service = await VllmService.start(self.options, node.model.dir, wiring)
+        self.layout = KvLayout.read(self.staging)
+        self.fingerprint = self.layout.fingerprint(
+            machine_fingerprint(), self.service.shape.version, node.model.name, self.options.dtype
+        )
+        log.info("%s: vLLM engine ready, %s, fingerprint %s", self.name, self.layout.describe(),
+                 self.fingerprint.short())  # fmt: skip
+        self.data = make_data_plane(node.data_plane.backend, self.settings.data_host)
+        await self.data.start()
+        await super().on_start()
+        if node.balancer_addresses:
+            self.reporter = LoadReporter(
+                self.name,
+                node.balancer_addresses,
+                self.load_report,
+                self.ctx,
+                keys=self.settings.keys,
+                interval_s=node.cluster.heartbeat_interval_s,
+            )
+            await self.reporter.start()
+            asyncio.get_running_loop().create_task(self._report_while_busy())
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self.reporter is not None:
+            self.reporter.send_now()
+            await self.reporter.stop()
+        for peer in self._peers.values():
+            await peer.close()
+        if self.service is not None:
+            await self.service.close()
+        if self.data is not None:
+            await self.data.close()
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    async def _report_while_busy(self, interval_s: float = 0.1) -> None:
+        """vLLM's load moves with its steps, not with this role's messages: poke the reporter
+        while it runs anything."""
+        while self.state != "stopping":
+            await asyncio.sleep(interval_s)
+            if self.service is not None and (self.service.load.running or self.service.load.waiting):
+                self.load_changed()
+
+    # ---- load ----------------------------------------------------------------------------------
+    def arrive(self, tokens: int) -> Arrival:
+        return Arrival(self, tokens)  # type: ignore[arg-type]
+
+    def load_changed(self) -> None:
+        if self.reporter is not None:
+            self.reporter.poke()
+
+    def _kv_tokens(self) -> int:
+        if self.service is None:
+            return 0
+        return round(self.service.load.kv_usage * self.service.shape.kv_capacity_tokens)
+
+    def load(self) -> Load:
+        if self.service is None:
+            return super().load()
+        now = self.service.load
+        return Load(
+            running=now.running,
+            queued=now.waiting + self.incoming_requests,
+            kv_tokens=self._kv_tokens(),
+            inbox=self.inbox_depth,
+            uncached_tokens=self.incoming_tokens,
+        )
+
+    def load_report(self) -> LoadReport:
+        now = self.service.load if self.service is not None else None
+        running = now.running if now is not None else 0
+        report = LoadReport(
+            self.name,
+            self.kind,
+            self.started_at,
+            self.state,
+            running=running,
+            waiting=now.waiting if now is not None else 0,
+            kv_tokens=self._kv_tokens(),
+            accepted=self.accepted,
+        )
+        if self.kind == "prefill":
+            return msgspec.structs.replace(report, queued_tokens=self.incoming_tokens)
+        shape = self.service.shape if self.service is not None else None
+        return msgspec.structs.replace(
+            report,
+            running=running + self.incoming_requests,
+            kv_tokens=self._kv_tokens() + self.incoming_tokens,
+            max_requests=self.max_requests(),
+            kv_capacity_tokens=shape.kv_capacity_tokens if shape is not None else 0,
+        )
+
+    def max_requests(self) -> int:
+        return int(self.options.args.get("max_num_seqs", 256))
+
+    @handles
+    def engine_stats(self, msg: GetEngineStats) -> EngineStats:
+        c = self.counters
+        shape = self.service.shape if self.service is not None else None
+        now = self.service.load if self.service is not None else None
+        return EngineStats(
+            total_blocks=shape.num_blocks if shape is not None else 0,
+            free_blocks=round(shape.num_blocks * (1 - now.kv_usage)) if shape and now else 0,
+            running=(now.running + now.waiting) if now is not None else 0,
+            leases=c.leases,
+            regions=self.data.stats.regions_live if self.data is not None else 0,
+            cached_tokens=c.loaded_tokens,
+            prefills=c.prefills,
+            handoffs=c.handoffs,
+            failed_handoffs=c.failed_handoffs,
+        )
+
+    # ---- other instances -----------------------------------------------------------------------
+    async def peer(self, address: str, connect_timeout: float) -> Peer:
+        """A connected Peer to another engine instance (kept)."""
+        from dsi.errors import DsiError
+        from dsi.messages import ALL
+
+        peer = self._peers.get(address)
+        if peer is None:
+            assert self.ctx is not None
+            peer = self._peers[address] = Peer(
+                address,
+                self.ctx,
+                types=ALL,
+                peer_id=self.name,
+                role=self.kind,
+                keys=self.settings.keys,
+                timeout=connect_timeout,
+            )
+            try:
+                await peer.connect(timeout=connect_timeout)
+            except DsiError:
+                self._peers.pop(address, None)
+                await peer.close()
+                raise
+        return peer
+
+    def staged(self, name: str) -> Path:
+        """The staging file of one transfer (the connector writes or reads it)."""
+        return self.staging / f"{name}.kv"
