@@ -107,6 +107,7 @@ class EngineStats(Message):
     migrated_in: int = 0  # requests taken over from a draining decode (imported here)
     migrated_out: int = 0  # requests this decode moved away while draining
     precopied_pages: int = 0  # full pages received here before a switch (live migration pre-copy)
+    local_hit_tokens: int = 0  # prompt positions found in the engine's own prefix cache (vLLM), since start
 
 
 class PrefillLost(DsiError):

@@ -40,14 +40,16 @@ class VllmFailed(DsiError):
 @dataclass(frozen=True, slots=True)
 class VllmLoad:
     """The engine's latest scheduler stats: requests running and waiting, the fraction of KV
-    blocks in use (0..1), and the prompt tokens it looked up in its local prefix cache and found
-    there since start (``hit_tokens`` of ``queried_tokens``)."""
+    blocks in use (0..1); and its prompt tokens since start by where their KV came from (vLLM's
+    ``prompt_tokens_by_source``): computed here, found in its local prefix cache, or loaded by
+    the connector (``external``)."""
 
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
-    queried_tokens: int = 0
-    hit_tokens: int = 0
+    computed_tokens: int = 0
+    local_hit_tokens: int = 0
+    external_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +136,22 @@ class _LoadLogger:
 
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         self.load = VllmLoad()
-        self._queried = self._hits = 0
+        self._sources = [0, 0, 0]  # computed, local cache hit, external transfer
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
-        if scheduler_stats is None:
-            return
-        prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
-        if prefix is not None:
-            self._queried += int(getattr(prefix, "queries", 0))
-            self._hits += int(getattr(prefix, "hits", 0))
+        prompts = getattr(iteration_stats, "prompt_token_stats", None)
+        if prompts is not None:
+            self._sources[0] += prompts.computed
+            self._sources[1] += prompts.local_cache_hit
+            self._sources[2] += prompts.external_kv_transfer
+        last = self.load
         self.load = VllmLoad(
-            running=scheduler_stats.num_running_reqs,
-            waiting=scheduler_stats.num_waiting_reqs,
-            kv_usage=float(scheduler_stats.kv_cache_usage),
-            queried_tokens=self._queried,
-            hit_tokens=self._hits,
+            running=scheduler_stats.num_running_reqs if scheduler_stats is not None else last.running,
+            waiting=scheduler_stats.num_waiting_reqs if scheduler_stats is not None else last.waiting,
+            kv_usage=float(scheduler_stats.kv_cache_usage) if scheduler_stats is not None else last.kv_usage,
+            computed_tokens=self._sources[0],
+            local_hit_tokens=self._sources[1],
+            external_tokens=self._sources[2],
         )
 
     def log_engine_initialized(self) -> None:

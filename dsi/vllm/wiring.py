@@ -55,3 +55,12 @@ def load_params(path: Path, tokens: int, blocks: int) -> dict[str, Any]:
     """The first ``tokens`` prompt tokens are in ``path`` (``blocks`` whole blocks, as
     ``save_params`` wrote them): vLLM loads them instead of computing them."""
     return {KEY: {"load": str(path), "tokens": tokens, "blocks": blocks}}
+
+
+def hit_params(save: Path, hit: Path, tokens: int, blocks: int) -> dict[str, Any]:
+    """``save_params(save)``, and when ``tokens`` > 0 also ``load_params(hit, tokens, blocks)``:
+    a prefill that loads its store hit and stages the whole prompt."""
+    params = save_params(save)
+    if tokens > 0:
+        params[KEY].update(load_params(hit, tokens, blocks)[KEY])
+    return params

@@ -156,7 +156,6 @@ class VllmDecodeActor(VllmRole):
                         cached_tokens = out.cached_tokens
                     if first and params is not None:
                         self.counters.handoffs += 1
-                        self.counters.loaded_tokens += max(0, out.cached_tokens)
                         if staged is not None:
                             staged.unlink(missing_ok=True)  # loaded: vLLM computed its first step
                     yield _chunk(rid, out, prompt, cached_tokens, first)

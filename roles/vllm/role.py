@@ -27,11 +27,13 @@ import zmq.asyncio
 from dsi.actor import handles
 from dsi.config import NodeConfig, RoleConfig
 from dsi.engine.fingerprint import machine_fingerprint
+from dsi.kvcache.hashchain import HashChain
 from dsi.messages.balancer import LoadReport
 from dsi.messages.control import Load
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.roles.curve import server_keys
 from dsi.roles.engine_role import Arrival
+from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
@@ -69,7 +71,8 @@ class VllmCounters:
     handoffs: int = 0
     failed_handoffs: int = 0
     leases: int = 0
-    loaded_tokens: int = 0  # prompt tokens vLLM took from the connector instead of computing them
+    store_hit_blocks: int = 0  # blocks a prefill loaded from the kvstore
+    persisted_blocks: int = 0  # full blocks queued for the kvstore
 
 
 class VllmRole(RoleActor):
@@ -84,6 +87,8 @@ class VllmRole(RoleActor):
         self.service: VllmService | None = None
         self.layout: KvLayout | None = None
         self.data: DataPlane | None = None
+        self.kvstore: KvstoreClient | None = None
+        self.chain: HashChain | None = None  # the store's hash chain for this instance's pages
         self.ctx: zmq.asyncio.Context | None = None
         self.reporter: LoadReporter | None = None
         self.counters = VllmCounters()
@@ -108,8 +113,19 @@ class VllmRole(RoleActor):
         )
         log.info("%s: vLLM engine ready, %s, fingerprint %s", self.name, self.layout.describe(),
                  self.fingerprint.short())  # fmt: skip
+        self.chain = HashChain(
+            node.cluster.root_seed,
+            node.model.name,
+            f"vllm-{self.fingerprint.digest}",  # pages are portable only between equal fingerprints
+            block_size=self.layout.block_size,
+        )
         self.data = make_data_plane(node.data_plane.backend, self.settings.data_host)
         await self.data.start()
+        if node.cluster.controller:
+            self.kvstore = KvstoreClient(
+                node.cluster.controller, self.ctx, keys=self.settings.keys, peer_id=self.name
+            )
+            await self.kvstore.start()
         await super().on_start()
         if node.balancer_addresses:
             self.reporter = LoadReporter(
@@ -130,6 +146,8 @@ class VllmRole(RoleActor):
             await self.reporter.stop()
         for peer in self._peers.values():
             await peer.close()
+        if self.kvstore is not None:
+            await self.kvstore.close()
         if self.service is not None:
             await self.service.close()
         if self.data is not None:
@@ -209,10 +227,14 @@ class VllmRole(RoleActor):
             running=(now.running + now.waiting) if now is not None else 0,
             leases=c.leases,
             regions=self.data.stats.regions_live if self.data is not None else 0,
-            cached_tokens=c.loaded_tokens,
+            cached_tokens=now.external_tokens if now is not None else 0,
+            computed_prompt_tokens=now.computed_tokens if now is not None else 0,
+            local_hit_tokens=now.local_hit_tokens if now is not None else 0,
             prefills=c.prefills,
             handoffs=c.handoffs,
             failed_handoffs=c.failed_handoffs,
+            persisted_blocks=c.persisted_blocks,
+            replay_tokens=0,
         )
 
     # ---- other instances -----------------------------------------------------------------------
