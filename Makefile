@@ -49,7 +49,8 @@ lock:
 serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
 
-test: venv
+# The vLLM tests (marked vllm) run their roles from .venv-vllm.
+test: venv venv-vllm
 	$(BIN)/python -m pytest -q
 
 test-fast: venv

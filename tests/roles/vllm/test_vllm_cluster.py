@@ -1,0 +1,345 @@
+"""dsi's cluster layer around real vLLM instances (vLLM's CPU build, SmolLM2-135M-Instruct).
+
+One ``dsi serve`` of configs/vllm.toml grown to two vLLM prefills and two vLLM decodes (on free
+ports), shared by the tests in file order:
+
+- the OpenAI SDK's chat answer names Paris;
+- 16 prompts through prefill -> decode give plain vLLM's greedy tokens (same weights, settings);
+- PD handoff: for prompts of 200 to 3,000 tokens the decodes' vLLM reports every prompt token but
+  the last as loaded through the connector and computes one;
+- a long prompt prefilled on one prefill, then on the other (whose vLLM never saw it), is a
+  kvstore hit there: it computes at most one block plus the tail;
+- kill -9 of a vLLM decode under 16 streams: every stream is the undisturbed one, and serve
+  replaces the decode; ``dsi drain`` of a decode under 16 streams: the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import zmq.asyncio
+
+from dsi.config.vllm import VllmOptions
+from dsi.engine.params import SamplingParams
+from dsi.messages import ALL
+from dsi.messages.gateway import Generate, TokenChunk
+from dsi.messages.handoff import EngineStats, GetEngineStats, Handoff
+from dsi.provision.python import NoVllm, vllm_python
+from dsi.transport.client import Peer
+from dsi.vllm.wiring import staging_dir
+from tests.dsi.cli.procs import (
+    REPO_ROOT,
+    Procs,
+    free_port,
+    instances,
+    local_config,
+    python_module,
+    wait_until,
+)
+from tests.dsi.cli.streams import chat_body, run_streams
+from tests.roles.cluster import role_addresses
+from tests.smollm2 import PROMPTS, chat_ids
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+MODEL = "SmolLM2-135M-Instruct"
+READY_TIMEOUT_S = 420.0  # four vLLM engines load and profile on two shared cores
+MORE_PROMPTS = (
+    "What is the largest planet?",
+    "Name a mammal that can fly.",
+    "How many days are in a week?",
+    "What color is a ripe banana?",
+    "Spell the word 'apple' backwards.",
+    "What is the boiling point of water in Celsius?",
+    "Name the author of 'Pride and Prejudice'.",
+    "What is 7 times 8?",
+)
+WORDS = [
+    "river",
+    "stone",
+    "lamp",
+    "orbit",
+    "cedar",
+    "violet",
+    "engine",
+    "harbor",
+    "quartz",
+    "meadow",
+    "signal",
+]
+EXTRA_ROLES = """
+[[roles]]
+kind = "prefill"
+id = "prefill-1"
+bind = "tcp://127.0.0.1:7111"
+engine = "vllm"
+[roles.vllm]
+dtype = "float32"
+max_model_len = 4096
+cpu_threads = "1"
+args = { enforce_eager = true, max_num_seqs = 16 }
+
+[[roles]]
+kind = "decode"
+id = "decode-1"
+bind = "tcp://127.0.0.1:7121"
+engine = "vllm"
+[roles.vllm]
+dtype = "float32"
+max_model_len = 4096
+cpu_threads = "0"
+args = { enforce_eager = true, max_num_seqs = 32 }
+"""
+
+
+def story(i: int, words: int = 160) -> str:
+    rng = random.Random(i)
+    return f"Story {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+STREAMS = [{**chat_body(story(i), 32), "model": MODEL} for i in range(16)]
+
+
+class Served:
+    def __init__(self, config: Path, port: int, procs: Procs, server, model_dir: Path) -> None:
+        self.config, self.port, self.procs, self.server, self.model_dir = (
+            config,
+            port,
+            procs,
+            server,
+            model_dir,
+        )
+        self.addresses = role_addresses(config)
+        self.reference: list[tuple[str, str, list[str]]] = []
+
+    def table(self) -> dict[str, dict]:
+        found = instances("--config", str(self.config))
+        self.procs.adopt({info["pid"] for info in found.values()})
+        return found
+
+    def log(self) -> str:
+        return self.server.log_path.read_text(errors="replace")
+
+    def stats(self, *role_ids: str) -> dict[str, EngineStats]:
+        """Each role's EngineStats (from a thread of its own: callers may be inside an event loop)."""
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, self._ask_all(role_ids, GetEngineStats())).result()
+
+    async def _ask_all(self, role_ids, msg) -> dict:
+        ctx = zmq.asyncio.Context()
+        try:
+            out = {}
+            for role_id in role_ids:
+                peer = Peer(self.addresses[role_id], ctx, types=ALL, peer_id="test", role="test", timeout=30)
+                await peer.connect(timeout=30)
+                out[role_id] = await peer.ask(msg, timeout=60)
+                await peer.close()
+            return out
+        finally:
+            ctx.destroy(linger=0)
+
+    def handoff(self, decode: str, prefill: str, prompt: list[int], max_tokens: int = 4) -> list[TokenChunk]:
+        """The chunks of one request sent to ``decode`` with its prompt prefilled on ``prefill``."""
+
+        async def run() -> list[TokenChunk]:
+            ctx = zmq.asyncio.Context()
+            try:
+                peer = Peer(self.addresses[decode], ctx, types=ALL, peer_id="test", role="test", timeout=120)
+                await peer.connect(timeout=30)
+                req = Generate(
+                    f"t{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0)
+                )
+                chunks = [
+                    c async for c in peer.stream(Handoff(req, self.addresses[prefill], prefill), timeout=120)
+                ]
+                await peer.close()
+                return chunks
+            finally:
+                ctx.destroy(linger=0)
+
+        return asyncio.run(run())
+
+
+def _config(tmp: Path, model_dir: Path) -> Path:
+    text = (REPO_ROOT / "configs" / "vllm.toml").read_text()
+    text = text.replace(
+        '[[roles]]\nkind = "kvstore"', EXTRA_ROLES.strip() + '\n\n[[roles]]\nkind = "kvstore"'
+    )
+    text = re.sub(r"(?m)^heartbeat_timeout_s = .*$", "heartbeat_timeout_s = 2.0", text)
+    text = re.sub(r'(?m)^(http = "[^"]+")$', r"\1\nreroute_wait_s = 120.0", text)
+    text = re.sub(r"(?m)^dir = .*$", f'dir = "{model_dir}"', text)
+    text = re.sub(r"(?m)^gguf = .*$", "", text)
+    source = tmp / "vllm-source.toml"
+    source.write_text(text)
+    return local_config(tmp, source=source, interval_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def vllm_bin() -> Path:
+    try:
+        return vllm_python(VllmOptions())
+    except NoVllm as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, smollm2_dir, vllm_bin):
+    tmp = tmp_path_factory.mktemp("vllm-serve")
+    config = _config(tmp, smollm2_dir)
+    port = free_port()
+    argv = python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port),
+                         "--ready-timeout", str(READY_TIMEOUT_S))  # fmt: skip
+    with Procs(tmp) as procs:
+        server = procs.start("serve", argv)
+        try:
+            assert server.read_line(timeout=READY_TIMEOUT_S + 30).startswith("dsi serve: gateway")
+            cluster = Served(config, port, procs, server, smollm2_dir)
+            cluster.table()
+            yield cluster
+            server.signal(signal.SIGTERM)
+            server.wait(60)
+        finally:
+            for role_id, bind in role_addresses(config).items():
+                subprocess.run(["rm", "-rf", str(staging_dir(role_id, bind))], check=False)
+
+
+def test_the_openai_sdk_answer_names_paris(served):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="none", timeout=120)
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
+    )
+    assert "Paris" in answer.choices[0].message.content
+
+
+def test_greedy_tokens_of_16_prompts_are_plain_vllms(served, vllm_bin, tmp_path):
+    prompts = [chat_ids(served.model_dir, q) for q in (*PROMPTS, *MORE_PROMPTS)]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    plain = subprocess.run(
+        [str(vllm_bin), "-P", str(Path(__file__).with_name("plain_vllm.py")), "--model", str(served.model_dir),
+         "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "16"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_LOGGING_STREAM": "ext://sys.stderr"},
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    expected = json.loads(plain.stdout.strip().splitlines()[-1])
+    got = []
+    for i, ids in enumerate(prompts):
+        decode, prefill = f"decode-{i % 2}", f"prefill-{i // 2 % 2}"
+        chunks = served.handoff(decode, prefill, ids, max_tokens=16)
+        got.append([t for c in chunks for t in c.token_ids])
+    assert got == expected
+
+
+def test_the_decode_loads_every_prompt_token_but_the_last(served):
+    decodes = ("decode-0", "decode-1")
+    for n in (200, 1000, 3000):
+        rng = random.Random(n)
+        prompt = [rng.randrange(100, 40_000) for _ in range(n)]
+        before = served.stats(*decodes)
+        chunks = served.handoff("decode-0", "prefill-0", prompt)
+        assert chunks[-1].finish == "length" and sum(len(c.token_ids) for c in chunks) == 4
+        after = served.stats(*decodes)
+        d0, d1 = before["decode-0"], after["decode-0"]
+        assert d1.cached_tokens - d0.cached_tokens == n - 1, f"{n}-token prompt"
+        assert d1.computed_prompt_tokens - d0.computed_prompt_tokens == 1
+        assert d1.handoffs - d0.handoffs == 1
+
+
+def test_a_prompt_prefilled_on_one_prefill_is_a_store_hit_on_the_other(served):
+    rng = random.Random(7)
+    prompt = [rng.randrange(100, 40_000) for _ in range(2_000)]
+    first = served.handoff("decode-0", "prefill-0", prompt)
+    time.sleep(3.0)  # prefill-0 queues its puts to the kvstore in the background
+    before = served.stats("prefill-1")["prefill-1"]
+    second = served.handoff("decode-1", "prefill-1", prompt)
+    after = served.stats("prefill-1")["prefill-1"]
+    loaded = after.cached_tokens - before.cached_tokens
+    computed = after.computed_prompt_tokens - before.computed_prompt_tokens
+    assert loaded == (2_000 - 1) // 128 * 128
+    assert computed <= 128 + 2_000 % 128 and computed == 2_000 - loaded
+    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
+
+
+def _reference(served) -> None:
+    if not served.reference:
+        streams, _ = run_streams(served.port, STREAMS, timeout_s=300)
+        assert all(s.error is None and s.done and s.finish for s in streams), [s.error for s in streams]
+        served.reference = [s.outcome for s in streams]
+
+
+def _busiest(served) -> tuple[str, int]:
+    """The decode running the most requests now, and how many."""
+    stats = served.stats("decode-0", "decode-1")
+    busy = max(stats, key=lambda d: stats[d].running)
+    return busy, stats[busy].running
+
+
+def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_ones(served):
+    _reference(served)
+    pids = {d: served.table()[d]["pid"] for d in ("decode-0", "decode-1")}
+    killed: list[str] = []
+
+    def kill() -> None:
+        victim, _ = _busiest(served)
+        killed.append(victim)
+        os.kill(pids[victim], signal.SIGKILL)
+
+    streams, ran = run_streams(
+        served.port,
+        STREAMS,
+        lambda seen: all(s.deltas >= 2 or s.finish for s in seen) and _busiest(served)[1] > 0,
+        kill,
+        timeout_s=300,
+    )
+    assert ran
+    assert [s.outcome for s in streams] == served.reference
+    assert [s.error for s in streams] == [None] * len(STREAMS)
+    assert re.search(rf"on {killed[0]} after [1-9]\d* tokens; retrying elsewhere", served.log())
+    wait_until(
+        lambda: (
+            (t := served.table())[killed[0]]["pid"] != pids[killed[0]] and t[killed[0]]["state"] == "serving"
+        ),
+        timeout=READY_TIMEOUT_S,
+        every=2.0,
+    )
+
+
+def test_a_drained_vllm_decode_hands_its_streams_over_unchanged(served):
+    _reference(served)
+    drained: list[str] = []
+
+    def drain() -> None:
+        busy, _ = _busiest(served)
+        drained.append(busy)
+        done = subprocess.run(
+            python_module("dsi.cli.main", "drain", busy, "--grace", "0.5", "--config", str(served.config)),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    streams, ran = run_streams(
+        served.port,
+        STREAMS,
+        lambda seen: all(s.deltas >= 2 or s.finish for s in seen) and _busiest(served)[1] > 0,
+        drain,
+        timeout_s=300,
+    )
+    assert ran
+    assert [s.outcome for s in streams] == served.reference
+    assert f"{drained[0]}: grace period over" in served.log()
+    wait_until(lambda: served.table()[drained[0]]["state"] in ("stopped", "drained"), timeout=30)
