@@ -59,6 +59,9 @@ class VllmDecodeActor(VllmRole):
         self._moving: asyncio.Event = asyncio.Event()  # set when a drain's grace period ends
         self._drain: asyncio.Task | None = None
 
+    def requests_here(self) -> int:
+        return len(self.live)
+
     # ---- colocated -------------------------------------------------------------------------
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:

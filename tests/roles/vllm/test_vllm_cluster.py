@@ -23,12 +23,13 @@ import re
 import signal
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import zmq.asyncio
 
+from dsi.cli.main import main as dsi_main
 from dsi.config.vllm import VllmOptions
 from dsi.engine.params import SamplingParams
 from dsi.messages import ALL
@@ -107,7 +108,7 @@ def story(i: int, words: int = 160) -> str:
     return f"Story {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-STREAMS = [{**chat_body(story(i), 32), "model": MODEL} for i in range(16)]
+STREAMS = [{**chat_body(story(i), 160), "model": MODEL} for i in range(16)]
 
 
 class Served:
@@ -295,14 +296,15 @@ def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_on
     killed: list[str] = []
 
     def kill() -> None:
-        victim, _ = _busiest(served)
+        victim, running = _busiest(served)
+        assert running > 0
         killed.append(victim)
         os.kill(pids[victim], signal.SIGKILL)
 
     streams, ran = run_streams(
         served.port,
         STREAMS,
-        lambda seen: all(s.deltas >= 2 or s.finish for s in seen) and _busiest(served)[1] > 0,
+        lambda seen: all(s.deltas >= 2 or s.finish for s in seen),
         kill,
         timeout_s=300,
     )
@@ -321,25 +323,22 @@ def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_on
 
 def test_a_drained_vllm_decode_hands_its_streams_over_unchanged(served):
     _reference(served)
-    drained: list[str] = []
+    drains: list[tuple[str, Future]] = []
+    pool = ThreadPoolExecutor(1)
 
-    def drain() -> None:
-        busy, _ = _busiest(served)
-        drained.append(busy)
-        done = subprocess.run(
-            python_module("dsi.cli.main", "drain", busy, "--grace", "0.5", "--config", str(served.config)),
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    def drain() -> None:  # `dsi drain` in a thread: the streams go on while it runs
+        busy, running = _busiest(served)
+        assert running > 0
+        argv = ["drain", busy, "--grace", "0.5", "--config", str(served.config)]
+        drains.append((busy, pool.submit(dsi_main, argv)))
 
     streams, ran = run_streams(
-        served.port,
-        STREAMS,
-        lambda seen: all(s.deltas >= 2 or s.finish for s in seen) and _busiest(served)[1] > 0,
-        drain,
-        timeout_s=300,
+        served.port, STREAMS, lambda seen: all(s.deltas >= 2 or s.finish for s in seen), drain, timeout_s=300
     )
     assert ran
+    drained, done = drains[0]
+    assert done.result(timeout=60) == 0
+    pool.shutdown()
     assert [s.outcome for s in streams] == served.reference
-    assert f"{drained[0]}: grace period over" in served.log()
-    wait_until(lambda: served.table()[drained[0]]["state"] in ("stopped", "drained"), timeout=30)
+    assert re.search(rf"{drained}: grace period over; [1-9]\d* requests re-run elsewhere", served.log())
+    wait_until(lambda: served.table()[drained]["state"] == "stopped", timeout=30)
