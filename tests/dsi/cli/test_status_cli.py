@@ -178,6 +178,7 @@ def test_each_engine_shows_its_fingerprint_and_one_machine_gives_no_warning(caps
         "digest": fp.digest, "arch": "x86_64", "isa": list(fp.isa), "cpu_capability": "AVX512",
         "torch": "2.13.0+cpu", "mkl": "2024.2-Product Build 20240605", "onednn": "3.12.0", "threads": 8,
         "native": {"paged_attention": True, "row_ops": True}, "env": {}, "cpu_model": "Intel(R) Xeon(R) Gold 6338",
+        "engine": "",  # dsi's own engine (a vLLM role names vLLM, its model, dtype and KV layout)
     }  # fmt: skip
 
 
