@@ -373,25 +373,10 @@ class EngineRole(RoleActor):
     # ---- other engine instances and the data plane --------------------------------------------
     async def peer(self, address: str, connect_timeout: float) -> Peer:
         """A connected Peer to another engine instance (kept); DsiError when it cannot be reached."""
-        peer = self._peers.get(address)
-        if peer is None:
-            assert self.ctx is not None
-            peer = self._peers[address] = Peer(
-                address,
-                self.ctx,
-                types=ALL,
-                peer_id=self.name,
-                role=self.kind,
-                keys=self.settings.keys,
-                timeout=connect_timeout,
-            )
-            try:
-                await peer.connect(timeout=connect_timeout)
-            except DsiError:
-                self._peers.pop(address, None)
-                await peer.close()
-                raise
-        return peer
+        assert self.ctx is not None
+        return await kept_peer(
+            self._peers, address, self.ctx, self.name, self.kind, self.settings.keys, connect_timeout
+        )
 
     def lease(self, inbound: Inbound, num_blocks: int, expires_in_s: float) -> KvLease:
         """What a sender needs to write into ``inbound`` (a receive region of this data plane)."""
@@ -466,6 +451,31 @@ class EngineRole(RoleActor):
                 kept.append(snap.block_hash)
         if kept and self.kvstore is not None and self.settings.address:
             self.kvstore.announce_states(self.settings.address, kept)
+
+
+async def kept_peer(
+    peers: dict[str, Peer],
+    address: str,
+    ctx: zmq.asyncio.Context,
+    name: str,
+    kind: str,
+    keys: CurveKeys | None,
+    connect_timeout: float,
+) -> Peer:
+    """The Peer of ``peers`` at ``address``, connected on first use and kept there (an engine
+    role's link to other engine instances); DsiError, and nothing kept, when it cannot connect."""
+    peer = peers.get(address)
+    if peer is None:
+        peer = peers[address] = Peer(
+            address, ctx, types=ALL, peer_id=name, role=kind, keys=keys, timeout=connect_timeout
+        )
+        try:
+            await peer.connect(timeout=connect_timeout)
+        except DsiError:
+            peers.pop(address, None)
+            await peer.close()
+            raise
+    return peer
 
 
 def speculation_load(now: EngineLoad) -> dict:

@@ -32,7 +32,7 @@ from dsi.messages.balancer import LoadReport
 from dsi.messages.control import Load
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.roles.curve import server_keys
-from dsi.roles.engine_role import Arrival
+from dsi.roles.engine_role import Arrival, kept_peer
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
@@ -243,29 +243,11 @@ class VllmRole(RoleActor):
 
     # ---- other instances -----------------------------------------------------------------------
     async def peer(self, address: str, connect_timeout: float) -> Peer:
-        """A connected Peer to another engine instance (kept)."""
-        from dsi.errors import DsiError
-        from dsi.messages import ALL
-
-        peer = self._peers.get(address)
-        if peer is None:
-            assert self.ctx is not None
-            peer = self._peers[address] = Peer(
-                address,
-                self.ctx,
-                types=ALL,
-                peer_id=self.name,
-                role=self.kind,
-                keys=self.settings.keys,
-                timeout=connect_timeout,
-            )
-            try:
-                await peer.connect(timeout=connect_timeout)
-            except DsiError:
-                self._peers.pop(address, None)
-                await peer.close()
-                raise
-        return peer
+        """A connected Peer to another engine instance (kept); DsiError when it cannot be reached."""
+        assert self.ctx is not None
+        return await kept_peer(
+            self._peers, address, self.ctx, self.name, self.kind, self.settings.keys, connect_timeout
+        )
 
     def staged(self, name: str) -> Path:
         """The staging file of one transfer (the connector writes or reads it)."""

@@ -48,6 +48,7 @@ from tests.dsi.cli.procs import (
     wait_until,
 )
 from tests.dsi.cli.streams import chat_body, run_streams
+from tests.dsi.cli.test_serve_failover import prompt
 from tests.roles.cluster import role_addresses
 from tests.smollm2 import PROMPTS, chat_ids
 
@@ -65,19 +66,6 @@ MORE_PROMPTS = (
     "Name the author of 'Pride and Prejudice'.",
     "What is 7 times 8?",
 )
-WORDS = [
-    "river",
-    "stone",
-    "lamp",
-    "orbit",
-    "cedar",
-    "violet",
-    "engine",
-    "harbor",
-    "quartz",
-    "meadow",
-    "signal",
-]
 EXTRA_ROLES = """
 [[roles]]
 kind = "prefill"
@@ -103,12 +91,7 @@ args = { enforce_eager = true, max_num_seqs = 32 }
 """
 
 
-def story(i: int, words: int = 160) -> str:
-    rng = random.Random(i)
-    return f"Story {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-STREAMS = [{**chat_body(story(i), 160), "model": MODEL} for i in range(16)]
+STREAMS = [{**chat_body(prompt(i), 160), "model": MODEL} for i in range(16)]
 
 
 class Served:
