@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal
 
 from dsi.config.errors import Where
@@ -45,7 +44,15 @@ RESERVED_ARGS = frozenset(
 _SCALARS = (bool, int, float, str)
 
 
-def _engine_args(raw: Any, where: Where) -> MappingProxyType:
+class EngineArgs(tuple):
+    """``[roles.vllm] args`` as sorted (key, value) pairs: immutable and picklable (configs cross
+    process boundaries); ``dict(args)`` gives the mapping."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self).get(key, default)
+
+
+def _engine_args(raw: Any, where: Where) -> EngineArgs:
     """A table of vLLM engine arguments: scalar values or arrays of scalars."""
     if not isinstance(raw, dict):
         raise where.error(f"expected a table of vLLM engine arguments, got {describe(raw)}")
@@ -56,7 +63,7 @@ def _engine_args(raw: Any, where: Where) -> MappingProxyType:
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, _SCALARS) for v in values):
             raise here.error(f"expected a string, number, boolean or an array of them, got {describe(value)}")
-    return MappingProxyType(dict(raw))
+    return EngineArgs(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items()))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -77,9 +84,7 @@ class VllmOptions:
     # Seconds the role waits for vLLM to load the model and profile memory before it gives up.
     start_timeout_s: float = field(default=600.0, metadata=spec(checks=(greater(0.0),)))
     python: Path | None = None
-    args: MappingProxyType = field(
-        default_factory=lambda: MappingProxyType({}), metadata=spec(reader=_engine_args)
-    )
+    args: EngineArgs = field(default_factory=EngineArgs, metadata=spec(reader=_engine_args))
 
 
 def only_for_vllm(value: VllmOptions, seen: Seen) -> str | None:

@@ -108,7 +108,8 @@ def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     known = {f.name for f in fields(AsyncEngineArgs)}
-    unknown = sorted(set(options.args) - known)
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in options.args}
+    unknown = sorted(set(given) - known)
     if unknown:
         raise InvalidRequest(
             f"[roles.vllm] args: vLLM {_version()} has no engine argument {', '.join(unknown)}"
@@ -119,7 +120,7 @@ def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]
         dtype=options.dtype,
         max_model_len=options.max_model_len,
         disable_log_stats=False,  # the load logger needs the scheduler stats
-        **dict(options.args),
+        **given,
         **dict(wiring),
     )
 

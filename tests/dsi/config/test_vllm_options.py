@@ -1,7 +1,7 @@
 """[[roles]] engine and [roles.vllm]: a vLLM role's options, and the tables that are refused."""
 
+import pickle
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 
@@ -46,8 +46,10 @@ def test_a_vllm_table_is_read(tmp_path):
     )
     assert vllm.model == tmp_path / "conf" / "models" / "smol"  # relative to the file's directory
     assert vllm.python == tmp_path / "venv" / "bin" / "python"
-    assert isinstance(vllm.args, MappingProxyType)
-    assert dict(vllm.args) == {"enforce_eager": True, "max_num_seqs": 32, "cuda_graph_sizes": [1, 2]}
+    assert isinstance(vllm.args, tuple)  # immutable, and picklable: configs cross process boundaries
+    assert dict(vllm.args) == {"enforce_eager": True, "max_num_seqs": 32, "cuda_graph_sizes": (1, 2)}
+    assert vllm.args.get("max_num_seqs") == 32
+    assert pickle.loads(pickle.dumps(vllm)) == vllm
 
 
 def test_a_vllm_role_without_the_table_takes_the_defaults(tmp_path):
