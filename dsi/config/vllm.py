@@ -26,6 +26,7 @@ from typing import Any, Literal
 from dsi.config.errors import Where
 from dsi.config.reader import describe
 from dsi.config.spec import Seen, at_most, greater, spec
+from dsi.vllm.cores import check_spelling
 
 # AsyncEngineArgs fields dsi sets from its own config: ``args`` may not name them.
 RESERVED_ARGS = frozenset(
@@ -71,8 +72,9 @@ class VllmOptions:
     """The vLLM engine of one role. ``model``: a Hugging Face model directory (default: [model]
     dir). ``kv_cache_gib``: GiB of KV cache (on a CPU build vLLM's ``VLLM_CPU_KVCACHE_SPACE``; on
     a GPU build ``args.gpu_memory_utilization`` decides). ``cpu_threads``: the cores its OpenMP
-    threads bind to on a CPU build ("0-3", "auto" = vLLM's choice), so that several vLLM
-    processes on one machine do not share cores. ``python``: the interpreter whose environment
+    threads bind to on a CPU build, so that several vLLM processes on one machine do not share
+    cores: CPU ids ("0-3"), positions among the CPUs the role may run on ("@0-3", portable across
+    cpusets), "nobind", or "auto" (vLLM's choice); see dsi.vllm.cores. ``python``: the interpreter whose environment
     has vLLM (``make venv-vllm`` builds ``.venv-vllm``; default: that venv beside dsi's source, or
     this interpreter when it has vLLM)."""
 
@@ -80,7 +82,7 @@ class VllmOptions:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int = field(default=4096, metadata=spec(checks=(greater(0),)))
     kv_cache_gib: int = field(default=1, metadata=spec(checks=(greater(0), at_most(4096))))
-    cpu_threads: str = "auto"
+    cpu_threads: str = field(default="auto", metadata=spec(checks=(check_spelling,)))
     # Seconds the role waits for vLLM to load the model and profile memory before it gives up.
     start_timeout_s: float = field(default=600.0, metadata=spec(checks=(greater(0.0),)))
     python: Path | None = None

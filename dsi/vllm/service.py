@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 from dsi.config.vllm import VllmOptions
 from dsi.engine.params import SamplingParams
 from dsi.errors import DsiError, InvalidRequest
+from dsi.vllm.cores import resolve_cores
 from dsi.vllm.sampling import split_logprobs, vllm_sampling
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,11 @@ class VllmOutput:
     kv_transfer_params: dict[str, Any] | None = None
 
 
-def engine_environment(options: VllmOptions) -> dict[str, str]:
+def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dict[str, str]:
     """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB and core
-    binding (CPU build), offline hub, no usage reports, logs on stderr (a role's stdout carries
-    only its READY line, see dsi.provision.process)."""
+    binding (CPU build; ``cpu_threads`` resolved against ``allowed_cpus``, the ids this process
+    may run on: CoresUnavailable when it names others), offline hub, no usage reports, logs on
+    stderr (a role's stdout carries only its READY line, see dsi.provision.process)."""
     env = {
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
         "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
@@ -94,8 +96,9 @@ def engine_environment(options: VllmOptions) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    if options.cpu_threads != "auto":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads
+    cores = resolve_cores(options.cpu_threads, allowed_cpus)
+    if cores is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     return env
 
 

@@ -22,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq.asyncio
 
 from dsi.actor import handles
 from dsi.config import NodeConfig, RoleConfig
-from dsi.engine.fingerprint import machine_fingerprint
-from dsi.kvcache.hashchain import HashChain
+from dsi.engine import machine_fingerprint
+from dsi.errors import InvalidRequest
+from dsi.kvcache.hashchain import HashChain, unpack
 from dsi.messages.balancer import LoadReport
 from dsi.messages.control import Load
+from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.roles.curve import server_keys
 from dsi.roles.engine_role import Arrival, kept_peer
@@ -100,7 +103,9 @@ class VllmRole(RoleActor):
         self.started_at = time.time()
 
     async def on_start(self) -> None:
-        os.environ.update(engine_environment(self.options))  # before vLLM is first imported
+        # before vLLM is first imported; CoresUnavailable (the role fails to start) when cpu_threads
+        # names CPUs this process may not run on
+        os.environ.update(engine_environment(self.options, os.sched_getaffinity(0)))
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
         self.ctx = zmq.asyncio.Context()
@@ -240,6 +245,45 @@ class VllmRole(RoleActor):
             persisted_blocks=c.persisted_blocks,
             replay_tokens=0,
         )
+
+    # ---- the kvstore -----------------------------------------------------------------------------
+    def prompt_hashes(self, req: Generate) -> list[bytes]:
+        """Chain hashes of the prompt's full blocks before its last token (which is always computed)."""
+        assert self.chain is not None
+        bs = self.chain.block_size
+        full = (len(req.token_ids) - 1) // bs
+        try:
+            packed = self.chain.hashes(req.token_ids[: full * bs], cache_salt=req.sampling.cache_salt)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidRequest(f"prompt token ids: {exc}") from None
+        return unpack(packed)
+
+    async def fetch_hit(self, hashes: list[bytes], path: Path) -> int:
+        """The leading blocks the kvstore holds, staged into ``path``; how many."""
+        if self.kvstore is None or not hashes or self.layout is None:
+            return 0
+        fetched = await self.kvstore.fetch(hashes, self.layout.block_bytes)
+        try:
+            found = len(fetched)
+            if found:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, fetched.blocks[:found].tofile, str(path)
+                )
+        finally:
+            fetched.release()
+        self.counters.store_hit_blocks += found
+        return found
+
+    def persist(self, staged: Path, hashes: list[bytes], hit_blocks: int, traffic_class: str) -> None:
+        """Queue the staged full blocks past the hit for the kvstore (the mapping outlives the file)."""
+        if self.kvstore is None or len(hashes) <= hit_blocks or self.layout is None or not staged.exists():
+            return
+        total = staged.stat().st_size // self.layout.block_bytes
+        mapped = np.memmap(staged, dtype=np.uint8, mode="r", shape=(total, self.layout.block_bytes))
+        blocks = np.asarray(mapped)  # a plain view of the mapping (the store client wants ndarrays)
+        new = range(hit_blocks, min(len(hashes), total))
+        if self.kvstore.put_background([hashes[i] for i in new], [blocks[i] for i in new], traffic_class):
+            self.counters.persisted_blocks += len(new)
 
     # ---- other instances -----------------------------------------------------------------------
     async def peer(self, address: str, connect_timeout: float) -> Peer:

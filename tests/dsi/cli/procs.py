@@ -125,7 +125,15 @@ class Proc:
             self.popen.stdout.close()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+        """The log's tail, after its first traceback (a role's root cause is often far above the
+        shutdown lines that end the log)."""
+        text = self.log_path.read_text(errors="replace")
+        tail = text[-3000:]
+        first = text.find("Traceback (most recent call last)")
+        if first < 0 or first >= len(text) - len(tail):
+            return tail
+        end = text.find("\n\n", first)
+        return f"first traceback:\n{text[first : first + 4000 if end < 0 else min(end, first + 4000)]}\n...\n{tail}"
 
 
 class Procs:

@@ -202,7 +202,9 @@ def role_violations(name: str, source: str, public: set[str]) -> list[str]:
 def _reaches_in(base: str, attr: str, allowed: set[str]) -> bool:
     """Whether ``base.attr`` in a role reads past the engine's door."""
     if attr in ("engine", "_engine"):
-        return base != "node"  # a role holds no engine (node.engine is the [engine] config section)
+        # a role holds no engine: node.engine is the [engine] config section and options.engine
+        # the name of the engine a role runs ("dsi" or "vllm"), both plain configuration
+        return base not in ("node", "options")
     if _ENGINE_NAMED.search(base):
         return attr in INTERNALS
     if _SERVICE_NAMED.search(base):
