@@ -49,9 +49,9 @@ from dsi.kvcache.hashchain import image_extras, unpack
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
 from dsi.messages.migrate import DrainOrder
-from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.engine_role import Arrival, EngineRole, EngineRoleSettings, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
+from dsi.roles.prefill_drain import PrefillDrain
 
 log = logging.getLogger(__name__)
 
@@ -62,40 +62,23 @@ class PrefillActor(EngineRole):
 
     def __init__(self, name: str, settings: EngineRoleSettings) -> None:
         super().__init__(name, settings)
-        self._in_flight = 0  # PrefillTo calls running
-        self._drain: asyncio.Task | None = None
-        self._drain_ends = 0.0  # loop time the grace period of a drain order ends
+        self.drain = PrefillDrain(name, self.retire)  # counts the PrefillTo calls running
 
     @handles
     async def drain_order(self, msg: DrainOrder) -> None:
-        """Drain: the gateway sends no new work; after the grace period, once the work in flight
-        is done, the role retires. A cancel after the grace period is refused."""
-        loop = asyncio.get_running_loop()
-        if msg.cancel:
-            if self._drain is not None and loop.time() >= self._drain_ends:
-                raise IllegalTransition(f"{self.name}: the grace period is over")
-            if self._drain is not None:
-                self._drain.cancel()
-            self._drain = None
-        elif self._drain is None:
-            self._drain_ends = loop.time() + msg.grace_s
-            self._drain = loop.create_task(self._finish_then_retire(msg.grace_s))
-
-    async def _finish_then_retire(self, grace_s: float) -> None:
-        await asyncio.sleep(grace_s)
-        while self._in_flight:
-            await asyncio.sleep(0.05)
-        self.retire("drained")
+        """Drain: no new work from the gateway; retire once the grace period is over and the
+        work in flight is done (see dsi.roles.prefill_drain)."""
+        self.drain.order(msg)
 
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
         req = msg.request
         arrival = self.arrive(max(1, len(req.token_ids) - req.cached_tokens))  # queued until computed
-        self._in_flight += 1
+        self.drain.in_flight += 1
         try:
             return await self._prefill_to(msg, arrival)
         finally:
-            self._in_flight -= 1
+            self.drain.in_flight -= 1
             arrival.settle()
 
     async def _prefill_to(self, msg: PrefillTo, arrival: Arrival) -> Prefilled:

@@ -2,7 +2,10 @@
 
 Two ways in, both streams of TokenChunk, as for dsi's own decode (dsi.roles.decode):
 
-- ``Generate`` (colocated): prompt and continuation in this vLLM.
+- ``Generate`` (colocated): prompt and continuation in this vLLM. The prompt's full blocks are
+  looked up in the kvstore first (a hit is staged and loaded, vLLM computes only the rest); those
+  the store lacks are staged by the connector when the prompt completes and queued for the store
+  with the first token, so any instance can hit them next (a failover's re-run among them).
 - ``Handoff`` (disaggregated):
 
       decode                                   prefill (VllmPrefillActor)
@@ -41,7 +44,7 @@ from dsi.messages.handoff import Handoff, HitUnavailable, KvLease, Prefilled, Pr
 from dsi.messages.migrate import DrainOrder
 from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
 from dsi.vllm.service import VllmOutput
-from dsi.vllm.wiring import load_params
+from dsi.vllm.wiring import hit_params, load_params
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +74,28 @@ class VllmDecodeActor(VllmRole):
                 f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
                 f"bounded-replay hit of {msg.pin_hit.tokens} tokens"
             )
-        self.arrive(0).settle()
-        async for chunk in self._tokens(msg, None, cached_tokens=None):
-            yield chunk
+        arrival = self.arrive(len(msg.token_ids))
+        tag = f"{msg.request_id}.{secrets.token_hex(4)}"
+        hit, staged = self.staged(f"{tag}.hit"), self.staged(f"{tag}.save")
+        try:
+            hashes = self.prompt_hashes(msg) if self.kvstore is not None else []
+            hit_blocks = await self.fetch_hit(hashes, hit)
+            params = None
+            if len(hashes) > hit_blocks:  # pages the store lacks: stage them to persist
+                assert self.layout is not None
+                params = hit_params(staged, hit, hit_blocks * self.layout.block_size, hit_blocks)
+            elif hit_blocks:
+                assert self.layout is not None
+                params = load_params(hit, hit_blocks * self.layout.block_size, hit_blocks)
+            arrival.settle()
+            stored = hashes, hit_blocks, msg.traffic_class
+            stream = self._tokens(msg, params, cached_tokens=None, staged=hit, persist=(staged, *stored))
+            async for chunk in stream:
+                yield chunk
+        finally:
+            arrival.settle()
+            hit.unlink(missing_ok=True)
+            staged.unlink(missing_ok=True)
 
     # ---- disaggregated -----------------------------------------------------------------------
     @handles
@@ -108,6 +130,7 @@ class VllmDecodeActor(VllmRole):
             inbound.release()
             arrival.settle()
             params = load_params(staged, prompt - 1, num_blocks)
+            self.counters.handoffs += 1
             async for chunk in self._tokens(req, params, cached_tokens=done.cached_tokens, staged=staged):
                 yield chunk
         finally:
@@ -138,11 +161,20 @@ class VllmDecodeActor(VllmRole):
             raise InvalidRequest("vLLM-backed instances of dsi serve text prompts only")
 
     async def _tokens(
-        self, msg: Generate, params: dict | None, *, cached_tokens: int | None, staged: Path | None = None
+        self,
+        msg: Generate,
+        params: dict | None,
+        *,
+        cached_tokens: int | None,
+        staged: Path | None = None,
+        persist: tuple[Path, list[bytes], int, str] | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """The request's chunks from vLLM; the first carries the (empty) prefix hit. ``cached_tokens``:
         the prompt tokens a handoff's prefill took from the store, or None for a colocated run
-        (vLLM's own prefix cache hit then counts)."""
+        (vLLM's own prefix cache hit, local or loaded, then counts). ``staged``: the file vLLM
+        loads, removed once it has. ``persist``: (file, hashes, hit blocks, traffic class) of a
+        colocated run whose prompt blocks the connector stages, queued for the kvstore once the
+        first token shows the prompt done."""
         assert self.service is not None
         rid, prompt = msg.request_id, len(msg.token_ids)
         vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"
@@ -157,10 +189,11 @@ class VllmDecodeActor(VllmRole):
                         return
                     if cached_tokens is None:
                         cached_tokens = out.cached_tokens
-                    if first and params is not None:
-                        self.counters.handoffs += 1
-                        if staged is not None:
-                            staged.unlink(missing_ok=True)  # loaded: vLLM computed its first step
+                    if first and staged is not None:
+                        staged.unlink(missing_ok=True)  # loaded: vLLM computed its first step
+                    if first and persist is not None:
+                        self.persist(*persist)
+                        persist[0].unlink(missing_ok=True)
                     yield _chunk(rid, out, prompt, cached_tokens, first)
                     first = False
                     if out.finished:

@@ -21,7 +21,6 @@ once its calls in flight are answered, the role retires.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import mmap
@@ -30,17 +29,14 @@ import time
 from pathlib import Path
 
 import msgspec
-import numpy as np
 
 from dsi.actor import handles
 from dsi.engine.hit_policy import NO_HIT
 from dsi.errors import DsiError, InvalidRequest, TransferFailed
-from dsi.kvcache.hashchain import unpack
-from dsi.messages.gateway import Generate
 from dsi.messages.handoff import KvLease, Prefilled, PrefillTo
 from dsi.messages.migrate import DrainOrder
-from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.engine_role import Arrival, lease_target
+from dsi.roles.prefill_drain import PrefillDrain
 from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
 from dsi.vllm.wiring import hit_params
 
@@ -52,31 +48,16 @@ class VllmPrefillActor(VllmRole):
 
     def __init__(self, name: str, settings: VllmRoleSettings) -> None:
         super().__init__(name, settings)
-        self._in_flight = 0
-        self._drain: asyncio.Task | None = None
-        self._drain_ends = 0.0
+        self.drain = PrefillDrain(name, self.retire)  # counts the PrefillTo calls running
 
     def requests_here(self) -> int:
-        return self._in_flight
+        return self.drain.in_flight
 
     @handles
     async def drain_order(self, msg: DrainOrder) -> None:
-        loop = asyncio.get_running_loop()
-        if msg.cancel:
-            if self._drain is not None and loop.time() >= self._drain_ends:
-                raise IllegalTransition(f"{self.name}: the grace period is over")
-            if self._drain is not None:
-                self._drain.cancel()
-            self._drain = None
-        elif self._drain is None:
-            self._drain_ends = loop.time() + msg.grace_s
-            self._drain = loop.create_task(self._finish_then_retire(msg.grace_s))
-
-    async def _finish_then_retire(self, grace_s: float) -> None:
-        await asyncio.sleep(grace_s)
-        while self._in_flight:
-            await asyncio.sleep(0.05)
-        self.retire("drained")
+        """Drain: no new work from the gateway; retire once the grace period is over and the
+        work in flight is done (see dsi.roles.prefill_drain)."""
+        self.drain.order(msg)
 
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
@@ -86,12 +67,12 @@ class VllmPrefillActor(VllmRole):
         if req.images:
             raise InvalidRequest("vLLM-backed instances of dsi serve text prompts only")
         arrival = self.arrive(len(req.token_ids))
-        self._in_flight += 1
+        self.drain.in_flight += 1
         staged, hit = self.staged(msg.lease.lease_id), self.staged(f"{msg.lease.lease_id}.hit")
         try:
             return await self._prefill_to(msg, arrival, staged, hit)
         finally:
-            self._in_flight -= 1
+            self.drain.in_flight -= 1
             arrival.settle()
             staged.unlink(missing_ok=True)
             hit.unlink(missing_ok=True)
@@ -100,8 +81,8 @@ class VllmPrefillActor(VllmRole):
         assert self.service is not None and self.data is not None and self.layout is not None
         req, lease = msg.request, msg.lease
         started = time.monotonic()
-        hashes = self._hashes(req)
-        hit_blocks = await self._fetch_hit(hashes, hit)
+        hashes = self.prompt_hashes(req)
+        hit_blocks = await self.fetch_hit(hashes, hit)
         one = msgspec.structs.replace(req.sampling, max_tokens=1)
         vid = f"{lease.lease_id}.{secrets.token_hex(3)}"
         params = hit_params(staged, hit, hit_blocks * self.layout.block_size, hit_blocks)
@@ -109,7 +90,7 @@ class VllmPrefillActor(VllmRole):
         async with contextlib.aclosing(stream):
             outputs = [o async for o in stream]
         arrival.settle()
-        self._persist(staged, hashes, hit_blocks, req.traffic_class)
+        self.persist(staged, hashes, hit_blocks, req.traffic_class)
         self.counters.prefills += 1
         last = outputs[-1]
         tokens = [t for o in outputs for t in o.new_tokens]
@@ -129,44 +110,6 @@ class VllmPrefillActor(VllmRole):
         self.counters.handoffs += 1
         return Prefilled(lease.lease_id, tokens, logprobs, 0, 0, len(req.token_ids), cached_tokens=cached,
                          top_logprobs=tops, hit=NO_HIT)  # fmt: skip
-
-    def _hashes(self, req: Generate) -> list[bytes]:
-        """Chain hashes of the prompt's full blocks before its last token (which is always computed)."""
-        assert self.chain is not None
-        bs = self.chain.block_size
-        full = (len(req.token_ids) - 1) // bs
-        try:
-            packed = self.chain.hashes(req.token_ids[: full * bs], cache_salt=req.sampling.cache_salt)
-        except (ValueError, OverflowError) as exc:
-            raise InvalidRequest(f"prompt token ids: {exc}") from None
-        return unpack(packed)
-
-    async def _fetch_hit(self, hashes: list[bytes], path: Path) -> int:
-        """The leading blocks the kvstore holds, staged into ``path``; how many."""
-        if self.kvstore is None or not hashes or self.layout is None:
-            return 0
-        fetched = await self.kvstore.fetch(hashes, self.layout.block_bytes)
-        try:
-            found = len(fetched)
-            if found:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, fetched.blocks[:found].tofile, str(path)
-                )
-        finally:
-            fetched.release()
-        self.counters.store_hit_blocks += found
-        return found
-
-    def _persist(self, staged: Path, hashes: list[bytes], hit_blocks: int, traffic_class: str) -> None:
-        """Queue the staged full blocks past the hit for the kvstore (the mapping outlives the file)."""
-        if self.kvstore is None or len(hashes) <= hit_blocks or self.layout is None or not staged.exists():
-            return
-        total = staged.stat().st_size // self.layout.block_bytes
-        mapped = np.memmap(staged, dtype=np.uint8, mode="r", shape=(total, self.layout.block_bytes))
-        blocks = np.asarray(mapped)  # a plain view of the mapping (the store client wants ndarrays)
-        new = range(hit_blocks, min(len(hashes), total))
-        if self.kvstore.put_background([hashes[i] for i in new], [blocks[i] for i in new], traffic_class):
-            self.counters.persisted_blocks += len(new)
 
     async def _send(self, staged: Path, lease: KvLease, timeout_s: float) -> None:
         """The staged blocks into the decode's lease (the file is exactly the lease's size)."""

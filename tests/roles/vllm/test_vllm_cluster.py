@@ -37,6 +37,7 @@ from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import EngineStats, GetEngineStats, Handoff
 from dsi.provision.python import NoVllm, vllm_python
 from dsi.transport.client import Peer
+from dsi.vllm.cores import resolve_cores
 from dsi.vllm.wiring import staging_dir
 from tests.dsi.cli.procs import (
     REPO_ROOT,
@@ -75,7 +76,7 @@ engine = "vllm"
 [roles.vllm]
 dtype = "float32"
 max_model_len = 4096
-cpu_threads = "1"
+cpu_threads = "@1"
 args = { enforce_eager = true, max_num_seqs = 16 }
 
 [[roles]]
@@ -86,7 +87,7 @@ engine = "vllm"
 [roles.vllm]
 dtype = "float32"
 max_model_len = 4096
-cpu_threads = "0"
+cpu_threads = "@0"
 args = { enforce_eager = true, max_num_seqs = 32 }
 """
 
@@ -134,24 +135,30 @@ class Served:
 
     def handoff(self, decode: str, prefill: str, prompt: list[int], max_tokens: int = 4) -> list[TokenChunk]:
         """The chunks of one request sent to ``decode`` with its prompt prefilled on ``prefill``."""
+        req = _greedy(prompt, max_tokens)
+        return self._chunks(decode, Handoff(req, self.addresses[prefill], prefill))
 
+    def generate(self, decode: str, prompt: list[int], max_tokens: int = 4) -> list[TokenChunk]:
+        """The chunks of one request run colocated (prompt and continuation) on ``decode``."""
+        return self._chunks(decode, _greedy(prompt, max_tokens))
+
+    def _chunks(self, decode: str, msg) -> list[TokenChunk]:
         async def run() -> list[TokenChunk]:
             ctx = zmq.asyncio.Context()
             try:
                 peer = Peer(self.addresses[decode], ctx, types=ALL, peer_id="test", role="test", timeout=120)
                 await peer.connect(timeout=30)
-                req = Generate(
-                    f"t{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0)
-                )
-                chunks = [
-                    c async for c in peer.stream(Handoff(req, self.addresses[prefill], prefill), timeout=120)
-                ]
+                chunks = [c async for c in peer.stream(msg, timeout=120)]
                 await peer.close()
                 return chunks
             finally:
                 ctx.destroy(linger=0)
 
         return asyncio.run(run())
+
+
+def _greedy(prompt: list[int], max_tokens: int) -> Generate:
+    return Generate(f"t{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
 def _config(tmp: Path, model_dir: Path) -> Path:
@@ -217,7 +224,7 @@ def test_greedy_tokens_of_16_prompts_are_plain_vllms(served, vllm_bin, tmp_path)
         [str(vllm_bin), "-P", str(Path(__file__).with_name("plain_vllm.py")), "--model", str(served.model_dir),
          "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "16"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_LOGGING_STREAM": "ext://sys.stderr"},
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0)), "VLLM_LOGGING_STREAM": "ext://sys.stderr"},
     )  # fmt: skip
     assert plain.returncode == 0, plain.stderr[-3000:]
     expected = json.loads(plain.stdout.strip().splitlines()[-1])
@@ -256,6 +263,21 @@ def test_a_prompt_prefilled_on_one_prefill_is_a_store_hit_on_the_other(served):
     computed = after.computed_prompt_tokens - before.computed_prompt_tokens
     assert loaded == (2_000 - 1) // 128 * 128
     assert computed <= 128 + 2_000 % 128 and computed == 2_000 - loaded
+    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
+
+
+def test_colocated_decodes_share_prompt_pages_through_the_store(served):
+    rng = random.Random(11)
+    prompt = [rng.randrange(100, 40_000) for _ in range(1_500)]
+    first = served.generate("decode-0", prompt)
+    time.sleep(3.0)  # decode-0 queues its puts to the kvstore in the background
+    before = served.stats("decode-1")["decode-1"]
+    second = served.generate("decode-1", prompt)
+    after = served.stats("decode-1")["decode-1"]
+    loaded = after.cached_tokens - before.cached_tokens
+    computed = after.computed_prompt_tokens - before.computed_prompt_tokens
+    assert loaded == (1_500 - 1) // 128 * 128
+    assert computed == 1_500 - loaded
     assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
 
 
