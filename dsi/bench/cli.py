@@ -26,6 +26,7 @@ _BENCHES = (
     "dsi.bench.spec",
     "dsi.bench.peers",
     "dsi.bench.peers_served",
+    "dsi.bench.vllm_cluster",
 )
 
 

@@ -21,11 +21,12 @@ import aiohttp
 @dataclass(slots=True, frozen=True)
 class StreamStat:
     """One stream: ``ttft_s`` (s, None when no content came), ``tokens`` (completion tokens),
-    ``error`` (why it failed, else None)."""
+    ``error`` (why it failed, else None), ``prompt_tokens`` (the usage chunk's, 0 without one)."""
 
     ttft_s: float | None
     tokens: int
     error: str | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,7 +89,7 @@ def chat_body(model: str, question: str, max_tokens: int, extra: dict) -> dict:
 async def stream_one(session: aiohttp.ClientSession, url: str, body: dict) -> StreamStat:
     """Post `body` to ``url``/v1/chat/completions and read the stream to its end."""
     start = time.perf_counter()
-    ttft, deltas, usage = None, 0, None
+    ttft, deltas, usage, prompt = None, 0, None, 0
     try:
         async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
@@ -101,14 +102,15 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict) -> St
                     continue
                 if data.get("usage"):
                     usage = data["usage"].get("completion_tokens")
+                    prompt = int(data["usage"].get("prompt_tokens") or 0)
                 for choice in data.get("choices") or []:
                     if (choice.get("delta") or {}).get("content"):
                         deltas += 1
                         if ttft is None:
                             ttft = time.perf_counter() - start
     except (TimeoutError, aiohttp.ClientError) as exc:
-        return StreamStat(ttft, deltas, f"{type(exc).__name__}: {exc}")
-    return StreamStat(ttft, int(usage) if usage is not None else deltas)
+        return StreamStat(ttft, deltas, f"{type(exc).__name__}: {exc}", prompt)
+    return StreamStat(ttft, int(usage) if usage is not None else deltas, None, prompt)
 
 
 async def drive(url: str, bodies: list[dict], timeout_s: float = 900.0) -> ServedRun:

@@ -6,6 +6,11 @@ of :mod:`dsi.bench.peers_local`, fp32, eager (no torch.compile), prefix caching 
 1 GiB of KV cache, OpenMP threads bound to cores 0 .. threads - 1). It runs in a session of its
 own, its output in ``<peers_dir>/peers-served-vllm.log``; :meth:`VllmServer.stop` stops it by
 PID (SIGINT, then SIGKILL to its process group).
+
+``dsi bench vllm-cluster`` runs the same server with its own settings (the keyword arguments of
+:func:`server_argv`: context, dtype, block size, prefix caching on, engine flags) and environment
+(``env``), from a working directory of its own (``cwd``: ``-m`` puts it on ``sys.path``, and dsi's
+source root there would shadow packages vLLM imports).
 """
 
 from __future__ import annotations
@@ -14,13 +19,28 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dsi.bench.peers_vllm import child_env
 
 
-def server_argv(python: Path, model: Path, name: str, port: int, max_seqs: int) -> list[str]:
-    """The server's command line."""
+def server_argv(
+    python: Path,
+    model: Path,
+    name: str,
+    port: int,
+    max_seqs: int,
+    *,
+    max_model_len: int = 1024,
+    dtype: str = "float32",
+    prefix_caching: bool = False,
+    block_size: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The server's command line: greedy defaults of the engine only (``--generation-config
+    vllm``: a model directory's generation_config.json does not change sampling), seed 0, and
+    ``extra`` flags last."""
     return [
         str(python),
         "-m",
@@ -34,25 +54,38 @@ def server_argv(python: Path, model: Path, name: str, port: int, max_seqs: int) 
         "--port",
         str(port),
         "--dtype",
-        "float32",
+        dtype,
         "--max-model-len",
-        "1024",
+        str(max_model_len),
         "--max-num-seqs",
         str(max_seqs),
         "--enforce-eager",
-        "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        *(["--block-size", str(block_size)] if block_size is not None else []),
+        "--generation-config",
+        "vllm",
         "--seed",
         "0",
+        *extra,
     ]
 
 
 class VllmServer:
     """One vLLM OpenAI server process."""
 
-    def __init__(self, argv: list[str], log_path: Path, threads: int) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: Path,
+        threads: int = 1,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.argv = argv
         self.log_path = log_path
         self.threads = threads
+        self.env = dict(env) if env is not None else child_env(threads)
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -62,7 +95,8 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(self.threads),
+                env=self.env,
+                cwd=self.cwd,
                 start_new_session=True,
             )
 

@@ -1,0 +1,49 @@
+"""dsi bench vllm-cluster's dsi serve configs, derived from configs/vllm.toml."""
+
+from pathlib import Path
+
+import pytest
+
+from dsi.bench.vllm_cluster_config import DECODES, PD, SINGLE, SOURCE, vllm_roles, with_layout, write_config
+from dsi.config import load_config
+
+
+def _engines(cfg) -> list[tuple[str, str, str]]:
+    """(kind, id, cpu_threads) of each vLLM role, in config order."""
+    roles = vllm_roles(cfg)
+    return [(r.kind, r.id, roles[r.id].cpu_threads) for r in cfg.roles if r.id in roles]
+
+
+@pytest.mark.parametrize("layout", [DECODES, PD, SINGLE])
+def test_the_private_config_has_the_layouts_vllm_instances_on_free_ports(tmp_path, layout):
+    path = write_config(layout, Path("/models/smollm2"), tmp_path / "side")
+    cfg = load_config(path)
+    assert _engines(cfg) == [(kind, role_id, cores) for kind, role_id, cores in layout]
+    kinds = [r.kind for r in cfg.roles]
+    assert kinds.count("controller") == kinds.count("kvstore") == kinds.count("balancer") == 1
+    source = load_config(SOURCE)
+    assert {r.bind for r in cfg.roles}.isdisjoint({r.bind for r in source.roles})
+    assert all(r.bind.startswith("tcp://127.0.0.1:") for r in cfg.roles)
+    assert cfg.model.dir == Path("/models/smollm2")
+    kvstore = next(r for r in cfg.roles if r.kind == "kvstore")
+    assert Path(kvstore.options.store_dir).is_relative_to(tmp_path / "side")
+
+
+def test_each_instance_keeps_the_source_roles_vllm_options():
+    source = vllm_roles(load_config(SOURCE))
+    text = with_layout(SOURCE.read_text(), DECODES)
+    assert 'kind = "prefill"' not in text
+    assert text.count('kind = "decode"') == 2
+    assert text.count("args = { enforce_eager = true, max_num_seqs = 32 }") == 2
+    assert text.count("max_model_len = 4096") == 2
+    assert source["decode-0"].dtype == "float32"
+
+
+def test_the_pd_layout_is_the_source_configs_own():
+    assert _engines(load_config(SOURCE)) == list(PD)
+
+
+def test_a_kind_the_source_lacks_is_an_error():
+    text = with_layout(SOURCE.read_text(), SINGLE)  # no prefill left to copy
+    with pytest.raises(ValueError, match="no prefill role"):
+        with_layout(text, PD)
