@@ -78,18 +78,18 @@ class VllmDecodeActor(VllmRole):
         tag = f"{msg.request_id}.{secrets.token_hex(4)}"
         hit, staged = self.staged(f"{tag}.hit"), self.staged(f"{tag}.save")
         try:
+            assert self.layout is not None
             hashes = self.prompt_hashes(msg) if self.kvstore is not None else []
             hit_blocks = await self.fetch_hit(hashes, hit)
-            params = None
+            tokens = hit_blocks * self.layout.block_size
+            params, persist = None, None
             if len(hashes) > hit_blocks:  # pages the store lacks: stage them to persist
-                assert self.layout is not None
-                params = hit_params(staged, hit, hit_blocks * self.layout.block_size, hit_blocks)
+                params = hit_params(staged, hit, tokens, hit_blocks)
+                persist = (staged, hashes, hit_blocks, msg.traffic_class)
             elif hit_blocks:
-                assert self.layout is not None
-                params = load_params(hit, hit_blocks * self.layout.block_size, hit_blocks)
+                params = load_params(hit, tokens, hit_blocks)
             arrival.settle()
-            stored = hashes, hit_blocks, msg.traffic_class
-            stream = self._tokens(msg, params, cached_tokens=None, staged=hit, persist=(staged, *stored))
+            stream = self._tokens(msg, params, cached_tokens=None, staged=hit, persist=persist)
             async for chunk in stream:
                 yield chunk
         finally:
