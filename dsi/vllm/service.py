@@ -118,6 +118,7 @@ def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]
             f"[roles.vllm] args: vLLM {_version()} has no engine argument {', '.join(unknown)}"
         )
     model = str(options.model or model_dir)
+    check_weight_files(Path(model))
     return AsyncEngineArgs(
         model=model,
         dtype=options.dtype,
@@ -126,6 +127,23 @@ def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]
         **given,
         **dict(wiring),
     )
+
+
+def check_weight_files(model: Path) -> None:
+    """InvalidRequest when a local model directory holds safetensors files beside the model's
+    own and no ``model.safetensors.index.json`` to name the model's: vLLM loads every
+    ``*.safetensors`` it finds, so dsi's draft (``draft.safetensors``) or vision encoder
+    (``vision.safetensors``) kept there would be read as model weights and fail vLLM's start."""
+    if not model.is_dir() or (model / "model.safetensors.index.json").exists():
+        return
+    files = sorted(p.name for p in model.glob("*.safetensors"))
+    extra = [name for name in files if name != "model.safetensors"]
+    if "model.safetensors" in files and extra:
+        raise InvalidRequest(
+            f"{model}: vLLM would load {', '.join(extra)} as model weights beside "
+            "model.safetensors; give vLLM a directory without them (links to the model's files "
+            "do) or a model.safetensors.index.json naming the model's files"
+        )
 
 
 def _version() -> str:

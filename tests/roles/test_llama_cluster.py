@@ -13,7 +13,7 @@ The greedy checks therefore say that DSpark leaves greedy output as it is throug
 (speculation off: transformers' tokens); ``dsi status`` shows its mode and that drafts were
 verified.
 
-One cluster serves every check (module fixture); the model directory is the session's import.
+One cluster serves every check (module fixture); the model directory links to the session's import.
 """
 
 from __future__ import annotations
@@ -51,15 +51,19 @@ CURVE = {
 def cluster(tmp_path_factory, smollm2_dir):
     """(gateway URL, controller address) of a running cluster; stopped by PID at teardown."""
     tmp = tmp_path_factory.mktemp("llama-cluster")
+    model = tmp / "smollm2"  # links to the shared model plus this test's draft: the shared
+    model.mkdir()  # directory stays as imported (vLLM loads every *.safetensors in it)
+    for file in smollm2_dir.iterdir():
+        (model / file.name).symlink_to(file)
     config = local_config(tmp, keep=ROLES, source=SMOLLM2_TOML)
-    text = re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{smollm2_dir}"', config.read_text())
+    text = re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{model}"', config.read_text())
     curve = tmp / "curve.json"
     curve.write_text(json.dumps(CURVE))
     text = text.replace("[engine]\n", f'[engine]\nspeculative = "dspark"\nstep_curve = "{curve}"\n', 1)
     config.write_text(text)
     draft = init_draft(576, torch.arange(4096), layers=1, ffn=64)
     draft["draft.conf_ab"] = torch.tensor([0.0, 12.0])  # every confidence sigmoid(12): verify all
-    save_draft(smollm2_dir, draft)
+    save_draft(model, draft)
     controller = re.search(r'(?m)^controller = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
     port = free_port()
     with Procs(tmp) as procs:

@@ -34,6 +34,9 @@ SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
 
+# "KeyError: ...", "vllm.x.SomeError: ...", with or without a log prefix before it
+_EXCEPTION_LINE = re.compile(r"(?m)\b[\w.]*(?:Error|Exception|Failed|Interrupt)\b: .*$")
+
 
 def local_config(
     tmp_path: Path, keep: Sequence[str] = (), interval_s: float = 0.5, source: Path = LOCAL_TOML
@@ -125,15 +128,19 @@ class Proc:
             self.popen.stdout.close()
 
     def log(self) -> str:
-        """The log's tail, after its first traceback (a role's root cause is often far above the
-        shutdown lines that end the log)."""
+        """The log's tail, after the head of its first traceback and every exception line (a
+        role's root cause is often far above the shutdown lines that end the log, and vLLM
+        prefixes each traceback line, so the exception's own line is what names the cause)."""
         text = self.log_path.read_text(errors="replace")
         tail = text[-3000:]
         first = text.find("Traceback (most recent call last)")
         if first < 0 or first >= len(text) - len(tail):
             return tail
-        end = text.find("\n\n", first)
-        return f"first traceback:\n{text[first : first + 4000 if end < 0 else min(end, first + 4000)]}\n...\n{tail}"
+        causes = list(dict.fromkeys(m.group(0) for m in _EXCEPTION_LINE.finditer(text)))[:20]
+        return (
+            f"first traceback:\n{text[first : first + 1500]}\n...\n"
+            f"exception lines:\n" + "\n".join(causes) + f"\n...\n{tail}"
+        )
 
 
 class Procs:
