@@ -51,7 +51,7 @@ serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 
 # The vLLM tests (marked vllm) run their roles from .venv-vllm.
 test: venv venv-vllm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
