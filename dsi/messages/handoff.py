@@ -108,6 +108,8 @@ class EngineStats(Message):
     migrated_out: int = 0  # requests this decode moved away while draining
     precopied_pages: int = 0  # full pages received here before a switch (live migration pre-copy)
     local_hit_tokens: int = 0  # prompt positions found in the engine's own prefix cache (vLLM), since start
+    store_fetched_blocks: int = 0  # pages fetched from the store for the engine to load (vLLM)
+    store_skipped_blocks: int = 0  # pages not looked up: the engine's own prefix cache held them (vLLM)
 
 
 class PrefillLost(DsiError):

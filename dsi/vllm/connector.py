@@ -11,7 +11,9 @@ worker process. The role that embeds vLLM never calls it; it asks for work per r
       first token back  <-------------------------------------------------------  blocks -> file (then renamed)
     decode role
       params {"load": file, tokens} -->   get_num_new_matched_tokens: tokens
-                                          (minus its own prefix-cache hit);
+                                          (minus its own prefix-cache hit; none
+                                          when that hit stops before the file's
+                                          first block);
                                           update_state_after_alloc: load  --->   before the forward
                                                                                  (start_load_kv): file -> blocks
 
@@ -61,7 +63,7 @@ class BlockSave:
 @dataclass(slots=True)
 class BlockLoad:
     """Copy blocks ``first .. first + len(block_ids) - 1`` of the file ``path`` (which holds
-    ``file_blocks``) into ``block_ids``."""
+    ``file_blocks``; its block 0 is a block of the prompt the role knows) into ``block_ids``."""
 
     request_id: str
     block_ids: list[int]
@@ -82,6 +84,7 @@ class DsiConnectorMeta(KVConnectorMetadata):
 class _Saving:
     path: str
     prompt_tokens: int
+    first: int = 0  # the prompt's first block to stage
     block_ids: list[int] = field(default_factory=list)
     computed: int = 0
 
@@ -123,6 +126,8 @@ class DsiConnector(KVConnectorBase_V1):
         if "load" not in params:
             return 0, False
         tokens = min(int(params["tokens"]), request.num_prompt_tokens - 1)  # the last is always computed
+        if num_computed_tokens < int(params.get("load_first", 0)) * self.block_size:
+            return 0, False  # the file starts past vLLM's own hit: it cannot fill the gap
         self._local[request.request_id] = num_computed_tokens
         return max(0, tokens - num_computed_tokens), False
 
@@ -130,14 +135,17 @@ class DsiConnector(KVConnectorBase_V1):
         params = _params(request)
         rid = request.request_id
         if "save" in params and rid not in self._saving:
-            self._saving[rid] = _Saving(params["save"], request.num_prompt_tokens)
+            self._saving[rid] = _Saving(
+                params["save"], request.num_prompt_tokens, int(params.get("save_first", 0))
+            )
         local = self._local.pop(rid, 0)
         if num_external_tokens <= 0 or "load" not in params:
             return
         ids = list(blocks.get_block_ids()[0])
         first = local // self.block_size
         last = math.ceil((local + num_external_tokens) / self.block_size)
-        self._loads.append(BlockLoad(rid, ids[first:last], first, params["load"], int(params["blocks"])))
+        in_file = first - int(params.get("load_first", 0))
+        self._loads.append(BlockLoad(rid, ids[first:last], in_file, params["load"], int(params["blocks"])))
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = DsiConnectorMeta(loads=self._loads)
@@ -162,7 +170,8 @@ class DsiConnector(KVConnectorBase_V1):
             scheduled = scheduler_output.num_scheduled_tokens.get(rid, 0)
             if scheduled and saving.computed + scheduled >= saving.prompt_tokens:
                 blocks = math.ceil(saving.prompt_tokens / self.block_size)
-                meta.saves.append(BlockSave(rid, saving.block_ids[:blocks], saving.path))
+                if saving.first < blocks:
+                    meta.saves.append(BlockSave(rid, saving.block_ids[saving.first : blocks], saving.path))
                 del self._saving[rid]
         return meta
 

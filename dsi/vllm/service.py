@@ -254,6 +254,8 @@ class VllmService:
 
         params = vllm_sampling(sampling, kv_transfer_params)
         prompt = TokensPrompt(prompt_token_ids=list(token_ids))
+        if sampling.cache_salt:  # tenants never share vLLM's local prefix cache either
+            prompt["cache_salt"] = sampling.cache_salt
         try:
             stream = self._engine.generate(prompt, params, request_id)
             async for out in stream:

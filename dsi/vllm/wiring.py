@@ -5,7 +5,9 @@ the engine core, the worker half in each worker); the role talks to it through t
 
 - ``kv_transfer_config`` at start: the connector class and its ``staging`` directory (where it
   writes ``layout.json`` once the KV cache exists, and the KV files of transfers), plus the pid
-  of the role (vLLM's processes end with it, see the connector);
+  of the role (vLLM's processes end with it, see the connector); and ``kv_events_config``: vLLM
+  publishes its prefix cache's stored and evicted blocks on ``events_endpoint(staging)`` (see
+  dsi.vllm.events);
 - ``kv_transfer_params`` per request (vLLM's ``SamplingParams.extra_args``), under the key
   ``"dsi"``: ``save_params`` (stage the prompt's blocks when its prefill completes) or
   ``load_params`` (the first ``tokens`` prompt tokens are in a staged file: load, do not compute).
@@ -33,9 +35,14 @@ def staging_dir(role_id: str, bind: str) -> Path:
     return root / f"dsi-vllm-{role_id}-{tag}"
 
 
+def events_endpoint(staging: Path) -> str:
+    """Where vLLM publishes its KV events (an ipc socket in the staging directory)."""
+    return f"ipc://{staging / 'kv-events'}"
+
+
 def connector_wiring(kind: str, staging: Path) -> dict[str, Any]:
     """The AsyncEngineArgs fields dsi sets for its connector (see the module docstring)."""
-    from vllm.config import KVTransferConfig
+    from vllm.config import KVEventsConfig, KVTransferConfig
 
     transfer = KVTransferConfig(
         kv_connector=CONNECTOR,
@@ -43,24 +50,30 @@ def connector_wiring(kind: str, staging: Path) -> dict[str, Any]:
         kv_role="kv_both",
         kv_connector_extra_config={"staging": str(staging), "parent_pid": os.getpid(), "kind": kind},
     )
-    return {"kv_transfer_config": transfer, "block_size": BLOCK_SIZE}
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=events_endpoint(staging))
+    return {"kv_transfer_config": transfer, "kv_events_config": events, "block_size": BLOCK_SIZE}
 
 
-def save_params(path: Path) -> dict[str, Any]:
-    """Stage the prompt's KV blocks (all of them, every layer) into ``path`` when its prefill completes."""
-    return {KEY: {"save": str(path)}}
+def save_params(path: Path, first: int = 0) -> dict[str, Any]:
+    """Stage the prompt's KV blocks from block ``first`` on (every layer) into ``path`` when its
+    prefill completes."""
+    return {KEY: {"save": str(path), "save_first": first}}
 
 
-def load_params(path: Path, tokens: int, blocks: int) -> dict[str, Any]:
-    """The first ``tokens`` prompt tokens are in ``path`` (``blocks`` whole blocks, as
-    ``save_params`` wrote them): vLLM loads them instead of computing them."""
-    return {KEY: {"load": str(path), "tokens": tokens, "blocks": blocks}}
+def load_params(path: Path, tokens: int, blocks: int, first: int = 0) -> dict[str, Any]:
+    """The prompt tokens up to ``tokens`` from block ``first`` on are in ``path`` (``blocks`` whole
+    blocks, as ``save_params`` wrote them): vLLM loads them instead of computing them, when its
+    own prefix cache holds the blocks before ``first``."""
+    return {KEY: {"load": str(path), "tokens": tokens, "blocks": blocks, "load_first": first}}
 
 
-def hit_params(save: Path, hit: Path, tokens: int, blocks: int) -> dict[str, Any]:
-    """``save_params(save)``, and when ``tokens`` > 0 also ``load_params(hit, tokens, blocks)``:
-    a prefill that loads its store hit and stages the whole prompt."""
-    params = save_params(save)
-    if tokens > 0:
-        params[KEY].update(load_params(hit, tokens, blocks)[KEY])
+def hit_params(
+    save: Path, hit: Path, tokens: int, blocks: int, first: int = 0, save_from: int = 0
+) -> dict[str, Any]:
+    """``save_params(save, save_from)``, and when ``blocks`` > 0 also
+    ``load_params(hit, tokens, blocks, first)``: a run that loads its store hit (the blocks past
+    the ``first`` vLLM holds itself) and stages the prompt's blocks from ``save_from`` on."""
+    params = save_params(save, save_from)
+    if blocks > 0:
+        params[KEY].update(load_params(hit, tokens, blocks, first)[KEY])
     return params

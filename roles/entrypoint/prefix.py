@@ -5,6 +5,9 @@
 
 The hashes must be those the engine gives its pages (the engine's ``EngineShape.hash_chain``:
 ``HashChain.of(model config, root_seed)``), so a block persisted by any decode instance is found here.
+vLLM instances hash on a chain versioned by their fingerprint (dsi.vllm.chain): with a
+controller, the lookup asks it for the serving engine instances every ``refresh_s`` and hashes on
+the chain most of them use.
 The replica follows the kvstore the controller lists (role "kvstore"), or a fixed ``address``;
 with no kvstore, or until the first snapshot is loaded, every lookup is a miss. A replica that
 lost its kvstore keeps answering from its last state: a stale hit costs the prefill a fetch
@@ -26,9 +29,11 @@ from dsi.errors import DsiError
 from dsi.kvcache.hashchain import HashChain
 from dsi.kvcache.replica import CheckReplica
 from dsi.messages import ALL
+from dsi.messages.control import ListInstances
 from dsi.roles.kvstore.client import find_kvstore
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
+from dsi.vllm.chain import majority_chain
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,13 @@ class PrefixLookup:
         refresh_s: float = 2.0,
         silence_s: float = 5.0,
         timeout: float = 5.0,
+        vllm_model: str | None = None,
+        vllm_block_size: int = 128,
     ) -> None:
         self.chain = chain
+        self.default_chain = chain  # dsi's engines' chain; ``chain`` follows the serving engines
+        self._vllm_model = chain.model if vllm_model is None else vllm_model  # as vLLM roles name it
+        self._vllm_block_size = vllm_block_size
         self.replica: CheckReplica | None = None
         self._fixed = address
         self._ctx, self._peer_id = ctx, peer_id
@@ -127,7 +137,22 @@ class PrefixLookup:
                     log.debug("prefix lookup: controller not reachable: %s", exc)
             if address is not None and (address != self._address or self.replica is None):
                 await self._follow(address)
+            if self._controller is not None:
+                await self._follow_engines()
             await asyncio.sleep(self._refresh_s)
+
+    async def _follow_engines(self) -> None:
+        """Hash on the chain most serving engine instances use (see dsi.vllm.chain)."""
+        try:
+            table = await self._controller.ask(ListInstances(), timeout=2.0)  # type: ignore[union-attr]
+        except DsiError as exc:
+            log.debug("prefix lookup: controller not reachable: %s", exc)
+            return
+        d = self.default_chain
+        chain = majority_chain(d, table.instances, d.root_seed, self._vllm_model, self._vllm_block_size)
+        if chain != self.chain:
+            log.info("prefix lookup: hashing on chain %r (the serving engines')", chain.version or d.model)
+            self.chain = chain
 
     async def _follow(self, address: str) -> None:
         """Replace the replica with one of the kvstore at ``address`` (kept only once it synced)."""

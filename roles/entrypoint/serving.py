@@ -33,6 +33,7 @@ from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
+from dsi.vllm.wiring import BLOCK_SIZE as VLLM_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from dsi.model.family import AnyConfig
@@ -92,6 +93,8 @@ class GatewayServing:
             self._ctx,
             keys=keys,
             peer_id=self.name,
+            vllm_model=node.model.name,  # the name vLLM roles version their chain under
+            vllm_block_size=VLLM_BLOCK_SIZE,
         )
         await prefix.start()
         self.gateway = Gateway(

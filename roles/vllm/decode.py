@@ -3,9 +3,10 @@
 Two ways in, both streams of TokenChunk, as for dsi's own decode (dsi.roles.decode):
 
 - ``Generate`` (colocated): prompt and continuation in this vLLM. The prompt's full blocks are
-  looked up in the kvstore first (a hit is staged and loaded, vLLM computes only the rest); those
-  the store lacks are staged by the connector when the prompt completes and queued for the store
-  with the first token, so any instance can hit them next (a failover's re-run among them).
+  looked up in the kvstore first, past those vLLM's own prefix cache holds (a hit is staged and
+  loaded, vLLM computes only the rest); those the store lacks are staged by the connector when
+  the prompt completes and queued for the store with the first token, so any instance can hit
+  them next (a failover's re-run among them).
 - ``Handoff`` (disaggregated):
 
       decode                                   prefill (VllmPrefillActor)
@@ -80,14 +81,16 @@ class VllmDecodeActor(VllmRole):
         try:
             assert self.layout is not None
             hashes = self.prompt_hashes(msg) if self.kvstore is not None else []
-            hit_blocks = await self.fetch_hit(hashes, hit)
-            tokens = hit_blocks * self.layout.block_size
+            local = self.held_locally(hashes)
+            found = await self.fetch_hit(hashes, hit, skip=local)
+            known = local + found  # blocks vLLM holds or loads: the store has them too
+            tokens = known * self.layout.block_size
             params, persist = None, None
-            if len(hashes) > hit_blocks:  # pages the store lacks: stage them to persist
-                params = hit_params(staged, hit, tokens, hit_blocks)
-                persist = (staged, hashes, hit_blocks, msg.traffic_class)
-            elif hit_blocks:
-                params = load_params(hit, tokens, hit_blocks)
+            if len(hashes) > known:  # pages the store lacks: stage them to persist
+                params = hit_params(staged, hit, tokens, found, first=local, save_from=known)
+                persist = (staged, hashes, known, msg.traffic_class, known)
+            elif found:
+                params = load_params(hit, tokens, found, first=local)
             arrival.settle()
             stream = self._tokens(msg, params, cached_tokens=None, staged=hit, persist=persist)
             async for chunk in stream:
@@ -167,14 +170,15 @@ class VllmDecodeActor(VllmRole):
         *,
         cached_tokens: int | None,
         staged: Path | None = None,
-        persist: tuple[Path, list[bytes], int, str] | None = None,
+        persist: tuple[Path, list[bytes], int, str, int] | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """The request's chunks from vLLM; the first carries the (empty) prefix hit. ``cached_tokens``:
         the prompt tokens a handoff's prefill took from the store, or None for a colocated run
         (vLLM's own prefix cache hit, local or loaded, then counts). ``staged``: the file vLLM
-        loads, removed once it has. ``persist``: (file, hashes, hit blocks, traffic class) of a
-        colocated run whose prompt blocks the connector stages, queued for the kvstore once the
-        first token shows the prompt done."""
+        loads, removed once it has. ``persist``: ``VllmRole.persist``'s arguments (file, hashes,
+        first new block, traffic class, the file's first block) of a colocated run whose new prompt
+        blocks the connector stages, queued for the kvstore once the first token shows the prompt
+        done."""
         assert self.service is not None
         rid, prompt = msg.request_id, len(msg.token_ids)
         vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"

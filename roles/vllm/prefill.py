@@ -4,7 +4,8 @@
 
     1. hash the prompt's full blocks (all but its last token) on this instance's chain (salted
        with its fingerprint: pages are portable only between equal ones) and fetch the leading
-       run the kvstore holds; stage it (a store that is down or slow is a miss, never an error);
+       run the kvstore holds past those vLLM's own prefix cache holds (its KV events say which);
+       stage it (a store that is down or slow is a miss, never an error);
     2. vLLM runs the prompt for one token with dsi's connector told to load the staged hit
        (vLLM computes only the rest) and to stage all the prompt's blocks when it completes
        (``hit_params``); the connector writes them, every layer, within that engine step, so the
@@ -82,15 +83,17 @@ class VllmPrefillActor(VllmRole):
         req, lease = msg.request, msg.lease
         started = time.monotonic()
         hashes = self.prompt_hashes(req)
-        hit_blocks = await self.fetch_hit(hashes, hit)
+        local = self.held_locally(hashes)
+        found = await self.fetch_hit(hashes, hit, skip=local)
         one = msgspec.structs.replace(req.sampling, max_tokens=1)
         vid = f"{lease.lease_id}.{secrets.token_hex(3)}"
-        params = hit_params(staged, hit, hit_blocks * self.layout.block_size, hit_blocks)
+        # the decode needs every block: the whole prompt is staged, whatever was hit
+        params = hit_params(staged, hit, (local + found) * self.layout.block_size, found, first=local)
         stream = self.service.generate(vid, list(req.token_ids), one, params)
         async with contextlib.aclosing(stream):
             outputs = [o async for o in stream]
         arrival.settle()
-        self.persist(staged, hashes, hit_blocks, req.traffic_class)
+        self.persist(staged, hashes, local + found, req.traffic_class)
         self.counters.prefills += 1
         last = outputs[-1]
         tokens = [t for o in outputs for t in o.new_tokens]

@@ -6,7 +6,8 @@ balancers, autoscaler, ``dsi status``, drain and failover treat both alike: hear
 answers the counters. What differs is inside: the engine is a :class:`dsi.vllm.VllmService`, and
 KV moves through dsi's connector inside vLLM (:mod:`dsi.vllm.connector`), which stages a
 request's KV blocks in files under ``staging`` (``/dev/shm``); the role moves those bytes over
-dsi's data plane.
+dsi's data plane. vLLM's KV events keep ``local`` (dsi.vllm.events.LocalBlocks): the pages vLLM
+holds in its own prefix cache, which the role never fetches from the kvstore.
 
     load (heartbeat, load report)  <-  vLLM's scheduler stats  +  requests accepted but not yet in vLLM
 """
@@ -42,9 +43,11 @@ from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
 from dsi.transport.kv import DataPlane, make_data_plane
 from dsi.transport.security import CurveKeys
+from dsi.vllm.chain import vllm_chain
+from dsi.vllm.events import LocalBlocks, follow
 from dsi.vllm.layout import KvLayout
 from dsi.vllm.service import VllmService, engine_environment
-from dsi.vllm.wiring import connector_wiring, staging_dir
+from dsi.vllm.wiring import connector_wiring, events_endpoint, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,8 @@ class VllmCounters:
     handoffs: int = 0
     failed_handoffs: int = 0
     leases: int = 0
-    store_hit_blocks: int = 0  # blocks a prefill loaded from the kvstore
+    store_hit_blocks: int = 0  # blocks fetched from the kvstore for vLLM to load
+    local_skipped_blocks: int = 0  # store lookups skipped: vLLM's own prefix cache held the blocks
     persisted_blocks: int = 0  # full blocks queued for the kvstore
 
 
@@ -92,6 +96,8 @@ class VllmRole(RoleActor):
         self.data: DataPlane | None = None
         self.kvstore: KvstoreClient | None = None
         self.chain: HashChain | None = None  # the store's hash chain for this instance's pages
+        self.local: LocalBlocks | None = None  # the pages vLLM's prefix cache holds (its KV events)
+        self._events: asyncio.Task | None = None
         self.ctx: zmq.asyncio.Context | None = None
         self.reporter: LoadReporter | None = None
         self.counters = VllmCounters()
@@ -118,11 +124,13 @@ class VllmRole(RoleActor):
         )
         log.info("%s: vLLM engine ready, %s, fingerprint %s", self.name, self.layout.describe(),
                  self.fingerprint.short())  # fmt: skip
-        self.chain = HashChain(
-            node.cluster.root_seed,
-            node.model.name,
-            f"vllm-{self.fingerprint.digest}",  # pages are portable only between equal fingerprints
-            block_size=self.layout.block_size,
+        # pages are portable only between equal fingerprints: the chain is versioned by it
+        self.chain = vllm_chain(
+            node.cluster.root_seed, node.model.name, self.fingerprint, self.layout.block_size
+        )
+        self.local = LocalBlocks(self.chain)
+        self._events = asyncio.get_running_loop().create_task(
+            follow(self.local, self.ctx, events_endpoint(self.staging)), name="vllm-kv-events"
         )
         self.data = make_data_plane(node.data_plane.backend, self.settings.data_host)
         await self.data.start()
@@ -146,6 +154,9 @@ class VllmRole(RoleActor):
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        if self._events is not None:
+            self._events.cancel()
+            await asyncio.gather(self._events, return_exceptions=True)
         if self.reporter is not None:
             self.reporter.send_now()
             await self.reporter.stop()
@@ -239,6 +250,8 @@ class VllmRole(RoleActor):
             cached_tokens=now.external_tokens if now is not None else 0,
             computed_prompt_tokens=now.computed_tokens if now is not None else 0,
             local_hit_tokens=now.local_hit_tokens if now is not None else 0,
+            store_fetched_blocks=c.store_hit_blocks,
+            store_skipped_blocks=c.local_skipped_blocks,
             prefills=c.prefills,
             handoffs=c.handoffs,
             failed_handoffs=c.failed_handoffs,
@@ -258,11 +271,18 @@ class VllmRole(RoleActor):
             raise InvalidRequest(f"prompt token ids: {exc}") from None
         return unpack(packed)
 
-    async def fetch_hit(self, hashes: list[bytes], path: Path) -> int:
-        """The leading blocks the kvstore holds, staged into ``path``; how many."""
-        if self.kvstore is None or not hashes or self.layout is None:
+    def held_locally(self, hashes: list[bytes]) -> int:
+        """Leading blocks of ``hashes`` vLLM's own prefix cache holds (per its KV events)."""
+        return self.local.held(hashes) if self.local is not None else 0
+
+    async def fetch_hit(self, hashes: list[bytes], path: Path, skip: int = 0) -> int:
+        """The leading blocks of ``hashes[skip:]`` the kvstore holds, staged into ``path``; how
+        many. ``skip``: blocks vLLM holds itself (``held_locally``), never fetched."""
+        self.counters.local_skipped_blocks += skip
+        wanted = hashes[skip:]
+        if self.kvstore is None or not wanted or self.layout is None:
             return 0
-        fetched = await self.kvstore.fetch(hashes, self.layout.block_bytes)
+        fetched = await self.kvstore.fetch(wanted, self.layout.block_bytes)
         try:
             found = len(fetched)
             if found:
@@ -274,15 +294,21 @@ class VllmRole(RoleActor):
         self.counters.store_hit_blocks += found
         return found
 
-    def persist(self, staged: Path, hashes: list[bytes], hit_blocks: int, traffic_class: str) -> None:
-        """Queue the staged full blocks past the hit for the kvstore (the mapping outlives the file)."""
-        if self.kvstore is None or len(hashes) <= hit_blocks or self.layout is None or not staged.exists():
+    def persist(
+        self, staged: Path, hashes: list[bytes], new_from: int, traffic_class: str, file_first: int = 0
+    ) -> None:
+        """Queue the staged full blocks from ``hashes[new_from]`` on for the kvstore; the file's
+        block 0 is the prompt's block ``file_first`` (the mapping outlives the file)."""
+        if self.kvstore is None or len(hashes) <= new_from or self.layout is None or not staged.exists():
             return
         total = staged.stat().st_size // self.layout.block_bytes
         mapped = np.memmap(staged, dtype=np.uint8, mode="r", shape=(total, self.layout.block_bytes))
         blocks = np.asarray(mapped)  # a plain view of the mapping (the store client wants ndarrays)
-        new = range(hit_blocks, min(len(hashes), total))
-        if self.kvstore.put_background([hashes[i] for i in new], [blocks[i] for i in new], traffic_class):
+        new = range(max(new_from, file_first), min(len(hashes), file_first + total))
+        if not new:
+            return
+        chosen = [blocks[i - file_first] for i in new]
+        if self.kvstore.put_background([hashes[i] for i in new], chosen, traffic_class):
             self.counters.persisted_blocks += len(new)
 
     # ---- other instances -----------------------------------------------------------------------

@@ -281,6 +281,50 @@ def test_colocated_decodes_share_prompt_pages_through_the_store(served):
     assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
 
 
+def test_a_prompt_vllm_holds_itself_is_not_fetched_from_the_store(served):
+    rng = random.Random(13)
+    prompt = [rng.randrange(100, 40_000) for _ in range(1_500)]
+    first = served.generate("decode-1", prompt)
+    time.sleep(1.0)  # vLLM's KV events reach the role
+    before = served.stats("decode-1")["decode-1"]
+    second = served.generate("decode-1", prompt)
+    after = served.stats("decode-1")["decode-1"]
+    full = (1_500 - 1) // 128
+    assert after.store_skipped_blocks - before.store_skipped_blocks == full
+    assert after.store_fetched_blocks == before.store_fetched_blocks
+    assert after.persisted_blocks == before.persisted_blocks  # nothing new to stage or persist
+    assert after.local_hit_tokens - before.local_hit_tokens == full * 128
+    assert after.computed_prompt_tokens - before.computed_prompt_tokens == 1_500 - full * 128
+    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
+
+
+def _metric(port: int, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return float(re.search(rf"(?m)^{name} (\S+)$", text).group(1))  # type: ignore[union-attr]
+
+
+def test_the_gateway_predicts_hits_on_the_vllm_engines_chain(served):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="none", timeout=120)
+    rng = random.Random(17)
+    text = " ".join(rng.choice(("red", "green", "blue", "river", "stone", "cloud")) for _ in range(900))
+    ask = [{"role": "user", "content": f"{text}\nWhich word came first?"}]
+    client.chat.completions.create(model=MODEL, messages=ask, max_tokens=2, temperature=0)
+    time.sleep(3.0)  # the pages reach the kvstore, the gateway's replica follows
+    looked, hit = (
+        _metric(served.port, "dsi_prefix_lookup_tokens_total"),
+        _metric(served.port, "dsi_prefix_hit_tokens_total"),
+    )
+    client.chat.completions.create(model=MODEL, messages=ask, max_tokens=2, temperature=0)
+    n = _metric(served.port, "dsi_prefix_lookup_tokens_total") - looked
+    predicted = _metric(served.port, "dsi_prefix_hit_tokens_total") - hit
+    assert n > 900 and predicted == (n - 1) // 128 * 128
+
+
 def _reference(served) -> None:
     if not served.reference:
         streams, _ = run_streams(served.port, STREAMS, timeout_s=300)
