@@ -6,8 +6,9 @@ passed join the ready pool, the policy decides, and its actions apply at once: t
 and stops are instant (a real drain takes a grace period), starts become ready
 ``start_delay_s`` later. Each role begins at ``min_instances`` serving with its ready pool full.
 
-Capacity per instance is constant; ``demand_series[i]`` is (prefill un-cached tokens/s, decode
-active requests) during interval i.
+:class:`SimRole` holds one role's counts between decisions (``dsi sim`` steps it too, beside
+its instances). Capacity per instance is constant; ``demand_series[i]`` is (prefill un-cached
+tokens/s, decode active requests) during interval i.
 """
 
 from __future__ import annotations
@@ -22,19 +23,23 @@ from dsi.autoscale.policy import decide
 
 
 @dataclass(slots=True, frozen=True)
-class _SimRole:
+class SimRole:
+    """One role's instance counts as the policy sees them: serving, ready, and the times at which
+    starting instances become ready. Shared with ``dsi sim``, which keeps instance identities
+    beside these counts."""
+
     serving: int
     ready: int
     ready_at_s: tuple[float, ...] = ()  # one per starting instance
 
     @classmethod
-    def initial(cls, bounds: RoleBounds) -> _SimRole:
+    def initial(cls, bounds: RoleBounds) -> SimRole:
         return cls(bounds.min_instances, min(bounds.ready_pool, bounds.max_instances - bounds.min_instances))
 
-    def arrive(self, now_s: float) -> _SimRole:
+    def arrive(self, now_s: float) -> SimRole:
         """Instances whose start delay has passed join the ready pool."""
         still = tuple(t for t in self.ready_at_s if t > now_s)
-        return _SimRole(self.serving, self.ready + len(self.ready_at_s) - len(still), still)
+        return SimRole(self.serving, self.ready + len(self.ready_at_s) - len(still), still)
 
     def inputs(self, capacity: float, demand: float) -> RoleInputs:
         return RoleInputs(
@@ -45,10 +50,10 @@ class _SimRole:
             demand=demand,
         )
 
-    def apply(self, decision: RoleDecision, ready_at_s: float) -> _SimRole:
+    def apply(self, decision: RoleDecision, ready_at_s: float) -> SimRole:
         serving = self.serving + decision.take_from_pool - decision.return_to_pool - decision.stop_serving
         ready = self.ready - decision.take_from_pool + decision.return_to_pool - decision.stop_ready
-        return _SimRole(serving, ready, self.ready_at_s + (ready_at_s,) * decision.start)
+        return SimRole(serving, ready, self.ready_at_s + (ready_at_s,) * decision.start)
 
 
 def simulate(
@@ -62,7 +67,7 @@ def simulate(
     """One decision per element of ``demand_series``, made every ``config.interval_s`` seconds."""
     if not start_delay_s >= 0:
         raise ValueError(f"start_delay_s must be a non-negative number of seconds, got {start_delay_s!r}")
-    prefill, decode = _SimRole.initial(config.prefill), _SimRole.initial(config.decode)
+    prefill, decode = SimRole.initial(config.prefill), SimRole.initial(config.decode)
     decisions: list[Decision] = []
     for step, (prefill_demand, decode_demand) in enumerate(demand_series):
         now_s = step * config.interval_s

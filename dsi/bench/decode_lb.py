@@ -14,7 +14,8 @@ step. Step time::
 
     step_s = fixed_s + batch * per_request_s + kv_tokens * per_kv_token_s
 
-The shape is calibrated from the ``flash`` FLOP/byte estimate at an assumed device
+The shape (``dsi.sim.step_time.StepTimeModel``, shared with ``dsi sim``) is calibrated from the
+``flash`` FLOP/byte estimate at an assumed device
 (``--tflops`` 400 effective, ``--tb-s`` 3.0 TB/s): per_request_s = the FLOPs of one decoded
 token (``dsi.model.flops.decode_flops``) / FLOP rate + the bytes a request reads every step
 (its SWA rings and the 512 latents the indexer selects per layer, ``dsi.kvcache.layout``) /
@@ -48,43 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dsi.balance import DecodeBalancer, DecodeBalancerConfig, InstanceLoad
-from dsi.kvcache.layout import account
-from dsi.model.config import FLASH, ModelConfig
-from dsi.model.flops import decode_flops
-
-
-@dataclass(slots=True, frozen=True)
-class StepTimeModel:
-    """step_s = fixed_s + batch * per_request_s + kv_tokens * per_kv_token_s (seconds)."""
-
-    fixed_s: float
-    per_request_s: float
-    per_kv_token_s: float
-
-    @classmethod
-    def of_shape(
-        cls, cfg: ModelConfig, flops_per_s: float, bytes_per_s: float, fixed_s: float
-    ) -> StepTimeModel:
-        acct = account(cfg)
-        sees_global = [
-            layer
-            for layer in range(cfg.n_layers)
-            if layer >= cfg.n_producer or cfg.source_of(layer) is not None
-        ]
-        topk = cfg.index_topk or cfg.max_context
-        request_bytes = acct.state_slot + len(sees_global) * topk * acct.latent_entry
-        # global entries per KV token that a step scores: 1 per consumer layer, 1/ratio per producer
-        entries = sum(1.0 if layer >= cfg.n_producer else 1.0 / cfg.compress_ratio for layer in sees_global)
-        far = 4 * topk * cfg.compress_ratio  # past the top-k cap: only the indexer grows
-        kv_flops = (decode_flops(cfg, 2 * far) - decode_flops(cfg, far)) / far
-        return cls(
-            fixed_s,
-            decode_flops(cfg, far) / flops_per_s + request_bytes / bytes_per_s,
-            kv_flops / flops_per_s + entries * acct.index_entry / bytes_per_s,
-        )
-
-    def step_s(self, batch: int, kv_tokens: int) -> float:
-        return self.fixed_s + batch * self.per_request_s + kv_tokens * self.per_kv_token_s
+from dsi.model.config import FLASH
+from dsi.sim.step_time import StepTimeModel
 
 
 @dataclass(slots=True)

@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from dsi.balance import InstanceLoad, PrefillBalancer, PrefillBalancerConfig, PrefillCost
-from dsi.bench.trace_hits import BLOCK_TOKENS, DEFAULT_TRACE, TRACE_BLOCK, TraceRequest, load_trace, resolve
+from dsi.bench.trace_hits import DEFAULT_TRACE, resolve
+from dsi.sim.trace import BLOCK_TOKENS, TRACE_BLOCK, TraceRequest, load_trace
 
 POLICIES = ("bucketed", "least-loaded", "round-robin")
 

@@ -59,55 +59,12 @@ import numpy as np
 
 from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.kvcache.index import BlockIndex, Locations
-from dsi.model.config import FLASH
+from dsi.sim.trace import BLOCK_TOKENS, TraceRequest, block_tokens, load_trace
 
-TRACE_BLOCK = 512
-BLOCK_TOKENS = FLASH.block_size  # the full-size model's pages
-CHILDREN = TRACE_BLOCK // BLOCK_TOKENS
 DEFAULT_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
 LAYOUTS = (("shared", 1), ("local4", 4), ("local16", 16))
 CAPACITIES = (("unbounded", 0), ("10pct", 10), ("1pct", 100))  # label, 1 / fraction of distinct pages
 _REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass(slots=True, frozen=True)
-class TraceRequest:
-    timestamp_s: float
-    input_length: int
-    hash_ids: tuple[int, ...]
-
-    @property
-    def usable_pages(self) -> int:
-        """Pages a hit may cover: the last prompt token is always computed."""
-        return max(0, self.input_length - 1) // BLOCK_TOKENS
-
-
-def load_trace(path: Path, limit: int = 0) -> list[TraceRequest]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                out.append(
-                    TraceRequest(row["timestamp"] / 1000.0, row["input_length"], tuple(row["hash_ids"]))
-                )
-                if limit and len(out) >= limit:
-                    break
-    out.sort(key=lambda r: r.timestamp_s)
-    return out
-
-
-def block_tokens(req: TraceRequest) -> np.ndarray:
-    """``[full_pages * 128]`` synthetic token ids: 4 children per 512-token id, the partial last
-    id cut to its full 128-token children."""
-    ids = np.asarray(req.hash_ids, dtype=np.uint64)
-    full = min(len(ids) * CHILDREN, req.input_length // BLOCK_TOKENS)
-    blocks = np.zeros((len(ids) * CHILDREN, BLOCK_TOKENS), dtype=np.uint32)
-    blocks[:, 0] = np.repeat(ids & np.uint64(0xFFFFFFFF), CHILDREN).astype(np.uint32)
-    blocks[:, 1] = np.repeat(ids >> np.uint64(32), CHILDREN).astype(np.uint32)
-    blocks[:, 2] = np.tile(np.arange(CHILDREN, dtype=np.uint32), len(ids))
-    blocks[:, 3] = 0x5EED  # marks synthetic blocks
-    return blocks[:full].reshape(-1)
 
 
 class _TraceClock:

@@ -17,6 +17,7 @@ _COMMANDS = (
     "dsi.cli.model",
     "dsi.cli.generate",
     "dsi.cli.recipe",
+    "dsi.cli.sim",
     "dsi.bench.cli",
 )
 

@@ -1,0 +1,32 @@
+"""Prefill instances (first come first served) and the routers over their loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsi.balance import InstanceLoad
+from dsi.engine.hit_policy import NO_HIT
+from dsi.sim.prefill import PrefillInstance, PrefillJob, prefill_router
+
+
+def test_jobs_run_one_at_a_time_and_the_load_counts_what_is_left():
+    p = PrefillInstance("p0")
+    assert p.add(PrefillJob(0, 1_000, NO_HIT, 2.0, 1.0), now=0.0)
+    assert not p.add(PrefillJob(1, 500, NO_HIT, 1.0, 1.0), now=0.5)
+    load = p.load(1.0)  # half of the first job left
+    assert (load.queued_tokens, load.running_requests) == (1_000, 2)
+    assert p.finish().request == 0 and p.start(2.0) and p.done_at == 3.0 and p.busy_s == 3.0
+
+
+def _loads(queued: list[int]) -> list[InstanceLoad]:
+    return [InstanceLoad(id=f"p{i}", role="prefill", queued_tokens=q) for i, q in enumerate(queued)]
+
+
+def test_routers():
+    loads = _loads([500, 100, 300])
+    assert prefill_router("least-loaded", lambda u, c: 1.0)(2_000, 0, loads, 0.0) == ("p1", 0)
+    rr = prefill_router("round-robin", lambda u, c: 1.0)
+    assert [rr(20_000, 0, loads, 0.0) for _ in range(4)] == [("p0", 1), ("p1", 1), ("p2", 1), ("p0", 1)]
+    assert prefill_router("bucketed", lambda u, c: float(u))(300_000, 0, loads, 0.0)[1] == 3
+    with pytest.raises(ValueError, match="unknown prefill router"):
+        prefill_router("hash", lambda u, c: 1.0)
