@@ -72,7 +72,7 @@ def python_module(module: str, *args: str) -> list[str]:
 class Proc:
     """One child process; stdout is read for READY lines, stderr goes to `log_path`."""
 
-    def __init__(self, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
@@ -82,7 +82,7 @@ class Proc:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
-                env=CHILD_ENV,
+                env=CHILD_ENV if env is None else {**CHILD_ENV, **env},
             )
         self._out = b""
 
@@ -155,8 +155,9 @@ class Procs:
     def adopt(self, pids: Iterable[int]) -> None:
         self.adopted.extend(pids)
 
-    def start(self, name: str, argv: Sequence[str]) -> Proc:
-        proc = Proc(argv, self.log_dir / f"{name}-{len(self.procs)}.log")
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+        """``env``: variables set for this process beside the children's usual environment."""
+        proc = Proc(argv, self.log_dir / f"{name}-{len(self.procs)}.log", env)
         self.procs.append(proc)
         return proc
 

@@ -106,6 +106,8 @@ class Served:
         )
         self.addresses = role_addresses(config)
         self.reference: list[tuple[str, str, list[str]]] = []
+        self.prompts: list[list[int]] = []  # the 16 greedy-equality prompts, token ids
+        self.plain = None  # the plain vLLM process computing their reference tokens
 
     def table(self) -> dict[str, dict]:
         found = instances("--config", str(self.config))
@@ -190,11 +192,19 @@ def served(tmp_path_factory, smollm2_dir, vllm_bin):
     port = free_port()
     argv = python_module("dsi.cli.main", "serve", "--config", str(config), "--port", str(port),
                          "--ready-timeout", str(READY_TIMEOUT_S))  # fmt: skip
+    prompts = [chat_ids(smollm2_dir, q) for q in (*PROMPTS, *MORE_PROMPTS)]
+    (tmp / "prompts.json").write_text(json.dumps(prompts))
     with Procs(tmp) as procs:
+        # plain vLLM's greedy reference runs while the cluster starts (both mostly wait on imports)
+        plain = procs.start("plain-vllm", [str(vllm_bin), "-P", str(Path(__file__).with_name("plain_vllm.py")),
+                            "--model", str(smollm2_dir), "--prompts", str(tmp / "prompts.json"), "--max-tokens", "16"],
+                            env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+                                 "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0))})  # fmt: skip
         server = procs.start("serve", argv)
         try:
             assert server.read_line(timeout=READY_TIMEOUT_S + 30).startswith("dsi serve: gateway")
             cluster = Served(config, port, procs, server, smollm2_dir)
+            cluster.prompts, cluster.plain = prompts, plain
             cluster.table()
             yield cluster
             server.signal(signal.SIGTERM)
@@ -217,22 +227,20 @@ def test_the_openai_sdk_answer_names_paris(served):
     assert "Paris" in answer.choices[0].message.content
 
 
-def test_greedy_tokens_of_16_prompts_are_plain_vllms(served, vllm_bin, tmp_path):
-    prompts = [chat_ids(served.model_dir, q) for q in (*PROMPTS, *MORE_PROMPTS)]
-    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    plain = subprocess.run(
-        [str(vllm_bin), "-P", str(Path(__file__).with_name("plain_vllm.py")), "--model", str(served.model_dir),
-         "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "16"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0)), "VLLM_LOGGING_STREAM": "ext://sys.stderr"},
-    )  # fmt: skip
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    expected = json.loads(plain.stdout.strip().splitlines()[-1])
-    got = []
-    for i, ids in enumerate(prompts):
+def test_greedy_tokens_of_16_prompts_are_plain_vllms(served):
+    line = served.plain.read_line(timeout=600)  # its one stdout line: the outputs, as JSON
+    while not line.startswith("["):
+        line = served.plain.read_line(timeout=600)
+    expected = json.loads(line)
+
+    def one(i: int) -> list[int]:
         decode, prefill = f"decode-{i % 2}", f"prefill-{i // 2 % 2}"
-        chunks = served.handoff(decode, prefill, ids, max_tokens=16)
-        got.append([t for c in chunks for t in c.token_ids])
+        return [
+            t for c in served.handoff(decode, prefill, served.prompts[i], max_tokens=16) for t in c.token_ids
+        ]
+
+    with ThreadPoolExecutor(4) as pool:  # four at a time: every prefill and decode pair busy
+        got = list(pool.map(one, range(len(served.prompts))))
     assert got == expected
 
 
