@@ -30,6 +30,10 @@ class Generate(Message):
     pin_hit: HitChoice | None = None
     images: list[ImageSpan] = []  # image positions of the prompt, in order (see dsi.messages.vision)
     encoder: str = ""  # control address of the encoder that holds their embeddings
+    # A re-run: the tokens the client already has. The answer still starts at the first output
+    # position (the gateway checks every delivered token again); an engine may compute those
+    # positions as part of the prompt instead of decoding them (dsi.roles.vllm.resume).
+    delivered: list[int] = []
 
 
 class TokenChunk(Message):

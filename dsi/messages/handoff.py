@@ -110,6 +110,7 @@ class EngineStats(Message):
     local_hit_tokens: int = 0  # prompt positions found in the engine's own prefix cache (vLLM), since start
     store_fetched_blocks: int = 0  # pages fetched from the store for the engine to load (vLLM)
     store_skipped_blocks: int = 0  # pages not looked up: the engine's own prefix cache held them (vLLM)
+    resumed: int = 0  # re-runs continued after the tokens the client had, not decoded again (vLLM)
 
 
 class PrefillLost(DsiError):

@@ -303,7 +303,7 @@ class DecodePool:
                 inst, pre = await self._route(
                     msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0
                 )
-                req = msgspec.structs.replace(msg, pin_hit=delivered.pin)
+                req = msgspec.structs.replace(msg, pin_hit=delivered.pin, delivered=list(delivered.token_ids))
                 call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
             inst.sent += 1

@@ -24,8 +24,12 @@ Two ways in, both streams of TokenChunk, as for dsi's own decode (dsi.roles.deco
 
 Drain (``DrainOrder``): new requests are refused (``Overloaded``: the entrypoint routes them
 elsewhere); after the grace period every request still running here ends with
-``finish="migrated"`` naming no decode, so the entrypoint re-runs it on another decode from its
-prompt and checks the re-run against the tokens already delivered; then the role retires.
+``finish="migrated"`` naming no decode, so the entrypoint re-runs it on another decode and checks
+the re-run against the tokens already delivered; then the role retires.
+
+Re-runs (after a drain, or a decode that died): a greedy request without penalties continues
+after the tokens the client has, prefilling them with its prompt (dsi.roles.vllm.resume); the
+rest run from their prompt again. Either way the prompt's pages are store hits.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
+
 from dsi.actor import handles
 from dsi.engine.hit_policy import NO_HIT
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, HitUnavailable, KvLease, Prefilled, PrefillLost, PrefillTo
 from dsi.messages.migrate import DrainOrder
+from dsi.roles.vllm.resume import echoed, resumable, resumed
 from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
 from dsi.vllm.service import VllmOutput
 from dsi.vllm.wiring import hit_params, load_params
@@ -70,6 +77,28 @@ class VllmDecodeActor(VllmRole):
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         self._admit(msg)
+        if resumable(msg):
+            async for chunk in self._resume(msg):
+                yield chunk
+            return
+        async for chunk in self._colocated(msg):
+            yield chunk
+
+    async def _resume(self, msg: Generate) -> AsyncIterator[TokenChunk]:
+        """A re-run continued after the delivered tokens (see dsi.roles.vllm.resume)."""
+        echo, prompt = msg.delivered[:-1], len(msg.token_ids)
+        self.counters.resumed += 1
+        log.info(
+            "%s: request %s resumed after %d delivered tokens", self.name, msg.request_id, len(msg.delivered)
+        )
+        first = True
+        async for chunk in self._colocated(resumed(msg)):
+            chunk = msgspec.structs.replace(chunk, prompt_tokens=prompt)
+            if first and chunk.finish != "migrated":
+                chunk, first = echoed(chunk, echo), False
+            yield chunk
+
+    async def _colocated(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         if msg.pin_hit is not None and msg.pin_hit.tokens and not msg.pin_hit.exact:
             raise HitUnavailable(
                 f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
@@ -106,6 +135,10 @@ class VllmDecodeActor(VllmRole):
         assert self.data is not None and self.layout is not None
         req = msg.request
         self._admit(req)
+        if resumable(req):  # no prefill: the prompt and the delivered tokens run here
+            async for chunk in self._resume(req):
+                yield chunk
+            return
         prompt = len(req.token_ids)
         num_blocks = self.layout.blocks(prompt)
         nbytes = num_blocks * self.layout.block_bytes

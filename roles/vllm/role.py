@@ -80,6 +80,7 @@ class VllmCounters:
     store_hit_blocks: int = 0  # blocks fetched from the kvstore for vLLM to load
     local_skipped_blocks: int = 0  # store lookups skipped: vLLM's own prefix cache held the blocks
     persisted_blocks: int = 0  # full blocks queued for the kvstore
+    resumed: int = 0  # re-runs continued after their delivered tokens (dsi.roles.vllm.resume)
 
 
 class VllmRole(RoleActor):
@@ -252,6 +253,7 @@ class VllmRole(RoleActor):
             local_hit_tokens=now.local_hit_tokens if now is not None else 0,
             store_fetched_blocks=c.store_hit_blocks,
             store_skipped_blocks=c.local_skipped_blocks,
+            resumed=c.resumed,
             prefills=c.prefills,
             handoffs=c.handoffs,
             failed_handoffs=c.failed_handoffs,

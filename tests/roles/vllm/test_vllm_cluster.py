@@ -92,6 +92,7 @@ args = { enforce_eager = true, max_num_seqs = 32 }
 """
 
 
+RESUMED = r"request \S+ resumed after (?:[2-9]|[1-9]\d+) delivered tokens"
 STREAMS = [{**chat_body(prompt(i), 160), "model": MODEL} for i in range(16)]
 
 
@@ -369,6 +370,7 @@ def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_on
     assert [s.outcome for s in streams] == served.reference
     assert [s.error for s in streams] == [None] * len(STREAMS)
     assert re.search(rf"on {killed[0]} after [1-9]\d* tokens; retrying elsewhere", served.log())
+    assert re.search(RESUMED, served.log())  # continued after what they delivered
     wait_until(
         lambda: (
             (t := served.table())[killed[0]]["pid"] != pids[killed[0]] and t[killed[0]]["state"] == "serving"
