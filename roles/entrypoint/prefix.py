@@ -30,7 +30,7 @@ from dsi.kvcache.hashchain import HashChain
 from dsi.kvcache.replica import CheckReplica
 from dsi.messages import ALL
 from dsi.messages.control import ListInstances
-from dsi.roles.kvstore.client import find_kvstore
+from dsi.roles.kvstore.client import kvstore_address
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 from dsi.vllm.chain import majority_chain
@@ -130,29 +130,26 @@ class PrefixLookup:
                 await self._controller.connect()
         while True:
             address = self._fixed
-            if address is None:
-                try:
-                    address = await find_kvstore(self._controller)  # type: ignore[arg-type]
-                except DsiError as exc:
-                    log.debug("prefix lookup: controller not reachable: %s", exc)
+            if self._controller is not None:
+                address = await self._ask_controller()
             if address is not None and (address != self._address or self.replica is None):
                 await self._follow(address)
-            if self._controller is not None:
-                await self._follow_engines()
             await asyncio.sleep(self._refresh_s)
 
-    async def _follow_engines(self) -> None:
-        """Hash on the chain most serving engine instances use (see dsi.vllm.chain)."""
+    async def _ask_controller(self) -> str | None:
+        """One instance table: the kvstore to follow, and the chain most serving engine instances
+        use (see dsi.vllm.chain) to hash on."""
         try:
             table = await self._controller.ask(ListInstances(), timeout=2.0)  # type: ignore[union-attr]
         except DsiError as exc:
             log.debug("prefix lookup: controller not reachable: %s", exc)
-            return
+            return None
         d = self.default_chain
         chain = majority_chain(d, table.instances, d.root_seed, self._vllm_model, self._vllm_block_size)
         if chain != self.chain:
             log.info("prefix lookup: hashing on chain %r (the serving engines')", chain.version or d.model)
             self.chain = chain
+        return kvstore_address(table.instances)
 
     async def _follow(self, address: str) -> None:
         """Replace the replica with one of the kvstore at ``address`` (kept only once it synced)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ import zmq.asyncio
 from dsi.errors import AskTimeout, DsiError, PeerLost
 from dsi.messages import ALL
 from dsi.messages.blob import Blob
-from dsi.messages.control import ListInstances
+from dsi.messages.control import InstanceInfo, ListInstances
 from dsi.messages.kvstore import (
     AnnounceStates,
     BlocksRead,
@@ -51,7 +51,14 @@ _UNREACHABLE = (AskTimeout, PeerLost)  # the kvstore itself is away: stop asking
 async def find_kvstore(controller: Peer, timeout: float = 2.0) -> str | None:
     """The address of the first serving kvstore the controller lists (by instance id), or None."""
     table = await controller.ask(ListInstances("kvstore"), timeout=timeout)
-    ready = sorted((i for i in table.instances if i.state == "serving"), key=lambda i: i.instance_id)
+    return kvstore_address(table.instances)
+
+
+def kvstore_address(instances: Iterable[InstanceInfo]) -> str | None:
+    """The address of the first serving kvstore among ``instances`` (by instance id), or None."""
+    ready = sorted(
+        (i for i in instances if i.role == "kvstore" and i.state == "serving"), key=lambda i: i.instance_id
+    )
     return ready[0].address if ready else None
 
 
