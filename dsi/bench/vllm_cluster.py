@@ -3,7 +3,9 @@
     cluster   dsi serve: two colocated vLLM decodes (@0, @1) + kvstore, balancer, gateway
               vs two `vllm serve` (@0, @1) behind vllm-router in its default policy;
               a slice of Mooncake's conversation trace (dsi.bench.vllm_cluster_trace),
-              closed loop at --concurrency, trace order
+              closed loop at --concurrency, trace order; each instance's KV cache the
+              config's, or --kv-cache-mib on both sides (a local cache smaller than the
+              slice's prompts together: the regime a shared store is for)
     single    dsi serve: one colocated vLLM decode (@0)  vs  one `vllm serve` (@0) alone;
               a fixed batch of distinct prompts, all at once (decode-bound, no prefix reuse:
               the ratio is the cost of dsi's layer, not of a cache)
@@ -40,6 +42,8 @@ class BenchConfig:
     workdir: Path = Path("run/bench-vllm-cluster")
     trace: Path = TRACE
     router: bool = True  # the peer side of the cluster comparison
+    # each cluster instance's KV cache on both sides, in MiB (None: the source config's kv_cache_gib)
+    kv_cache_mib: int | None = None
     single: bool = True
     single_streams: int = 16
     single_prompt_words: int = 256
@@ -57,6 +61,12 @@ class BenchConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_cache_mib is not None and self.kv_cache_mib < 64:
+            raise ValueError(f"kv_cache_mib must be at least 64, got {self.kv_cache_mib}")
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return self.kv_cache_mib << 20 if self.kv_cache_mib is not None else None
 
 
 def _dsi_how(side, layout: Layout) -> dict:
@@ -79,14 +89,17 @@ def _cluster(config: BenchConfig, model_dir: Path, requests: list[BenchRequest],
 
     batch = bodies(requests, model)
     out: dict = {"layout": "two colocated vLLM decodes", "decodes_only_refused": None}
+    out["kv_cache_per_instance"] = (
+        f"{config.kv_cache_mib} MiB (--kv-cache-mib, both sides)" if config.kv_cache_mib else "the config's"
+    )
     layout = DECODES
-    side = DsiSide(layout, model_dir, config.workdir / "cluster-dsi")
+    side = DsiSide(layout, model_dir, config.workdir / "cluster-dsi", config.kv_cache_bytes)
     dsi = measure(side, [batch], config.concurrency, model, config.ready_timeout_s)
     if not dsi.started:
         out["decodes_only_refused"] = dsi.error
         out["layout"] = "fallback: a vLLM prefill and a vLLM decode (PD)"
         layout = PD
-        side = DsiSide(layout, model_dir, config.workdir / "cluster-dsi-pd")
+        side = DsiSide(layout, model_dir, config.workdir / "cluster-dsi-pd", config.kv_cache_bytes)
         dsi = measure(side, [batch], config.concurrency, model, config.ready_timeout_s)
     out["dsi"] = side_dict(_dsi_how(side, layout), dsi)
     peer, how = _routed_peer(config, model_dir, list(side.roles.values()), batch, model)
@@ -255,6 +268,7 @@ def _main(args: argparse.Namespace) -> int:
             workdir=Path(args.dir).resolve(),
             trace=Path(args.trace),
             router=not args.skip_router,
+            kv_cache_mib=args.kv_cache_mib,
             single=not args.skip_single,
             single_streams=args.single_streams,
             single_max_tokens=args.single_max_tokens,
@@ -300,6 +314,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokens-per-id", type=int, default=64, help="words per 512-token trace id")
     parser.add_argument("--max-prompt-tokens", type=int, default=2048, help="prompt cap, in words")
     parser.add_argument("--max-output-tokens", type=int, default=24, help="output cap per request")
+    parser.add_argument(
+        "--kv-cache-mib",
+        type=int,
+        default=None,
+        help="KV cache of each cluster instance, both sides (default: the config's kv_cache_gib)",
+    )
     parser.add_argument("--skip-router", action="store_true", help="no vllm-router side (cluster)")
     parser.add_argument("--skip-single", action="store_true", help="no one-instance comparison")
     parser.add_argument("--single-streams", type=int, default=16, help="prompts per batch (one instance)")

@@ -38,9 +38,11 @@ def _kind(block: str) -> str | None:
     return found.group(1) if found else None
 
 
-def with_layout(text: str, layout: Layout) -> str:
+def with_layout(text: str, layout: Layout, kv_cache_bytes: int | None = None) -> str:
     """``text`` (a config with one prefill and one decode role at least) with its engine roles
-    replaced by ``layout``'s, written where the first engine role was."""
+    replaced by ``layout``'s, written where the first engine role was; each with
+    ``args.kv_cache_memory_bytes = kv_cache_bytes`` where that is given (in place of the source's
+    ``kv_cache_gib``)."""
     head, *blocks = text.split("[[roles]]")
     templates = {}
     for block in blocks:
@@ -49,7 +51,8 @@ def with_layout(text: str, layout: Layout) -> str:
     if missing:
         raise ValueError(f"the source config has no {', '.join(missing)} role to copy")
     engines = [
-        _instance(templates[kind], role_id, cores, i) for i, (kind, role_id, cores) in enumerate(layout)
+        _instance(templates[kind], role_id, cores, i, kv_cache_bytes)
+        for i, (kind, role_id, cores) in enumerate(layout)
     ]
     first = next(i for i, block in enumerate(blocks) if _kind(block) in _ENGINE_KINDS)
     others = [block for block in blocks if _kind(block) not in _ENGINE_KINDS]
@@ -57,7 +60,7 @@ def with_layout(text: str, layout: Layout) -> str:
     return "[[roles]]".join([head, *kept])
 
 
-def _instance(template: str, role_id: str, cores: str, index: int) -> str:
+def _instance(template: str, role_id: str, cores: str, index: int, kv_cache_bytes: int | None) -> str:
     block = re.sub(r'(?m)^id = "[^"]*"', f'id = "{role_id}"', template, count=1)
     # a distinct address per instance (private_config moves each to a free port)
     block = re.sub(
@@ -66,17 +69,24 @@ def _instance(template: str, role_id: str, cores: str, index: int) -> str:
     block, found = re.subn(r'(?m)^cpu_threads = "[^"]*"', f'cpu_threads = "{cores}"', block, count=1)
     if not found:
         block = block.replace("[roles.vllm]\n", f'[roles.vllm]\ncpu_threads = "{cores}"\n', 1)
+    if kv_cache_bytes is not None:
+        sized = f"kv_cache_memory_bytes = {kv_cache_bytes}"
+        block, found = re.subn(r"(?m)^args = \{", f"args = {{ {sized},", block, count=1)
+        if not found:
+            block = block.replace("[roles.vllm]\n", f"[roles.vllm]\nargs = {{ {sized} }}\n", 1)
     return block if block.endswith("\n\n") else block.rstrip("\n") + "\n\n"
 
 
-def write_config(layout: Layout, model_dir: Path, side_dir: Path, source: Path = SOURCE) -> Path:
+def write_config(
+    layout: Layout, model_dir: Path, side_dir: Path, source: Path = SOURCE, kv_cache_bytes: int | None = None
+) -> Path:
     """The private config of ``layout`` in ``side_dir`` (see the module docstring)."""
     from dsi.bench.soak_cluster import private_config
 
     derived = side_dir / "derived" / source.name
     derived.parent.mkdir(parents=True, exist_ok=True)
     spelled = ", ".join(f"{role_id} {cores}" for _, role_id, cores in layout)
-    text = with_model_dir(with_layout(source.read_text(), layout), model_dir)
+    text = with_model_dir(with_layout(source.read_text(), layout, kv_cache_bytes), model_dir)
     derived.write_text(f"# dsi bench vllm-cluster: {source.name} with vLLM instances {spelled}\n{text}")
     return private_config(derived, side_dir)
 

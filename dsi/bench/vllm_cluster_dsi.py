@@ -26,13 +26,16 @@ from dsi.vllm.wiring import staging_dir
 
 
 class DsiSide:
-    """``dsi serve`` with ``layout``'s vLLM instances, its files in ``side_dir``."""
+    """``dsi serve`` with ``layout``'s vLLM instances, its files in ``side_dir`` (each instance's KV
+    cache ``kv_cache_bytes`` where given, see :func:`dsi.bench.vllm_cluster_config.with_layout`)."""
 
-    def __init__(self, layout: Layout, model_dir: Path, side_dir: Path) -> None:
+    def __init__(
+        self, layout: Layout, model_dir: Path, side_dir: Path, kv_cache_bytes: int | None = None
+    ) -> None:
         shutil.rmtree(side_dir, ignore_errors=True)
         side_dir.mkdir(parents=True)
         self.layout = layout
-        self.config = write_config(layout, model_dir, side_dir)
+        self.config = write_config(layout, model_dir, side_dir, kv_cache_bytes=kv_cache_bytes)
         self.cluster = ServedCluster(self.config, side_dir)
         self.roles: dict[str, VllmOptions] = vllm_roles(self.cluster.cfg)
         self.binds = {r.id: r.bind for r in self.cluster.cfg.roles if r.id in self.roles}

@@ -71,7 +71,8 @@ def _engine_args(raw: Any, where: Where) -> EngineArgs:
 class VllmOptions:
     """The vLLM engine of one role. ``model``: a Hugging Face model directory (default: [model]
     dir). ``kv_cache_gib``: GiB of KV cache (on a CPU build vLLM's ``VLLM_CPU_KVCACHE_SPACE``; on
-    a GPU build ``args.gpu_memory_utilization`` decides). ``cpu_threads``: the cores its OpenMP
+    a GPU build ``args.gpu_memory_utilization`` decides); ``args.kv_cache_memory_bytes``, where
+    set, takes its place on either build (sizes below a GiB). ``cpu_threads``: the cores its OpenMP
     threads bind to on a CPU build, so that several vLLM processes on one machine do not share
     cores: CPU ids ("0-3"), positions among the CPUs the role may run on ("@0-3", portable across
     cpusets), "nobind", or "auto" (vLLM's choice); see dsi.vllm.cores. ``python``: the interpreter whose environment

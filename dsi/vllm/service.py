@@ -85,13 +85,16 @@ class VllmOutput:
 
 
 def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dict[str, str]:
-    """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB and core
+    """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB (left
+    empty when ``args`` sets ``kv_cache_memory_bytes``, which vLLM then uses) and core
     binding (CPU build; ``cpu_threads`` resolved against ``allowed_cpus``, the ids this process
     may run on: CoresUnavailable when it names others), offline hub, no usage reports, logs on
     stderr (a role's stdout carries only its READY line, see dsi.provision.process)."""
+    # an explicit args.kv_cache_memory_bytes wins: vLLM's CPU build reads the variable only when set
+    explicit = "kv_cache_memory_bytes" in dict(options.args)
     env = {
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
-        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
+        "VLLM_CPU_KVCACHE_SPACE": "" if explicit else str(options.kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

@@ -47,3 +47,15 @@ def test_a_kind_the_source_lacks_is_an_error():
     text = with_layout(SOURCE.read_text(), SINGLE)  # no prefill left to copy
     with pytest.raises(ValueError, match="no prefill role"):
         with_layout(text, PD)
+
+
+def test_a_kv_cache_size_reaches_every_instance_and_its_vllm(tmp_path):
+    from dsi.vllm.service import engine_environment
+
+    cfg = load_config(
+        write_config(DECODES, Path("/models/smollm2"), tmp_path / "side", kv_cache_bytes=3 << 27)
+    )
+    for options in vllm_roles(cfg).values():
+        assert options.args.get("kv_cache_memory_bytes") == 3 << 27
+        assert options.args.get("max_num_seqs") == 32  # the source's arguments stay
+        assert engine_environment(options, {0, 1})["VLLM_CPU_KVCACHE_SPACE"] == ""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dsi.config.vllm import EngineArgs, VllmOptions
 from dsi.errors import InvalidRequest
-from dsi.vllm.service import check_weight_files
+from dsi.vllm.service import check_weight_files, engine_environment
 
 
 def test_a_draft_beside_the_model_is_refused_with_the_file_named(tmp_path):
@@ -22,3 +23,11 @@ def test_an_index_or_a_lone_model_file_passes(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text("{}")
     check_weight_files(tmp_path)
     check_weight_files(tmp_path / "absent")  # a hub name, not a directory: vLLM resolves it
+
+
+def test_the_kv_cache_gib_reaches_vllm_unless_explicit_bytes_are_given():
+    plain = engine_environment(VllmOptions(kv_cache_gib=3, cpu_threads="nobind"), {0, 1})
+    assert plain["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    sized = VllmOptions(kv_cache_gib=3, args=EngineArgs([("kv_cache_memory_bytes", 1 << 28)]))
+    # vLLM's CPU build replaces the argument with the variable whenever the variable is not empty
+    assert engine_environment(sized, {0, 1})["VLLM_CPU_KVCACHE_SPACE"] == ""

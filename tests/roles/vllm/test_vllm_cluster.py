@@ -382,6 +382,7 @@ def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_on
 
 def test_a_drained_vllm_decode_hands_its_streams_over_unchanged(served):
     _reference(served)
+    before = len(served.log())
     drains: list[tuple[str, Future]] = []
     pool = ThreadPoolExecutor(1)
 
@@ -400,4 +401,5 @@ def test_a_drained_vllm_decode_hands_its_streams_over_unchanged(served):
     pool.shutdown()
     assert [s.outcome for s in streams] == served.reference
     assert re.search(rf"{drained}: grace period over; [1-9]\d* requests re-run elsewhere", served.log())
+    assert re.search(RESUMED, served.log()[before:])  # the moved streams went on from what they had
     wait_until(lambda: served.table()[drained]["state"] == "stopped", timeout=30)
