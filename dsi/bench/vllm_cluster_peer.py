@@ -5,7 +5,7 @@ Each instance is vLLM's OpenAI server (:class:`dsi.bench.peers_served_vllm.VllmS
 from one dsi role's ``[roles.vllm]`` options (:class:`dsi.config.vllm.VllmOptions`): the same
 interpreter (:func:`dsi.provision.python.vllm_python`), dtype, context, block size (dsi's page,
 :data:`dsi.vllm.wiring.BLOCK_SIZE`), engine ``args`` as command-line flags, and the environment
-dsi's role sets (:func:`dsi.vllm.service.engine_environment`: KV cache GiB, OpenMP threads bound
+dsi's role sets (:func:`dsi.vllm.service.apply_engine_environment`: KV cache GiB, OpenMP threads bound
 to the role's ``cpu_threads``), with vLLM's prefix caching on (its default, as in dsi's roles).
 What dsi adds (its connector, the kvstore) is what the comparison measures.
 
@@ -78,9 +78,11 @@ def peer_argv(
 
 def peer_env(options: VllmOptions, allowed_cpus: set[int]) -> dict[str, str]:
     """This process's environment plus what dsi's vLLM role sets for ``options``."""
-    from dsi.vllm.service import engine_environment
+    from dsi.vllm.service import apply_engine_environment
 
-    return os.environ | engine_environment(options, allowed_cpus)
+    env = dict(os.environ)
+    apply_engine_environment(env, options, allowed_cpus)
+    return env
 
 
 def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:

@@ -51,7 +51,8 @@ class SideFigures:
     """One side's figures over one replay (see the module docstring). ``prompt_tokens_per_request``
     is what the server's usage chunks said; ``computed_check_per_request`` is vLLM's prompt
     tokens minus its hits (a second count of the same thing); ``computed_by_instance``,
-    ``local_hit_tokens`` and ``loaded_tokens`` say where the prompt tokens went."""
+    ``local_hit_tokens`` and ``loaded_tokens`` say where the prompt tokens went;
+    ``ttft_ms_by_request``: each request's TTFT in replay order (None: no content came)."""
 
     requests: int
     failed: int
@@ -67,6 +68,7 @@ class SideFigures:
     local_hit_tokens: int | None = None
     loaded_tokens: int | None = None
     errors: list[str] = field(default_factory=list)
+    ttft_ms_by_request: list[float | None] = field(default_factory=list)
 
 
 def side_figures(run: ServedRun, instances: list[PromptCounters] | None) -> SideFigures:
@@ -96,6 +98,7 @@ def side_figures(run: ServedRun, instances: list[PromptCounters] | None) -> Side
         local_hit_tokens=total.local_hits if total else None,
         loaded_tokens=total.loaded if total else None,
         errors=run.errors[:3],
+        ttft_ms_by_request=[_round(s.ttft_s * 1000) if s.ttft_s is not None else None for s in run.streams],
     )
 
 

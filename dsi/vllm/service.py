@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,25 +84,39 @@ class VllmOutput:
     kv_transfer_params: dict[str, Any] | None = None
 
 
+KV_CACHE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"  # the CPU build's KV cache GiB
+
+
 def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dict[str, str]:
-    """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB (left
-    empty when ``args`` sets ``kv_cache_memory_bytes``, which vLLM then uses) and core
-    binding (CPU build; ``cpu_threads`` resolved against ``allowed_cpus``, the ids this process
-    may run on: CoresUnavailable when it names others), offline hub, no usage reports, logs on
-    stderr (a role's stdout carries only its READY line, see dsi.provision.process)."""
-    # an explicit args.kv_cache_memory_bytes wins: vLLM's CPU build reads the variable only when set
-    explicit = "kv_cache_memory_bytes" in dict(options.args)
+    """The variables vLLM reads at start (set before vLLM is first imported): KV cache GiB (absent
+    when ``args`` sets ``kv_cache_memory_bytes``: vLLM's CPU build lets the variable override the
+    argument whenever it is set, see :func:`apply_engine_environment`) and core binding (CPU build;
+    ``cpu_threads`` resolved against ``allowed_cpus``, the ids this process may run on:
+    CoresUnavailable when it names others), offline hub, no usage reports, logs on stderr (a
+    role's stdout carries only its READY line, see dsi.provision.process)."""
     env = {
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
-        "VLLM_CPU_KVCACHE_SPACE": "" if explicit else str(options.kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if "kv_cache_memory_bytes" not in dict(options.args):
+        env[KV_CACHE_VARIABLE] = str(options.kv_cache_gib)
     cores = resolve_cores(options.cpu_threads, allowed_cpus)
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     return env
+
+
+def apply_engine_environment(
+    environ: MutableMapping[str, str], options: VllmOptions, allowed_cpus: Iterable[int]
+) -> None:
+    """Set :func:`engine_environment` in ``environ`` (``os.environ``, or a child's copy), removing
+    an inherited KV cache size the options replace with ``kv_cache_memory_bytes``."""
+    env = engine_environment(options, allowed_cpus)
+    if KV_CACHE_VARIABLE not in env:
+        environ.pop(KV_CACHE_VARIABLE, None)
+    environ.update(env)
 
 
 def engine_args(options: VllmOptions, model_dir: Path, wiring: Mapping[str, Any]) -> Any:

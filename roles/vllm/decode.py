@@ -217,10 +217,13 @@ class VllmDecodeActor(VllmRole):
         vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"
         stream = self.service.generate(vid, list(msg.token_ids), msg.sampling, params)
         first = True
+        self.starts(vid, prompt)
         try:
             async with contextlib.aclosing(stream):
                 while True:
                     out = await self._next(stream)
+                    if first:
+                        self.started(vid)
                     if out is None:
                         yield TokenChunk(rid, [], "migrated", prompt, cached_tokens or 0)
                         return
@@ -236,6 +239,7 @@ class VllmDecodeActor(VllmRole):
                     if out.finished:
                         return
         finally:
+            self.started(vid)
             self.live.pop(rid, None)
             self.load_changed()
 

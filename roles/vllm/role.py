@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from dsi.transport.security import CurveKeys
 from dsi.vllm.chain import vllm_chain
 from dsi.vllm.events import LocalBlocks, follow
 from dsi.vllm.layout import KvLayout
-from dsi.vllm.service import VllmService, engine_environment
+from dsi.vllm.service import VllmService, apply_engine_environment
 from dsi.vllm.wiring import connector_wiring, events_endpoint, staging_dir
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,13 @@ class VllmCounters:
     resumed: int = 0  # re-runs continued after their delivered tokens (dsi.roles.vllm.resume)
 
 
+def waiting_tokens(starting: Sequence[int], waiting: int) -> int:
+    """The tokens of the last ``waiting`` of ``starting`` (prompt tokens of the requests given to
+    a first-come-first-served engine that has not answered them yet, oldest first)."""
+    waiting = min(max(waiting, 0), len(starting))
+    return sum(starting[len(starting) - waiting :]) if waiting else 0
+
+
 class VllmRole(RoleActor):
     """Base of VllmPrefillActor and VllmDecodeActor."""
 
@@ -107,12 +115,15 @@ class VllmRole(RoleActor):
         self.accepted = 0
         self.incoming_requests = 0  # accepted, not yet counted by vLLM (see Arrival)
         self.incoming_tokens = 0
+        # vLLM request id -> prompt tokens, of the requests given to vLLM that have no output yet,
+        # in the order they were given (see _waiting_tokens)
+        self.starting: dict[str, int] = {}
         self.started_at = time.time()
 
     async def on_start(self) -> None:
         # before vLLM is first imported; CoresUnavailable (the role fails to start) when cpu_threads
         # names CPUs this process may not run on
-        os.environ.update(engine_environment(self.options, os.sched_getaffinity(0)))
+        apply_engine_environment(os.environ, self.options, os.sched_getaffinity(0))
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
         self.ctx = zmq.asyncio.Context()
@@ -190,9 +201,28 @@ class VllmRole(RoleActor):
             self.reporter.poke()
 
     def _kv_tokens(self) -> int:
+        """KV tokens held (vLLM's usage) plus those its waiting requests will take."""
         if self.service is None:
             return 0
-        return round(self.service.load.kv_usage * self.service.shape.kv_capacity_tokens)
+        held = round(self.service.load.kv_usage * self.service.shape.kv_capacity_tokens)
+        return held + self._waiting_tokens()
+
+    def _waiting_tokens(self) -> int:
+        """The prompt tokens of the requests vLLM has not scheduled yet: they hold no KV, so its
+        usage misses them, yet they will hold it and their prompts are compute still ahead.
+        vLLM schedules first come, first served, so the waiting ones are the last ``waiting``
+        given that have no output yet."""
+        assert self.service is not None
+        return waiting_tokens(list(self.starting.values()), self.service.load.waiting)
+
+    def starts(self, vllm_id: str, prompt_tokens: int) -> None:
+        """A request given to vLLM (counted by :meth:`_waiting_tokens` until :meth:`started`)."""
+        self.starting[vllm_id] = prompt_tokens
+
+    def started(self, vllm_id: str) -> None:
+        """Its first output came (or it ended): vLLM scheduled it."""
+        if self.starting.pop(vllm_id, None) is not None:
+            self.load_changed()
 
     def load(self) -> Load:
         if self.service is None:

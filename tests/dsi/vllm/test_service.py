@@ -6,7 +6,7 @@ import pytest
 
 from dsi.config.vllm import EngineArgs, VllmOptions
 from dsi.errors import InvalidRequest
-from dsi.vllm.service import check_weight_files, engine_environment
+from dsi.vllm.service import apply_engine_environment, check_weight_files
 
 
 def test_a_draft_beside_the_model_is_refused_with_the_file_named(tmp_path):
@@ -26,8 +26,12 @@ def test_an_index_or_a_lone_model_file_passes(tmp_path):
 
 
 def test_the_kv_cache_gib_reaches_vllm_unless_explicit_bytes_are_given():
-    plain = engine_environment(VllmOptions(kv_cache_gib=3, cpu_threads="nobind"), {0, 1})
-    assert plain["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    plain = VllmOptions(kv_cache_gib=3, cpu_threads="nobind")
+    environ = {"PATH": "/bin"}
+    apply_engine_environment(environ, plain, {0, 1})
+    assert environ["VLLM_CPU_KVCACHE_SPACE"] == "3" and environ["PATH"] == "/bin"
     sized = VllmOptions(kv_cache_gib=3, args=EngineArgs([("kv_cache_memory_bytes", 1 << 28)]))
-    # vLLM's CPU build replaces the argument with the variable whenever the variable is not empty
-    assert engine_environment(sized, {0, 1})["VLLM_CPU_KVCACHE_SPACE"] == ""
+    # vLLM's CPU build replaces the argument with the variable whenever the variable is set (and
+    # fails on an empty one): an inherited one goes
+    apply_engine_environment(environ, sized, {0, 1})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in environ and environ["HF_HUB_OFFLINE"] == "1"
