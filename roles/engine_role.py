@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -54,7 +53,9 @@ from dsi.roles.role import RoleActor
 from dsi.roles.state_cache import StateCache
 from dsi.transport.client import Peer
 from dsi.transport.kv import DataPlane, Inbound, KvTarget, make_data_plane
+from dsi.transport.kv.ids import transfer_id
 from dsi.transport.security import CurveKeys
+from dsi.transport.sockets import peers_context
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class EngineRole(RoleActor):
         return self.service.shape
 
     async def on_start(self) -> None:
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = peers_context()  # kept Peers to the other engine instances (kept_peer)
         self.service = await asyncio.get_running_loop().run_in_executor(None, self._build_service)
         self.service.start()
         self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
@@ -394,7 +395,7 @@ class EngineRole(RoleActor):
             raise InvalidRequest("the request has images but names no encoder that holds their embeddings")
         hidden, rows = self.shape.hidden, sum(s.tokens for s in req.images)
         timeout = self.settings.lease_timeout_s
-        transfer = f"{self.name}.images.{secrets.token_hex(6)}"
+        transfer = transfer_id(self.name, "images")
         inbound = self.data.expect(transfer, rows * hidden * 4, timeout)
         try:
             peer = await self.peer(req.encoder, timeout)

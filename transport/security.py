@@ -3,7 +3,7 @@
 Every role that binds uses the cluster's server keypair; every caller presents a client keypair
 whose public key must be in ``authorized_dir``. A caller without the right keys never gets a
 single reply: the ZAP handler refuses the handshake before any message reaches the role.
-Keys are ZeroMQ certificate files (``zmq.auth.create_certificates``).
+Keys are ZeroMQ certificate files, as ``dsi keys create`` writes them (dsi.transport.keyset).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import zmq
 import zmq.asyncio
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
+
+from dsi.transport.keyset import create_key_set
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,19 +48,15 @@ class CurveKeys:
 
 
 def generate_keys(directory: Path) -> dict[str, Path]:
-    """Create a cluster server keypair and one client keypair (authorised) under ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    authorized = directory / "authorized"
-    authorized.mkdir(exist_ok=True)
-    server_public, server_secret = zmq.auth.create_certificates(directory, "server")
-    client_public, client_secret = zmq.auth.create_certificates(directory, "client")
-    (authorized / "client.key").write_bytes(Path(client_public).read_bytes())
+    """A key set with one client keypair, "client", under ``directory`` (see
+    dsi.transport.keyset), as the paths of its files."""
+    keyset = create_key_set(directory, ["client"])
     return {
-        "server_public": Path(server_public),
-        "server_secret": Path(server_secret),
-        "client_public": Path(client_public),
-        "client_secret": Path(client_secret),
-        "authorized_dir": authorized,
+        "server_public": keyset.server_public_file,
+        "server_secret": keyset.server_secret_file,
+        "client_public": keyset.authorized_dir / "client.key",
+        "client_secret": keyset.client_secret_file("client"),
+        "authorized_dir": keyset.authorized_dir,
     }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+import zmq.asyncio
 
 from dsi.transport.wire import HEADER_SIZE, Kind, pack_header, peek_call_id
 
@@ -35,6 +36,20 @@ RECV_TRIM_THRESHOLD = 256 << 20  # bytes of free heap an arena keeps before givi
 _NOBLOCK, _RCVMORE, _EVENTS = int(zmq.NOBLOCK), int(zmq.RCVMORE), int(zmq.EVENTS)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+
+
+# Sockets one context may hold. ZeroMQ's default (1023) holds only about 340 Peers, each a
+# DEALER and the two PAIR sockets of its monitor: fewer than the engine instances a gateway keeps
+# a Peer to. Past this, what bounds a process is its file descriptors (about four per Peer).
+MAX_SOCKETS = 32_768
+
+
+def peers_context() -> zmq.asyncio.Context:
+    """A context for a process that keeps a Peer per instance of the cluster (a gateway, an
+    engine role): room for MAX_SOCKETS sockets."""
+    ctx = zmq.asyncio.Context()
+    ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)
+    return ctx
 
 
 def tune(sock: zmq.Socket) -> None:

@@ -7,13 +7,15 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules, in the order `dsi --help` lists them.
+# Subcommand modules, in the order `dsi --help` lists them; each registers the command it is
+# named for (see command_of).
 _COMMANDS = (
     "dsi.cli.serve",
     "dsi.cli.status",
     "dsi.cli.scale",
     "dsi.cli.drain",
     "dsi.cli.undrain",
+    "dsi.cli.keys",
     "dsi.cli.model",
     "dsi.cli.generate",
     "dsi.cli.recipe",
@@ -22,18 +24,28 @@ _COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(module: str) -> str:
+    """The command a subcommand module registers: its own name, or its package's for a ``cli``
+    module (``dsi.bench.cli`` registers ``bench``)."""
+    *package, name = module.split(".")
+    return package[-1] if name == "cli" else name
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only ``command``'s when it names one: a command then imports
+    its own module alone (``dsi status`` does not wait for the benchmarks' imports)."""
     parser = argparse.ArgumentParser(
         prog="dsi", description="dsi: disaggregated serving for DeepSeek-V4 models"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in _COMMANDS:
+    for name in [m for m in _COMMANDS if command_of(m) == command] or _COMMANDS:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     return int(args.func(args) or 0)
 
 

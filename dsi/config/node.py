@@ -12,6 +12,7 @@ from typing import Any
 from dsi.config.autoscale import AutoscaleSection
 from dsi.config.endpoints import reachable
 from dsi.config.errors import ConfigError, Where
+from dsi.config.exposure import check_exposure
 from dsi.config.provisioner import ProvisionerConfig
 from dsi.config.reader import read_table
 from dsi.config.roles import RoleConfig, RoleKind, read_roles
@@ -66,10 +67,13 @@ class NodeConfig:
 
 
 def parse_config(data: Mapping[str, Any], source: str | os.PathLike[str]) -> NodeConfig:
-    """A NodeConfig from an already-parsed TOML document; relative paths start at `source`'s directory."""
+    """A NodeConfig from an already-parsed TOML document; relative paths start at `source`'s directory.
+    A node that reaches other hosts without keys is refused (see dsi.config.exposure)."""
     path = Path(os.path.abspath(source))
     where = Where(file=os.fspath(source), base=path.parent)
-    return read_table(NodeConfig, data, where, source=path)
+    cfg = read_table(NodeConfig, data, where, source=path)
+    check_exposure(cfg)
+    return cfg
 
 
 def load_config(path: str | os.PathLike[str]) -> NodeConfig:

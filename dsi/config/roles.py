@@ -12,6 +12,7 @@ options class, so a key that belongs to another kind is an error.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,6 +27,18 @@ from dsi.config.spec import Seen, at_least, at_most, greater, less, matches, non
 from dsi.config.vllm import VllmOptions, only_for_vllm
 
 RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(raw: Any, where: Where) -> tuple[IPNetwork, ...]:
+    if not isinstance(raw, list) or any(type(x) is not str for x in raw):
+        raise where.error(f'expected an array of CIDR strings such as "10.0.0.0/8", got {describe(raw)}')
+    try:
+        return tuple(ipaddress.ip_network(x) for x in raw)
+    except ValueError as err:
+        raise where.error(f'{err} (a network is written as "10.0.0.0/8" or "fd00::/8")') from None
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -57,8 +70,12 @@ class EntrypointOptions:
     # dsi.roles.entrypoint.workers).
     http_workers: int = field(default=1, metadata=spec(checks=(greater(0), at_most(256))))
     # Image input of a model with a vision encoder (see dsi.recipe.images): http(s) image URLs
-    # are fetched only when true (the fetch blocks the gateway worker); data URLs always work.
+    # are fetched only when true, from public addresses only (requests are then prepared in a
+    # worker thread); data URLs always work.
     fetch_image_urls: bool = False
+    # Networks image URLs may be fetched from although they are not public, as CIDR strings
+    # (["10.20.0.0/16"]: a private deployment's image host; ["127.0.0.1/32"]: tests).
+    image_fetch_allow: tuple[IPNetwork, ...] = field(default=(), metadata=spec(reader=_networks))
     max_image_bytes: int = field(default=8 << 20, metadata=spec(checks=(greater(0),)))
     max_images: int = field(default=16, metadata=spec(checks=(greater(0), at_most(1024))))
 

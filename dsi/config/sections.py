@@ -12,6 +12,7 @@ from dsi.config.endpoints import parse_connect
 from dsi.config.errors import Where
 from dsi.config.reader import describe
 from dsi.config.spec import (
+    Seen,
     Spec,
     at_least,
     at_most,
@@ -55,15 +56,24 @@ class ClusterConfig:
     balancers: tuple[str, ...] | None = field(default=None, metadata=spec(reader=_endpoints))
 
 
+def _not_with_curve(value: bool, seen: Seen) -> str | None:
+    if value and seen["curve"]:
+        return "insecure = true and curve = true contradict each other; keep one"
+    return None
+
+
 def _key_file(kind: str) -> Mapping[str, Spec]:
     return spec(requires=required_when("curve"), checks=(exists_when("curve", kind),))
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class SecurityConfig:
-    """ZeroMQ CURVE between roles. Paths are absolute (read relative to the config file)."""
+    """ZeroMQ CURVE between roles. Paths are absolute (read relative to the config file).
+    ``dsi keys create`` writes the files and prints this section. A node with an address beyond
+    loopback needs curve = true, or insecure = true to run without (see dsi.config.exposure)."""
 
     curve: bool = False
+    insecure: bool = field(default=False, metadata=spec(checks=(_not_with_curve,)))
     # ZeroMQ certificate files; the server secret file holds the public and the secret key.
     server_secret_key: Path | None = field(default=None, metadata=_key_file("file"))
     server_public_key: Path | None = field(default=None, metadata=_key_file("file"))

@@ -27,7 +27,7 @@ from dsi.messages.gateway import Generate
 class KvLease(Message):
     """Where the prefill writes: a receive region on the decode's data plane, valid for a while."""
 
-    lease_id: str  # also the data-plane transfer id
+    lease_id: str  # also the data-plane transfer id: names + 128 random bits (dsi.transport.kv.ids)
     backend: str  # tcp | shm | rdma
     address: str  # the decode's data-plane endpoint
     nbytes: int  # exactly the RequestState bytes of ``num_blocks`` pages

@@ -8,8 +8,10 @@
 
 Every failure is a RequestError 400 (``invalid_image``) that names the request field; nothing is
 decoded before the declared size is checked, so a 50,000 x 50,000 PNG of a few bytes costs
-nothing. ``http(s)`` URLs are refused unless ``ImageLimits.allow_fetch`` (off by default): the
-fetch then blocks the gateway worker for up to ``fetch_timeout_s``.
+nothing. ``http(s)`` URLs are refused unless ``ImageLimits.allow_fetch`` (off by default); they
+are then fetched from public addresses only, within ``max_bytes`` and ``fetch_timeout_s``
+(dsi.recipe.image_fetch). The fetch blocks its caller: the gateway prepares requests in a
+worker thread when fetching is on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import binascii
 import io
 import math
 import re
-import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from PIL import Image, UnidentifiedImageError
 
 from dsi.model.vision_config import VisionConfig
 from dsi.recipe.errors import RequestError
+from dsi.recipe.image_fetch import FetchLimits, ImageFetchError, IPNetwork, fetch_image
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
 _DATA_URL = re.compile(
@@ -38,13 +40,16 @@ _DATA_URL = re.compile(
 @dataclass(slots=True, frozen=True)
 class ImageLimits:
     """Bounds on one image. ``max_bytes``: encoded bytes; ``max_source_pixels``: the declared
-    width x height before decoding; ``max_images``: per request."""
+    width x height before decoding; ``max_images``: per request. ``allow_fetch``: http(s) URLs
+    are fetched, within ``fetch_timeout_s`` seconds, from public addresses and the networks of
+    ``fetch_allow`` only."""
 
     max_bytes: int = 8 << 20
     max_source_pixels: int = 40_000_000
     max_images: int = 16
     allow_fetch: bool = False
     fetch_timeout_s: float = 10.0
+    fetch_allow: tuple[IPNetwork, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -146,13 +151,9 @@ def _image_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
 
 def _fetch(url: str, limits: ImageLimits, param: str) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=limits.fetch_timeout_s) as resp:
-            raw = resp.read(limits.max_bytes + 1)
-    except (OSError, ValueError) as exc:
-        raise _bad(param, f"the image URL could not be fetched: {exc}") from None
-    if len(raw) > limits.max_bytes:
-        raise _bad(param, f"the image is larger than {limits.max_bytes} bytes")
-    return raw
+        return fetch_image(url, FetchLimits(limits.max_bytes, limits.fetch_timeout_s, limits.fetch_allow))
+    except ImageFetchError as exc:
+        raise _bad(param, str(exc)) from None
 
 
 def _bad(param: str, message: str) -> RequestError:

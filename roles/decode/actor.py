@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -46,6 +45,7 @@ from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.decode.arrivals import Arrivals
 from dsi.roles.decode.migration import Migration
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings
+from dsi.transport.kv.ids import transfer_id
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class DecodeActor(EngineRole):
         layout = self.shape.state_layout(num_blocks, sum(s.tokens for s in req.images))
         reservation = await self._reserve(num_blocks)
         arrival = self.arrive(len(req.token_ids))  # counted here until the engine holds it
-        lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
+        lease_id = transfer_id(self.name, req.request_id)
         timeout = self.settings.lease_timeout_s
         inbound = self.data.expect(lease_id, layout.nbytes, timeout)
         self.counters.leases += 1

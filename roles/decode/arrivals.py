@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from dsi.errors import DsiError, InvalidRequest
 from dsi.messages.handoff import KvLease
 from dsi.messages.migrate import Migrant, MigrateIn, MigrationLeases, Precopy
 from dsi.transport.kv import Inbound
+from dsi.transport.kv.ids import transfer_id as new_transfer_id
 
 if TYPE_CHECKING:
     from dsi.roles.engine_role import EngineRole
@@ -170,7 +170,7 @@ class Arrivals:
 
     def _expect(self, arrival: _Arrival, what: str, nbytes: int, timeout_s: float) -> Inbound:
         assert self.role.data is not None
-        transfer_id = f"{self.role.name}.migrate.{arrival.request_id}.{what}.{secrets.token_hex(4)}"
+        transfer_id = new_transfer_id(self.role.name, "migrate", arrival.request_id, what)
         inbound = self.role.data.expect(transfer_id, nbytes, timeout_s)
         arrival.inbounds.append(inbound)
         return inbound

@@ -14,6 +14,7 @@ tokens sent; see dsi.roles.entrypoint.recovery) ends it with the protocol's erro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -70,7 +71,8 @@ class Gateway:
     """``keep``: the served model's decoder-side keep, for the hit an ``exact`` policy can take;
     ``rings``: whether it keeps SWA rings (without, every stored page is an exact hit).
     ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
-    and its engine request with it (see dsi.roles.entrypoint.sse)."""
+    and its engine request with it (see dsi.roles.entrypoint.sse). ``prepare_in_thread``: run
+    the preparer in a worker thread, as it blocks when it fetches image URLs."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class Gateway:
         slow_reader_timeout_s: float = 30.0,
         rings: bool = True,
         encoders: EncoderPool | None = None,
+        prepare_in_thread: bool = False,
     ) -> None:
         self.pool = pool
         self.keys = keys
@@ -92,6 +95,7 @@ class Gateway:
         self.keep = keep
         self.rings = rings
         self.encoders = encoders  # None: no vision encoder, a request with images is a 503
+        self.prepare_in_thread = prepare_in_thread
         metrics.sources.append(pool.metric_lines)
         self.slow_reader_timeout_s = slow_reader_timeout_s
         self._turns = TurnWrites()  # the streams' end-of-turn writes, one callback for all
@@ -131,10 +135,12 @@ class Gateway:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             return self._error(protocol, 413, exc.text or "request body too large")
+        traffic_class = request.headers.get(TRAFFIC_CLASS_HEADER, caller.entry.traffic_class)
         try:
-            prep = self.prepare(
-                protocol, body, request.headers.get(TRAFFIC_CLASS_HEADER, caller.entry.traffic_class)
-            )
+            if self.prepare_in_thread:
+                prep = await asyncio.to_thread(self.prepare, protocol, body, traffic_class)
+            else:
+                prep = self.prepare(protocol, body, traffic_class)
         except RequestError as exc:
             self.metrics.request_done(protocol, exc.status)
             self.metrics.error(f"http_{exc.status}")

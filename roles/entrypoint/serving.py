@@ -33,6 +33,7 @@ from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
+from dsi.transport.sockets import peers_context
 from dsi.vllm.wiring import BLOCK_SIZE as VLLM_BLOCK_SIZE
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class GatewayServing:
 
     async def _start(self) -> None:
         node, opts = self.node, self.options
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = peers_context()  # a Peer per engine instance
         keys = client_keys(node.security)
         self._pool = pool = DecodePool(
             node.cluster.controller,
@@ -107,6 +108,7 @@ class GatewayServing:
             rings=bool(shape.ring),
             slow_reader_timeout_s=opts.slow_reader_timeout_s,
             encoders=self._encoders,
+            prepare_in_thread=vision is not None and opts.fetch_image_urls,
         )
         app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
         # With one worker the port stays exclusive, so a second gateway on it is an error.
@@ -118,7 +120,10 @@ class GatewayServing:
             return None
         opts = self.options
         limits = ImageLimits(
-            max_bytes=opts.max_image_bytes, max_images=opts.max_images, allow_fetch=opts.fetch_image_urls
+            max_bytes=opts.max_image_bytes,
+            max_images=opts.max_images,
+            allow_fetch=opts.fetch_image_urls,
+            fetch_allow=opts.image_fetch_allow,
         )
         return VisionSpec(vision, limits)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 
 import torch
@@ -52,6 +51,7 @@ from dsi.messages.migrate import DrainOrder
 from dsi.roles.engine_role import Arrival, EngineRole, EngineRoleSettings, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
 from dsi.roles.prefill_drain import PrefillDrain
+from dsi.transport.kv.ids import transfer_id
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class PrefillActor(EngineRole):
         if not owner or owner == self.settings.address:
             return None
         shape = self.shape.ring_shape
-        transfer = f"{self.name}.state.{secrets.token_hex(6)}"
+        transfer = transfer_id(self.name, "state")
         inbound = self.data.expect(transfer, self.shape.ring_bytes, self.state_pull_timeout_s)
         try:
             peer = await self.peer(owner, self.state_pull_timeout_s)

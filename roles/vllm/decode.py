@@ -51,6 +51,7 @@ from dsi.messages.handoff import Handoff, HitUnavailable, KvLease, Prefilled, Pr
 from dsi.messages.migrate import DrainOrder
 from dsi.roles.vllm.resume import echoed, resumable, resumed
 from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
+from dsi.transport.kv.ids import transfer_id
 from dsi.vllm.service import VllmOutput
 from dsi.vllm.wiring import hit_params, load_params
 
@@ -143,7 +144,7 @@ class VllmDecodeActor(VllmRole):
         num_blocks = self.layout.blocks(prompt)
         nbytes = num_blocks * self.layout.block_bytes
         arrival = self.arrive(prompt)
-        lease_id = f"{self.name}.{req.request_id}.{secrets.token_hex(4)}"
+        lease_id = transfer_id(self.name, req.request_id)
         timeout = self.settings.node.data_plane.lease_timeout_s
         inbound = self.data.expect(lease_id, nbytes, timeout)
         target = inbound.target

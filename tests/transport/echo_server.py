@@ -26,7 +26,7 @@ from tests.transport.echo import EchoActor
 def _keys(directory: Path) -> CurveKeys:
     return CurveKeys.load(
         directory / "server.key",
-        directory / "client.key_secret",
+        directory / "clients" / "client.key_secret",
         server_secret_key=directory / "server.key_secret",
         authorized_keys_dir=directory / "authorized",
     )

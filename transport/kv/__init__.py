@@ -3,11 +3,13 @@
 Receiver-registered memory: ``plane.expect(id, nbytes, timeout_s)`` on the receiver, its
 ``inbound.target`` handed to the sender over the control plane, ``await plane.send(target, parts,
 timeout_s)`` on the sender, ``await inbound.wait()`` then ``inbound.release()`` on the receiver.
+An id is a receiver's lease: ``transfer_id(name, ...)`` makes one with 128 random bits.
 Backends: tcp (ZeroMQ), shm (same host, /dev/shm), rdma (RC queue pairs, one-sided writes).
 """
 
 from dsi.errors import TransferFailed, TransferTimeout
 from dsi.transport.kv.factory import make_data_plane
+from dsi.transport.kv.ids import transfer_id
 from dsi.transport.kv.inbound import Inbound, PlaneStats
 from dsi.transport.kv.plane import DataPlane
 from dsi.transport.kv.target import KvTarget
@@ -20,4 +22,5 @@ __all__ = [
     "TransferFailed",
     "TransferTimeout",
     "make_data_plane",
+    "transfer_id",
 ]

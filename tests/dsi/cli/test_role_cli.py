@@ -64,6 +64,8 @@ def test_json_logs_are_one_object_per_line_naming_the_role(procs, tmp_path):
     [
         (("heartbeat_interval_s = 1.0", "heartbeat_interval_s = -1.0"), "cluster.heartbeat_interval_s"),
         (('kind = "prefill"', 'kind = "prefil"'), "roles[2].kind"),
+        # another host's controller and no keys: refused until [security] has keys or insecure = true
+        (('controller = "tcp://127.0.0.1:7100"', 'controller = "tcp://10.0.0.1:7100"'), "security"),
     ],
 )
 def test_bad_config_exits_2_naming_the_key(tmp_path, edit, key):

@@ -33,6 +33,9 @@ controller = "{controller}"
 heartbeat_interval_s = 0.5
 heartbeat_timeout_s = 3.0
 
+[security]
+insecure = true  # two hosts without keys: allowed only when the file says so
+
 [[roles]]
 kind = "controller"
 id = "controller-0"

@@ -102,6 +102,18 @@ CASES = [
         "must be > 0",
     ),
     (
+        "image-fetch-allow-not-a-network",
+        edit(ENTRY_HTTP, ENTRY_HTTP + '\nimage_fetch_allow = ["10.0.0.0/33"]'),
+        "roles[1].image_fetch_allow",
+        "10.0.0.0/8",
+    ),
+    (
+        "image-fetch-allow-not-an-array",
+        edit(ENTRY_HTTP, ENTRY_HTTP + '\nimage_fetch_allow = "10.0.0.0/8"'),
+        "roles[1].image_fetch_allow",
+        "array of CIDR strings",
+    ),
+    (
         "http-workers-on-a-prefill",
         edit(PREFILL_BIND, PREFILL_BIND + "\nhttp_workers = 2"),
         "roles[2].http_workers",

@@ -1,6 +1,7 @@
 """Valid configs: the shipped files, defaults, path resolution and the NodeConfig accessors."""
 
 import dataclasses
+import ipaddress
 import pickle
 from pathlib import Path
 
@@ -99,6 +100,15 @@ def test_the_hit_policy_is_read_from_kvcache(tmp_path: Path) -> None:
     assert load_config(REPO / "configs" / "local.toml").kvcache.hit_policy == "bounded"
 
 
+def test_image_fetch_allow_is_read_as_networks(tmp_path: Path) -> None:
+    entry = {"kind": "entrypoint", "id": "e", "bind": "tcp://127.0.0.1:7101", "http": "127.0.0.1:8000"}
+    plain = parse_config({**MINIMAL, "roles": [entry]}, tmp_path / "node.toml")
+    assert plain.role("e").options.image_fetch_allow == ()
+    entry |= {"fetch_image_urls": True, "image_fetch_allow": ["10.20.0.0/16", "fd00::/8"]}
+    opts = parse_config({**MINIMAL, "roles": [entry]}, tmp_path / "node.toml").role("e").options
+    assert opts.image_fetch_allow == (ipaddress.ip_network("10.20.0.0/16"), ipaddress.ip_network("fd00::/8"))
+
+
 def test_an_integer_is_accepted_where_a_float_is_expected(tmp_path: Path) -> None:
     data = {**MINIMAL, "cluster": {"controller": "tcp://127.0.0.1:7100", "heartbeat_interval_s": 2}}
     value = parse_config(data, tmp_path / "node.toml").cluster.heartbeat_interval_s
@@ -112,7 +122,8 @@ def test_host_defaults_to_the_bind_host_and_can_be_set(tmp_path: Path) -> None:
         {"kind": "decode", "id": "d2", "bind": "ipc:///tmp/dsi/d2.sock"},
         {"kind": "decode", "id": "d3", "bind": "tcp://[::1]:7123"},
     ]
-    cfg = parse_config({**MINIMAL, "roles": roles}, tmp_path / "node.toml")
+    data = {**MINIMAL, "roles": roles, "security": {"insecure": True}}  # roles on other hosts, no keys
+    cfg = parse_config(data, tmp_path / "node.toml")
     assert [role.host for role in cfg.roles] == ["10.0.0.5", "decode-1.internal", "127.0.0.1", "[::1]"]
 
 
