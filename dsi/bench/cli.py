@@ -27,6 +27,7 @@ _BENCHES = (
     "dsi.bench.peers",
     "dsi.bench.peers_served",
     "dsi.bench.vllm_cluster",
+    "dsi.bench.control_plane",
 )
 
 

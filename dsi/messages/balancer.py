@@ -121,6 +121,7 @@ class RouteTable(Message):
     long_band: list[str] = []  # decode ids of the long band (empty: one band)
     long_threshold: int = 0  # KV tokens where long starts (0: one band)
     overload: float = 0.9  # decode score above which an instance with >= 2 requests is overloaded
+    build_s: float = 0.0  # seconds the balancer took to make it (routed requests measured, plans checked)
 
 
 BalancerMsg = (

@@ -1,9 +1,10 @@
 """BalancerActor: routes prefill and decode requests from the load the engines push.
 
     LoadReport (tell, from every engine)   -> LoadTable
-    controller ListInstances (every refresh_s) -> LoadTable (serving / draining / gone)
+    controller ListInstances (every refresh_s) -> LoadTable (serving / draining / gone, after a grace)
     RouteQuery (ask, from the entrypoint)  -> Route | NoInstance | InvalidRequest
-    TableQuery (ask, from the entrypoint)  -> RouteTable (the plan and loads, for routing there)
+    TableQuery (ask, from the entrypoint)  -> RouteTable (the plan and loads, for routing there;
+                                              ``build_s``: the seconds it took to make)
     BalancerStatus (ask, dsi status)       -> BalancerState (buckets, bands, instances, spread)
 
 The policies are dsi.balance's (prefill length buckets, decode bands); see
@@ -21,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import msgspec
 import zmq.asyncio
 
 from dsi.actor import handles
@@ -88,7 +90,7 @@ class BalancerActor(RoleActor):
             self._ctx.destroy(linger=0)
 
     def listed(self, table: InstanceTable) -> None:
-        self.table.listed(table.instances)
+        self.table.listed(table.instances, self._clock())
 
     @handles
     def load_report(self, msg: LoadReport) -> None:
@@ -136,6 +138,7 @@ class BalancerActor(RoleActor):
 
     @handles
     def table(self, msg: TableQuery) -> RouteTable:
+        started = time.perf_counter()
         now = self._clock()
         roles = set()
         for r in msg.routed:
@@ -143,9 +146,10 @@ class BalancerActor(RoleActor):
                 self.routed[r.role] += 1
                 roles.add(r.role)
         self.tables += 1
-        return make_table(
+        made = make_table(
             self.name, self.epoch, self.tables, msg.upto, self.policies, self.table, now, frozenset(roles)
         )
+        return msgspec.structs.replace(made, build_s=time.perf_counter() - started)
 
     @handles
     def status(self, msg: BalancerStatus) -> BalancerState:

@@ -171,6 +171,8 @@ class InstancePool:
                 await self.refresh()
             except DsiError as exc:
                 log.warning("cannot refresh the instance list from the controller: %s", exc)
+            except Exception:  # e.g. no socket left for a new instance: the next refresh tries again
+                log.exception("refreshing the %s instances failed", self.role)
             await asyncio.sleep(self._refresh_s)
 
     def serving(self) -> list[_Instance]:

@@ -7,7 +7,15 @@ from dsi.actor import LocalRef
 from dsi.balance import NoInstance
 from dsi.config import BalancerOptions
 from dsi.errors import InvalidRequest
-from dsi.messages.balancer import BalancerStatus, LoadReport, Route, RouteQuery
+from dsi.messages.balancer import (
+    BalancerStatus,
+    LoadReport,
+    Route,
+    RoutedRequest,
+    RouteQuery,
+    RouteTable,
+    TableQuery,
+)
 from dsi.model.config import get_config
 from dsi.roles.balancer import BalancerActor
 from tests.roles.balancer.helpers import FakeClock, decode, prefill, table
@@ -121,3 +129,13 @@ async def test_status_shows_the_load_spread_per_role(balancer):
         ("prefill-0", "serving", 0),
         ("prefill-1", "serving", 3_000),
     ]
+
+
+async def test_a_route_table_lists_the_serving_instances_and_says_how_long_it_took_to_make(balancer):
+    _actor, ref, _clock = balancer
+    routed = [RoutedRequest("prefill", "prefill-0", 100), RoutedRequest("decode", "decode-1", 100)]
+    made = await ref.ask(TableQuery(routed, upto=2))
+    assert isinstance(made, RouteTable) and made.acked == 2
+    assert [e.instance_id for e in made.prefills] == ["prefill-0", "prefill-1"]
+    assert [(e.instance_id, e.running) for e in made.decodes] == [("decode-0", 0), ("decode-1", 1)]
+    assert 0 < made.build_s < 60  # seconds, on the balancer's own clock

@@ -10,7 +10,8 @@ def _table() -> LoadTable:
     t.listed(
         table(
             **{"prefill-0": "serving", "prefill-1": "draining", "prefill-2": "dead", "decode-0": "serving"}
-        ).instances
+        ).instances,
+        now=0.0,
     )
     return t
 
@@ -56,9 +57,43 @@ def test_a_decode_counts_requests_and_kv_with_its_capacity():
     assert t.snapshot("decode", now=0.2) == []
 
 
-def test_an_instance_the_controller_drops_is_no_longer_routable():
+def test_an_instance_the_controller_drops_keeps_its_state_for_the_grace_period_then_is_not_routable():
+    t = LoadTable(report_timeout_s=30.0, unlisted_grace_s=10.0)
+    t.listed(table(**{"prefill-0": "serving", "prefill-1": "serving"}).instances, now=0.0)
+    t.report(prefill("prefill-0"), now=0.0)
+    t.report(prefill("prefill-1"), now=0.0)
+    # A restarted controller that has heard prefill-1's heartbeat but not prefill-0's yet.
+    t.listed(table(**{"prefill-1": "serving"}).instances, now=1.0)
+    assert [e.id for e in t.snapshot("prefill", now=1.0)] == ["prefill-0", "prefill-1"]
+    t.listed(table(**{"prefill-1": "serving"}).instances, now=10.9)
+    assert [e.id for e in t.snapshot("prefill", now=10.9)] == ["prefill-0", "prefill-1"]
+    t.listed(table(**{"prefill-1": "serving"}).instances, now=11.1)  # unlisted for over 10 s
+    assert [e.id for e in t.snapshot("prefill", now=11.1)] == ["prefill-1"]
+    assert [v.state for v in t.views(11.1) if v.instance_id == "prefill-0"] == ["unlisted"]
+    t.listed(table(**{"prefill-0": "draining", "prefill-1": "serving"}).instances, now=12.0)  # heard again
+    assert [e.state for e in t.snapshot("prefill", now=12.0)] == ["draining", "serving"]
+
+
+def test_an_instance_listed_dead_is_not_routable_at_once_grace_or_not():
     t = _table()
     t.report(prefill("prefill-0"), now=0.0)
-    t.listed(table(**{"decode-0": "serving"}).instances)
+    t.listed(table(**{"prefill-0": "dead"}).instances, now=0.1)
     assert t.snapshot("prefill", now=0.1) == []
-    assert [v.state for v in t.views(0.1) if v.instance_id == "prefill-0"] == ["unlisted"]
+
+
+def test_a_snapshot_shows_every_change_at_once_and_reuses_an_unchanged_load():
+    t = _table()
+    t.report(prefill("prefill-0", 100), now=0.0)
+    [first] = t.snapshot("prefill", now=0.1)
+    [again] = t.snapshot("prefill", now=0.2)
+    assert again is first  # nothing changed: the load is not built again
+    t.routed("prefill-0", 50, now=0.3)
+    assert t.snapshot("prefill", now=0.3)[0].queued_tokens == 150
+    assert t.snapshot("prefill", now=2.4)[0].queued_tokens == 100  # the route retired after 2 s
+    t.listed(table(**{"prefill-0": "draining"}).instances, now=2.5)
+    assert [e.state for e in t.snapshot("prefill", now=2.5)] == ["draining"]
+    t.report(prefill("prefill-0", 700), now=2.6)
+    assert t.snapshot("prefill", now=2.6)[0].queued_tokens == 700
+    t.report(prefill("prefill-00"), now=2.7)  # a new id joins the order
+    t.listed(table(**{"prefill-0": "serving", "prefill-00": "serving"}).instances, now=2.7)
+    assert [e.id for e in t.snapshot("prefill", now=2.7)] == ["prefill-0", "prefill-00"]

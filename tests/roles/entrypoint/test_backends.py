@@ -2,16 +2,19 @@
 instances are addresses nobody answers on."""
 
 import asyncio
+import errno
 import time
 
 import pytest
+import zmq
 import zmq.asyncio
 
 from dsi.engine.params import SamplingParams
 from dsi.errors import PeerLost
 from dsi.messages.control import InstanceInfo, InstanceTable, Load, TransitionCount
 from dsi.messages.gateway import Generate
-from dsi.roles.entrypoint.backends import DecodePool, NoInstance
+from dsi.roles.entrypoint.backends import DecodePool, InstancePool, NoInstance
+from dsi.transport.sockets import peers_context
 from tests.dsi.cli.procs import free_port
 
 
@@ -150,3 +153,56 @@ async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
         'dsi_instance_transitions_total{role="decode",from="none",to="ready"} 2',
         'dsi_instance_transitions_total{role="prefill",from="serving",to="dead"} 1',
     ]
+
+
+async def test_a_pool_on_the_gateways_context_keeps_a_peer_to_each_of_400_instances():
+    # ZeroMQ's default context holds 1023 sockets: about 340 Peers (a DEALER and two monitor PAIRs each).
+    ctx = peers_context()
+    pool = InstancePool(f"tcp://127.0.0.1:{free_port()}", ctx, role="decode")
+    address = f"tcp://127.0.0.1:{free_port()}"  # nobody answers: only the sockets are counted
+    table = InstanceTable(
+        [
+            InstanceInfo(f"decode-{i}", "decode", "127.0.0.1", 1, address, "serving", Load(), 0.0, 1.0)
+            for i in range(400)
+        ]
+    )
+
+    async def ask(msg, timeout=None):
+        return table
+
+    pool._controller.ask = ask  # type: ignore[method-assign]
+    try:
+        await pool.refresh()
+        assert len(pool.ready) == 400
+    finally:
+        await pool.close()
+        ctx.destroy(linger=0)
+
+
+async def test_the_refresh_loop_goes_on_after_a_refresh_failed_with_an_unexpected_error():
+    ctx = zmq.asyncio.Context()
+    pool = InstancePool(f"tcp://127.0.0.1:{free_port()}", ctx, role="decode", refresh_s=0.01)
+    listed = InstanceTable([info("serving", address=f"tcp://127.0.0.1:{free_port()}")])
+    asks = 0
+
+    async def ask(msg, timeout=None):  # the first refresh fails as a full socket table does
+        nonlocal asks
+        asks += 1
+        if asks == 1:
+            raise zmq.ZMQError(errno.EMFILE)
+        return listed
+
+    async def connect(timeout=None):
+        return None
+
+    pool._controller.ask = ask  # type: ignore[method-assign]
+    pool._controller.connect = connect  # type: ignore[method-assign]
+    try:
+        await pool.start()
+        deadline = time.monotonic() + 5.0
+        while not pool.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert pool.ready == ["decode-0"] and asks >= 2
+    finally:
+        await pool.close()
+        ctx.destroy(linger=0)
