@@ -13,6 +13,7 @@ import asyncio
 import collections
 import ctypes
 import logging
+import resource
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,24 @@ _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 MAX_SOCKETS = 32_768
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (each Peer takes about four
+    descriptors, and a common soft limit of 1,024 would cap a gateway near 250 instances); the
+    soft limit now. A limit the process may not raise stays as it is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return soft
+
+
 def peers_context() -> zmq.asyncio.Context:
     """A context for a process that keeps a Peer per instance of the cluster (a gateway, an
-    engine role): room for MAX_SOCKETS sockets."""
+    engine role): room for MAX_SOCKETS sockets, and the open-files limit raised to match."""
+    raise_open_files_limit()
     ctx = zmq.asyncio.Context()
     ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)
     return ctx
