@@ -80,10 +80,19 @@ def bodies(requests: list[BenchRequest], model: str) -> list[dict]:
     return [chat_body(model, r.text, r.max_tokens, {"ignore_eos": True}) for r in requests]
 
 
-async def _warm(urls: list[str], model: str) -> None:
-    run = await replay_each(urls, model)
-    if run.errors:
-        raise RuntimeError(f"warm-up failed: {run.errors[0]}")
+async def _warm(side: Side, model: str, rounds: int = 8, settle_s: float = 0.5) -> None:
+    """Short requests to ``side.warm_urls``, all at once, round after round until every instance
+    has computed a prompt (its counters say so): an instance's first forward pays one-time costs,
+    and a gateway's balancer may send a round's requests to the same instance. RuntimeError when
+    a round fails, or when an instance is still cold after ``rounds``."""
+    for _ in range(rounds):
+        run = await replay_each(side.warm_urls, model)
+        if run.errors:
+            raise RuntimeError(f"warm-up failed: {run.errors[0]}")
+        await asyncio.sleep(settle_s)  # the last step's stats reach the counters
+        if all(c.total > 0 for c in await side.counters()):
+            return
+    raise RuntimeError(f"an instance computed no warm-up prompt in {rounds} rounds")
 
 
 async def replay_each(urls: list[str], model: str) -> ServedRun:
@@ -122,7 +131,7 @@ def measure(
     try:
         side.start(timeout_s)
         out.started, out.startup_s = True, round(time.monotonic() - start, 1)
-        asyncio.run(_warm(side.warm_urls, model))
+        asyncio.run(_warm(side, model))
         runs, total = [], None
         for batch in batches:
             run, delta = asyncio.run(_drive(side, batch, concurrency, settle_s))

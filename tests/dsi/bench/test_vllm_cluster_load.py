@@ -70,9 +70,10 @@ async def test_the_replay_keeps_order_and_at_most_its_concurrency():
 class _FakeSide:
     """A side whose counters move by 100 computed tokens per read, served by a real SSE server."""
 
-    def __init__(self, fail_start: bool = False) -> None:
+    def __init__(self, fail_start: bool = False, cold_reads: int = 0) -> None:
         self.server = _Server()
         self.fail_start = fail_start
+        self.cold_reads = cold_reads  # reads at which the second instance has computed nothing
         self.reads = 0
         self.stopped = False
         self.loop = asyncio.new_event_loop()
@@ -93,7 +94,11 @@ class _FakeSide:
 
     async def counters(self) -> list[PromptCounters]:
         self.reads += 1
-        return [PromptCounters(computed=100 * self.reads), PromptCounters(computed=10 * self.reads)]
+        second = 0 if self.reads <= self.cold_reads else 10 * self.reads
+        return [
+            PromptCounters(computed=100 * self.reads, total=100 * self.reads),
+            PromptCounters(computed=second, total=second),
+        ]
 
     def stop(self) -> None:
         self.stopped = True
@@ -114,6 +119,21 @@ def test_measure_warms_replays_every_batch_and_stops_the_side():
     assert f.requests == 3 and f.output_tokens == 11
     assert f.computed_by_instance == [200, 20]  # 100 and 10 per batch (read before and after)
     assert f.computed_tokens_per_request == round(220 / 3, 1)
+
+
+def test_the_warm_up_goes_on_until_every_instance_has_computed_a_prompt():
+    side = _FakeSide(cold_reads=2)  # a balancer sent the first two rounds to the first instance
+    out = measure(side, [[_body(0)]], 1, "m", 10.0, settle_s=0.0)
+    assert out.error is None
+    assert sorted(side.server.arrived[:-1]) == sorted([f"Say hello number {i}." for i in (0, 1)] * 3)
+    assert side.server.arrived[-1] == "q0"
+
+
+def test_an_instance_never_warm_is_an_error():
+    side = _FakeSide(cold_reads=1_000)
+    out = measure(side, [[_body(0)]], 1, "m", 10.0, settle_s=0.0)
+    assert out.error == "RuntimeError: an instance computed no warm-up prompt in 8 rounds"
+    assert side.stopped and "q0" not in side.server.arrived
 
 
 def test_a_side_that_does_not_start_is_stopped_and_says_why():
