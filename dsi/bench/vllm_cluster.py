@@ -44,6 +44,7 @@ class BenchConfig:
     router: bool = True  # the peer side of the cluster comparison
     # each cluster instance's KV cache on both sides, in MiB (None: the source config's kv_cache_gib)
     kv_cache_mib: int | None = None
+    cluster: bool = True
     single: bool = True
     single_streams: int = 16
     single_prompt_words: int = 256
@@ -247,7 +248,8 @@ def run(config: BenchConfig) -> dict:
         "engine": _engine(model_dir),
         "workload": workload_info,
     }
-    result["cluster"] = _cluster(config, model_dir, requests, source.name)
+    if config.cluster:
+        result["cluster"] = _cluster(config, model_dir, requests, source.name)
     if config.single:
         result["single"] = _single(config, model_dir, words, source.name)
     result["wall_s"] = round(time.monotonic() - start, 1)
@@ -269,6 +271,7 @@ def _main(args: argparse.Namespace) -> int:
             trace=Path(args.trace),
             router=not args.skip_router,
             kv_cache_mib=args.kv_cache_mib,
+            cluster=not args.skip_cluster,
             single=not args.skip_single,
             single_streams=args.single_streams,
             single_max_tokens=args.single_max_tokens,
@@ -322,6 +325,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--skip-router", action="store_true", help="no vllm-router side (cluster)")
     parser.add_argument("--skip-single", action="store_true", help="no one-instance comparison")
+    parser.add_argument("--skip-cluster", action="store_true", help="no two-instance comparison")
     parser.add_argument("--single-streams", type=int, default=16, help="prompts per batch (one instance)")
     parser.add_argument(
         "--single-max-tokens", type=int, default=64, help="output tokens per prompt (one instance)"

@@ -93,8 +93,12 @@ def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dic
     argument whenever it is set, see :func:`apply_engine_environment`) and core binding (CPU build;
     ``cpu_threads`` resolved against ``allowed_cpus``, the ids this process may run on:
     CoresUnavailable when it names others), offline hub, no usage reports, logs on stderr (a
-    role's stdout carries only its READY line, see dsi.provision.process)."""
+    role's stdout carries only its READY line, see dsi.provision.process), and no working
+    directory on the module path of the Python processes vLLM starts (``python -m ...`` from the
+    repository root would otherwise find dsi's source folders, ``kernels/`` among them, as
+    top-level packages: see dsi.folders)."""
     env = {
+        "PYTHONSAFEPATH": "1",
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",

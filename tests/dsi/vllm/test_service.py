@@ -35,3 +35,22 @@ def test_the_kv_cache_gib_reaches_vllm_unless_explicit_bytes_are_given():
     # fails on an empty one): an inherited one goes
     apply_engine_environment(environ, sized, {0, 1})
     assert "VLLM_CPU_KVCACHE_SPACE" not in environ and environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_vllms_own_python_processes_never_see_the_repository_root_as_a_module_path(tmp_path):
+    """vLLM inspects a model in ``python -m vllm...``; from the repository root that found dsi's
+    ``kernels/`` folder as the bare ``kernels`` transformers looks for, and the engine failed."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("raise ImportError('shadowed')\n")
+    environ = dict(os.environ)
+    apply_engine_environment(environ, VllmOptions(cpu_threads="nobind"), {0, 1})
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('kernels') is not None and 'shadowed' in open(importlib.util.find_spec('kernels').origin).read())"
+    ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=environ, timeout=60)
+    assert ran.returncode == 0
+    environ.pop("PYTHONSAFEPATH")
+    shadowed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=environ, timeout=60)
+    assert shadowed.returncode == 1  # the probe can fail: without the setting the folder is found
