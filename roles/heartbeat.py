@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from dsi.errors import DsiError
 from dsi.messages.control import Assignment, Goodbye, Heartbeat
+from dsi.messages.version import PROTOCOL_VERSION
 from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
@@ -85,6 +86,7 @@ class HeartbeatSender:
             http=ident.http,
             assigned=self.assigned,
             fingerprint=self.actor.fingerprint,
+            protocol=PROTOCOL_VERSION,
         )
 
     async def start(self) -> None:

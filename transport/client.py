@@ -5,7 +5,9 @@ to the waiting future or stream queue. A socket monitor watches the connection: 
 (process killed, host gone, ZMTP heartbeat timeout) every pending call fails at once with
 ``PeerLost``; ZeroMQ reconnects by itself, and the Hello handshake is repeated on the new
 connection before it is marked ready again. Calls made while the peer is away wait in the
-socket queue until it is back or their timeout fires. Stream items queue without bound on the
+socket queue until it is back or their timeout fires. The handshake also settles the protocol
+version the connection speaks (dsi.messages.version); calls made before the first handshake
+wait here until it has, and then go in that version. Stream items queue without bound on the
 caller's side (the pump serves every call and must never block); the producer is paced
 by the socket high-water mark instead.
 """
@@ -23,10 +25,11 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from dsi.errors import AskTimeout, DsiError, PeerLost, VersionMismatch, error_from_info
-from dsi.messages.base import COMMON, PROTOCOL_VERSION, Hello, Welcome
+from dsi.messages.base import COMMON, Hello, Welcome
+from dsi.messages.version import CURRENT, Protocol
 from dsi.transport.security import CurveKeys, secure_client
 from dsi.transport.sockets import FramePump, keep_receive_buffers, tune
-from dsi.transport.wire import Codec, Kind, pack_header, unpack_header
+from dsi.transport.wire import Codec, Kind, pack_header, read_header
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -36,7 +39,9 @@ _TIMER_SLACK_S = 0.001  # loop timers have millisecond resolution and may fire t
 class Peer:
     """Client side of the control plane towards one address.
 
-    ``types`` are the reply / item message classes this caller accepts.
+    ``types`` are the reply / item message classes this caller accepts. ``protocol``: the
+    versions spoken (dsi.messages.version); another value only simulates a process of another
+    version, in tests.
     """
 
     def __init__(
@@ -49,8 +54,12 @@ class Peer:
         role: str = "",
         keys: CurveKeys | None = None,
         timeout: float = 10.0,
+        protocol: Protocol = CURRENT,
     ) -> None:
         self.address = address
+        self.protocol = protocol
+        self._version: int | None = None  # the version the connection speaks, once a handshake said
+        self._held: list[tuple[Kind, int, list[Any]]] = []  # calls made before the first handshake
         self.peer_id = peer_id
         self.role = role
         self.timeout = timeout
@@ -91,6 +100,7 @@ class Peer:
         if self._closed:
             return
         self._closed = True
+        self._held.clear()
         self._fail_all(PeerLost(f"connection to {self.address} closed"))
         for task in self._tasks:
             task.cancel()
@@ -124,7 +134,7 @@ class Peer:
 
     # ---- calls -------------------------------------------------------------------------------
     def tell(self, msg: Any) -> None:
-        self._send(Kind.TELL, 0, msg)
+        self._send(Kind.TELL, 0, self._codec.encode(msg))
 
     async def ask(self, msg: Any, timeout: float | None = None) -> Any:
         return await self._call(Kind.ASK, msg, self.timeout if timeout is None else timeout)
@@ -137,7 +147,7 @@ class Peer:
         self._streams[call_id] = queue
         finished = False
         try:
-            self._send(Kind.STREAM, call_id, msg)
+            self._send(Kind.STREAM, call_id, self._codec.encode(msg))
             while True:
                 if queue.empty():
                     try:
@@ -158,7 +168,7 @@ class Peer:
             while not finished and not queue.empty():  # the end arrived with the last item read
                 finished = queue.get_nowait() is _END
             if not finished and not self._closed:
-                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+                self._send(Kind.CANCEL, call_id, [b""])
 
     async def _call(self, kind: Kind, msg: Any, timeout: float) -> Any:
         call_id = next(self._ids)
@@ -170,11 +180,11 @@ class Peer:
         if self._sweeper is None or deadline < self._sweeper.when():
             self._arm_sweeper(loop, deadline)
         try:
-            self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
+            self._send(kind, call_id, self._codec.encode(msg))
             return await future
         except asyncio.CancelledError:  # the caller went away: so does the call (a concurrent handler stops)
             if not self._closed and future.cancelled():
-                self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+                self._send(Kind.CANCEL, call_id, [b""])
             raise
         finally:
             self._calls.pop(call_id, None)
@@ -205,26 +215,50 @@ class Peer:
             return
         future.set_exception(AskTimeout(f"{self.address}: no reply to {what} in {timeout}s"))
         if not self._closed:
-            self._send_raw([pack_header(Kind.CANCEL, call_id), b""])
+            self._send(Kind.CANCEL, call_id, [b""])
 
-    def _send(self, kind: Kind, call_id: int, msg: Any) -> None:
-        self._send_raw([pack_header(kind, call_id), *self._codec.encode(msg)])
+    def _send(self, kind: Kind, call_id: int, body: list[Any]) -> None:
+        """Send [header, *body] in the connection's version; held until the first handshake.
 
-    def _send_raw(self, frames: list[Any]) -> None:
+        A Hello goes in the oldest version this process speaks: a server of the version before
+        accepts it, and a later one accepts a Hello of any version."""
         if self._closed:
             raise PeerLost(f"connection to {self.address} is closed")
-        self._pump.send(frames)
+        if kind is Kind.HELLO:
+            version = self.protocol.oldest
+        elif self._version is None:
+            self._held.append((kind, call_id, body))
+            return
+        else:
+            version = self._version
+        self._pump.send([pack_header(kind, call_id, version), *body])
+
+    def _speak(self, version: int) -> None:
+        """The handshake settled ``version``: send what waited for it, in order."""
+        self._version = version
+        held, self._held = self._held, []
+        for kind, call_id, body in held:
+            self._send(kind, call_id, body)
 
     # ---- background tasks --------------------------------------------------------------------
     async def _hello(self, timeout: float) -> None:
         self._hellos += 1
         try:
-            reply = await self._call(Kind.HELLO, Hello(PROTOCOL_VERSION, self.peer_id, self.role), timeout)
+            hello = Hello(self.protocol.version, self.peer_id, self.role)
+            reply = await self._call(Kind.HELLO, hello, timeout)
+            if not self.protocol.accepts(reply.version):
+                raise VersionMismatch(
+                    f"{self.address} speaks protocol version {reply.version}; this process speaks "
+                    f"{self.protocol.oldest} to {self.protocol.version}"
+                )
+        except VersionMismatch as exc:  # refused either way: nothing waiting here will ever be served
+            self._held.clear()
+            self._fail_all(exc)
+            raise
         finally:
             self._hellos -= 1
-        if reply.version != PROTOCOL_VERSION:
-            raise VersionMismatch(f"{self.address} speaks protocol {reply.version}")
         self.welcome = reply
+        self._speak(reply.version)
         self._connected.set()
 
     def _route(self, frames: list[Any]) -> None:
@@ -232,7 +266,8 @@ class Peer:
         if len(frames) < 2:
             return
         try:
-            kind, call_id = unpack_header(frames[0])
+            # An error of any version is read: ErrorInfo is the same in every version.
+            _, kind, call_id = read_header(frames[0], self.protocol, any_version=Kind.ERROR)
         except DsiError as exc:
             log.warning("peer %s: dropped a frame: %s", self.address, exc)
             return

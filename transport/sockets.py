@@ -1,10 +1,13 @@
 """Socket options shared by every control-plane socket, and the pump that moves their frames.
 
 Bounds (the documented backpressure chain): each socket queues at most ``HWM`` messages per
-peer. A server's ROUTER drops replies to a peer whose queue is full (ZeroMQ semantics) - the
-caller's ask then times out; a client's DEALER send waits while its queue is full, so a caller
-that outruns a role slows down instead of growing memory. Inbox limits on the actor side answer
-``Overloaded`` before the socket queues ever fill in normal operation.
+peer. A server's ROUTER (``ZMQ_ROUTER_MANDATORY``) holds what it sends to a peer whose queue is
+full, in order, for up to ``STALL_LIMIT_S`` (dsi.transport.stalls), and a stream waits while its
+reader is stalled; only then are the messages dropped, counted and logged - the caller's ask
+then times out, a stream's reader sees the gap in its numbers. A client's DEALER send waits
+while its queue is full, so a caller that outruns a role slows down instead of growing memory.
+Inbox limits on the actor side answer ``Overloaded`` before the socket queues ever fill in
+normal operation.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from dsi.transport.stalls import StalledPeers
 from dsi.transport.wire import HEADER_SIZE, Kind, pack_header, peek_call_id
 
 log = logging.getLogger(__name__)
 
 HWM = 10_000
+STALL_LIMIT_S = 30.0  # seconds a ROUTER holds the messages of a peer whose queue is full
 HEARTBEAT_IVL_MS = 1_000  # ZMTP pings on idle connections
 HEARTBEAT_TIMEOUT_MS = 3_000  # a peer silent this long is disconnected
 RECONNECT_IVL_MS = 100
@@ -106,11 +111,17 @@ _ZERO_COPY_MIN = 64 * 1024
 
 
 def _is_batch(header: Any) -> bool:
-    """Whether a header frame (bytes) opens a BATCH message of this protocol version."""
-    return type(header) is bytes and len(header) == HEADER_SIZE and header[:5] == _BATCH_PREFIX
+    """Whether a header frame (bytes) opens a BATCH message, of any protocol version: the
+    receiver checks the version of each message in it."""
+    return (
+        type(header) is bytes
+        and len(header) == HEADER_SIZE
+        and header[4] == _BATCH_KIND
+        and header[:3] == _MAGIC
+    )
 
 
-_BATCH_PREFIX = pack_header(Kind.BATCH, 0)[:5]  # magic, version, kind
+_MAGIC, _BATCH_KIND = pack_header(Kind.BATCH, 0)[:3], int(Kind.BATCH)
 
 
 class FramePump:
@@ -127,7 +138,9 @@ class FramePump:
     operation the pump arms one ZMQ_EVENTS check, run before the loop next sleeps; a receive and
     the reply sent in the same turn share it (one poll syscall per round trip, not two).
     A send that would block (a DEALER at its high-water mark) waits in ``_outbox``, in order,
-    and later sends queue behind it until the socket turns writable again.
+    and later sends queue behind it until the socket turns writable again. A ROUTER with
+    ``ZMQ_ROUTER_MANDATORY`` (``stall_limit_s`` given) keeps one such queue per peer instead
+    (``stalls``, see dsi.transport.stalls), so a peer that reads nothing holds up no other.
 
     Receive copy policy: the first ``copied`` frames of a message (routing id, header, msgpack
     body: small) arrive as ``bytes``, cheaper than a ``zmq.Frame`` for small frames; the blob
@@ -144,6 +157,7 @@ class FramePump:
         copied: int,
         name: str = "",
         batch_at: int | None = None,
+        stall_limit_s: float | None = None,
     ) -> None:
         self.name = name
         # Batching (None: off): the index of the header frame, after the routing id if any.
@@ -157,6 +171,7 @@ class FramePump:
         # The backend's send: pyzmq's wrapper adds routing-id and group handling this never uses.
         self._send_frame = super(zmq.Socket, sock).send
         self._outbox: collections.deque[list[Any]] = collections.deque()
+        self.stalls = StalledPeers(self._send_now, name, stall_limit_s) if stall_limit_s is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
 
@@ -173,6 +188,8 @@ class FramePump:
             self._loop.remove_reader(self._fd)
         self._loop = None
         self._outbox.clear()
+        if self.stalls is not None:
+            self.stalls.close()
 
     def send(self, frames: list[Any]) -> None:
         """Queue one multipart message; never blocks. Raises ZMQError other than EAGAIN.
@@ -195,6 +212,10 @@ class FramePump:
         self._send_one(frames)
 
     def _send_one(self, frames: list[Any]) -> None:
+        if self.stalls is not None:  # a ROUTER: a full peer waits alone
+            self.stalls.send(frames)
+            self._arm()
+            return
         if self._outbox:
             self._outbox.append(frames)
             return
@@ -227,7 +248,8 @@ class FramePump:
         if len(run) == 1:
             self._send_logged(run[0])
         elif run:
-            batch = [*run[0][:at], pack_header(Kind.BATCH, len(run))]
+            # In the version of the messages it holds (one peer's connection speaks one).
+            batch = [*run[0][:at], pack_header(Kind.BATCH, len(run), run[0][at][3])]
             for frames in run:
                 batch += frames[at:]
             self._send_logged(batch)

@@ -6,6 +6,9 @@ One logical message is one ZeroMQ multipart message::
 
     header = b"DSI" | version: u8 | kind: u8 | call_id: u64 (network order)
 
+``version`` is the protocol version the frame is written in; which ones a process accepts, and
+how two processes settle on one, is dsi.messages.version.
+
 ``kind`` says what the frame does (an ask, a reply, a stream item, ...); ``call_id`` pairs
 replies with calls and is 0 for tells. Messages without blobs that leave for the same peer in
 one turn of the event loop travel as one BATCH message (``transport.sockets.FramePump``)::
@@ -26,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from dsi.errors import BadMessage, ErrorInfo, VersionMismatch
-from dsi.messages.base import PROTOCOL_VERSION
+from dsi.errors import BadMessage, ErrorInfo
 from dsi.messages.blob import Blob
+from dsi.messages.version import CURRENT, PROTOCOL_VERSION, Protocol
 
 MAGIC = b"DSI"
 _HEADER = struct.Struct("!3sBBQ")
@@ -60,26 +63,43 @@ def pack_header(kind: Kind, call_id: int, version: int = PROTOCOL_VERSION) -> by
     return _HEADER.pack(MAGIC, version, kind, call_id)
 
 
-def unpack_header(frame: bytes | memoryview) -> tuple[Kind, int]:
-    """(kind, call_id) of a header frame; raises BadMessage / VersionMismatch."""
+def read_header(
+    frame: bytes | memoryview, protocol: Protocol = CURRENT, any_version: Kind | None = None
+) -> tuple[int, Kind, int]:
+    """(version, kind, call_id) of a header frame; raises BadMessage, or VersionMismatch for a
+    version ``protocol`` does not accept, unless the frame's kind is ``any_version`` (a Hello at
+    a server, an ERROR at a client: their bodies read the same in every version)."""
     if len(frame) != HEADER_SIZE:
         raise BadMessage(f"header frame is {len(frame)} bytes, expected {HEADER_SIZE}")
     magic, version, kind, call_id = _HEADER.unpack(frame)
     if magic != MAGIC:
         raise BadMessage("header does not start with the DSI magic")
-    if version != PROTOCOL_VERSION:
-        raise VersionMismatch(
-            f"peer speaks protocol version {version}, this process speaks {PROTOCOL_VERSION}"
-        )
+    if kind != any_version:
+        protocol.check(version)
     member = _KINDS.get(kind)  # a dict lookup: Kind(kind) costs a microsecond per frame
     if member is None:
         raise BadMessage(f"unknown frame kind {kind}")
-    return member, call_id
+    return version, member, call_id
+
+
+def unpack_header(frame: bytes | memoryview, protocol: Protocol = CURRENT) -> tuple[Kind, int]:
+    """(kind, call_id) of a header frame of a version ``protocol`` accepts; raises BadMessage /
+    VersionMismatch."""
+    _, kind, call_id = read_header(frame, protocol)
+    return kind, call_id
 
 
 def peek_call_id(frame: bytes | memoryview) -> int:
     """Best-effort call id of a possibly malformed header (0 when unreadable)."""
     return _HEADER.unpack(frame)[3] if len(frame) == HEADER_SIZE else 0
+
+
+def peek_version(frame: bytes | memoryview, default: int = PROTOCOL_VERSION) -> int:
+    """Best-effort version of a possibly malformed header (``default`` when unreadable): the
+    version to answer it in, so that its sender can read the error."""
+    if len(frame) != HEADER_SIZE or bytes(frame[:3]) != MAGIC:
+        return default
+    return frame[3]
 
 
 class Codec:

@@ -9,7 +9,8 @@
 The processes run under a ``LocalProvisioner``: one that dies is replaced (same role id, new
 pid, after a backoff) while the others keep serving; the replacement registers with the
 controller by its heartbeats, and a replaced controller learns every instance again the same
-way. An instance that keeps dying is given up (logged as an error); if that is the controller,
+way. One the controller declares dead (its heartbeats stopped) while its process still exists
+(stopped, hung) is killed first, then replaced the same way (``DeadReaper``). An instance that keeps dying is given up (logged as an error); if that is the controller,
 every role is stopped and serve exits 1.
 
 With an [autoscale] section only ``min_instances`` + ``ready_pool`` instances of a scaled role start
@@ -52,6 +53,7 @@ from dsi.provision import LocalProvisioner, ProvisionedInstance, StartFailed
 from dsi.provision.follow import ScaleFollower
 from dsi.provision.process import describe_exit
 from dsi.provision.python import NoVllm, role_python
+from dsi.provision.reaper import DeadReaper
 from dsi.roles.curve import client_keys
 from dsi.transport.client import Peer
 
@@ -209,11 +211,11 @@ class _Serve:
         return 1
 
     async def _keep_serving(self) -> None:
-        """Until a fatal failure; meanwhile follow the controller's scale targets, if any."""
-        if self.cfg.autoscale is None:
+        """Until a fatal failure; meanwhile kill the instances the controller declares dead (so that
+        they are replaced) and follow its scale targets, if any."""
+        if not self.cfg.roles_of("controller"):
             await self._fatal.wait()
             return
-        declared = {kind: [r.id for r in self.cfg.roles_of(kind)] for kind in self.cfg.autoscale.scaled()}
         self._follow_ctx = zmq.asyncio.Context()
         peer = Peer(
             self.cfg.cluster.controller,
@@ -223,13 +225,18 @@ class _Serve:
             keys=client_keys(self.cfg.security),
             timeout=5.0,
         )
-        self.follower = ScaleFollower(self.provisioner, declared, peer, self.cfg.cluster.heartbeat_interval_s)
-        following = asyncio.ensure_future(self.follower.run())
+        every_s = self.cfg.cluster.heartbeat_interval_s
+        tasks = [asyncio.ensure_future(DeadReaper(self.provisioner, peer, every_s).run())]
+        if self.cfg.autoscale is not None:
+            declared = {kind: [r.id for r in self.cfg.roles_of(kind)] for kind in self.cfg.autoscale.scaled()}
+            self.follower = ScaleFollower(self.provisioner, declared, peer, every_s)
+            tasks.append(asyncio.ensure_future(self.follower.run()))
         try:
             await self._fatal.wait()
         finally:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await peer.close()
 
     def _changed(self, inst: ProvisionedInstance) -> None:

@@ -7,6 +7,8 @@ decisions, when the config has an [autoscale] section (see :mod:`dsi.cli.scale_v
 
 STATE is the instance's lifecycle state (starting | ready | serving | draining | stopped | dead),
 with ``/suspect`` when its heartbeats are late (2.5 intervals) but not yet for the timeout.
+PROTOCOL is the control-plane protocol version the instance runs (dsi.messages.version; during a
+rolling upgrade two adjacent versions serve side by side).
 The JSON also has the controller's lifecycle transition counts and, under ``autoscale``, every
 decision kept (the last 100). Each serving balancer adds which prefill serves which length bucket
 (see dsi.cli.status_balancers; ``balancers`` in the JSON). Each speculating decode engine adds its
@@ -47,7 +49,7 @@ from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
 DEFAULT_CONFIG = "configs/local.toml"
-_COLUMNS = ("INSTANCE", "ROLE", "HOST", "PID", "STATE", "LOAD", "LAST SEEN", "FINGERPRINT")
+_COLUMNS = ("INSTANCE", "ROLE", "HOST", "PID", "STATE", "PROTOCOL", "LOAD", "LAST SEEN", "FINGERPRINT")
 
 
 class ControllerUnreachable(Exception):
@@ -184,6 +186,7 @@ def _row(info: InstanceInfo) -> tuple[str, ...]:
         info.host,
         str(info.pid),
         f"{info.state}/suspect" if info.suspect else info.state,
+        str(info.protocol),
         summary,
         f"{info.last_seen_s:.1f}s ago",
         fingerprint_cell(info),

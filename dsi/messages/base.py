@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+from dsi.messages.version import PROTOCOL_VERSION  # noqa: F401 (re-exported; the rule is there)
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=False, frozen=True):
@@ -17,7 +17,9 @@ class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True, gc=
 
 
 class Hello(Message):
-    """First call on every new connection: who is calling and in which protocol version."""
+    """First call on every new connection: who is calling and the newest protocol version it
+    speaks. Hello, Welcome and ErrorInfo keep their layout in every version (see
+    dsi.messages.version): they are how two versions find out about each other."""
 
     version: int
     peer_id: str
@@ -25,7 +27,8 @@ class Hello(Message):
 
 
 class Welcome(Message):
-    """Reply to Hello: the server's identity."""
+    """Reply to Hello: the server's identity and the protocol version the connection speaks (the
+    lower of the caller's and the server's)."""
 
     version: int
     peer_id: str

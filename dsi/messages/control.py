@@ -70,6 +70,8 @@ class Heartbeat(Message):
     # An engine instance's compute environment (prefill, decode; None for other roles and before
     # its engine is built): instances with different digests may compute different bits.
     fingerprint: MachineFingerprint | None = None
+    # The sender's PROTOCOL_VERSION (dsi.messages.version); a sender of version 2 predates the field.
+    protocol: int = 2
 
 
 class Assignment(Message):
@@ -101,6 +103,7 @@ class InstanceInfo(Message):
     http: str = ""
     suspect: bool = False  # heartbeats late (2.5 intervals) but not yet for the timeout
     fingerprint: MachineFingerprint | None = None  # from its last heartbeat (engine instances)
+    protocol: int = 2  # from its last heartbeat: the instance's protocol version
 
 
 class TransitionCount(Message):

@@ -45,7 +45,9 @@ class TokenChunk(Message):
     entry lists (id, logprob) pairs, most likely first. ``hit``, on the first chunk only: the
     prefix hit the run took (what a re-run is pinned to). ``finish="migrated"`` (no tokens): the
     request moved off a draining decode; ``moved_to`` names the control address of the decode
-    that continues it (``Resume`` there), or is "" when it must be re-run from its prompt."""
+    that continues it (``Resume`` there), or is "" when it must be re-run from its prompt.
+    ``seq``: the chunk's number in its stream, 1, 2, ... (0: not numbered, a sender that predates
+    numbering), by which the gateway sees a chunk lost or repeated on the way."""
 
     request_id: str
     token_ids: list[int]
@@ -56,6 +58,7 @@ class TokenChunk(Message):
     top_logprobs: list[list[tuple[int, float]]] = []
     hit: HitChoice | None = None
     moved_to: str = ""  # with finish="migrated"
+    seq: int = 0  # 1, 2, ... within one stream; 0: not numbered
 
 
 class Abort(Message):

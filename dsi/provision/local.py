@@ -7,6 +7,8 @@
                             +-- status 0: it stopped on its own (a drained instance retires,
                                 or someone else sent SIGTERM): stopped, not replaced
     stop(id)  --> keeper told to stop --> SIGTERM the process group, SIGKILL after grace_s
+    kill(id, pid) --> SIGKILL the process group now: a death like any other, replaced as above
+                      (for a process that still exists but no longer serves, see dsi.provision.reaper)
 
 Every transition is logged (a death as a warning, giving up as an error) and passed to
 `on_change`. Nothing is shared between provisioners: each owns its instances. The /dev/shm
@@ -124,6 +126,17 @@ class LocalProvisioner:
 
     def list(self) -> list[ProvisionedInstance]:
         return [slot.snapshot() for slot in self._slots.values()]
+
+    def kill(self, role_id: str, pid: int, why: str) -> bool:
+        """SIGKILL the instance's process if it is ``pid`` and still runs (its keeper then replaces
+        it as after any death); False when ``pid`` is not the process running for ``role_id`` now."""
+        slot = self._slots.get(role_id)
+        proc = slot.proc if slot is not None else None
+        if slot is None or slot.stopping or proc is None or proc.pid != pid or proc.returncode is not None:
+            return False
+        log.warning("%s: killing pid %d (%s)", role_id, pid, why)
+        proc.kill()
+        return True
 
     async def close(self) -> None:
         for role_id in reversed(list(self._slots)):

@@ -95,6 +95,10 @@ class RoleProcess:
         await self.close()
         return code
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once (a stopped or hung process cannot take a SIGTERM)."""
+        self._signal_group(signal.SIGKILL)
+
     async def close(self) -> None:
         """Stop copying stdout (the process is not touched)."""
         if self._copy is not None:

@@ -32,7 +32,9 @@ class SpecError(ValueError):
     """A spec that cannot be compiled; the message says which field and why."""
 
 
-class ToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# Both travel inside SamplingParams on the control plane: unknown fields are ignored there, so
+# that a peer one protocol version older or newer still decodes them (dsi.messages.version).
+class ToolSpec(msgspec.Struct, frozen=True):
     name: str
     parameters: str = '{"type":"object"}'  # JSON Schema of the arguments, as JSON text
 
@@ -47,7 +49,7 @@ class ToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return cls(fn["name"], _schema_text({"type": "object"} if params is None else params))
 
 
-class StructuredSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class StructuredSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     kind: Kind
     schema: str = ""  # json_schema: the JSON Schema as JSON text
     regex: str = ""  # regex: the pattern (Rust regex syntax, matched in full)

@@ -260,6 +260,7 @@ class InstanceRegistry:
             http=beat.http,
             suspect=entry.state not in FINAL and age >= SUSPECT_AFTER_INTERVALS * self.interval_s,
             fingerprint=beat.fingerprint,
+            protocol=beat.protocol,
         )
 
 

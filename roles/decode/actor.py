@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from dsi.actor import handles
@@ -84,11 +85,12 @@ class DecodeActor(EngineRole):
         prompt_tokens = len(msg.token_ids)
         images = await self.pull_images(msg)
         stream = self.service.generate(msg.request_id, list(msg.token_ids), msg.sampling, images=images)
+        seq = itertools.count(1)  # the chunks' numbers (TokenChunk.seq)
         try:
             first = await anext(stream)
-            yield _chunk(msg.request_id, first, prompt_tokens, hit=NO_HIT)
+            yield _chunk(msg.request_id, first, prompt_tokens, next(seq), hit=NO_HIT)
             if not first.finished:
-                async for chunk in self._continue(msg.request_id, stream, prompt_tokens):
+                async for chunk in self._continue(msg.request_id, stream, seq, prompt_tokens):
                     yield chunk
         finally:
             await stream.aclose()
@@ -122,6 +124,7 @@ class DecodeActor(EngineRole):
                     done.logprobs,
                     done.top_logprobs,
                     done.hit,
+                    seq=1,
                 )
                 return
             try:
@@ -158,10 +161,11 @@ class DecodeActor(EngineRole):
                 list(done.logprobs),
                 list(done.top_logprobs),
                 done.hit,
+                seq=1,
             )
             async with contextlib.aclosing(stream):
                 async for chunk in self._continue(
-                    req.request_id, stream, len(req.token_ids), done.cached_tokens
+                    req.request_id, stream, itertools.count(2), len(req.token_ids), done.cached_tokens
                 ):
                     yield chunk
         finally:
@@ -206,22 +210,25 @@ class DecodeActor(EngineRole):
         self,
         request_id: str,
         stream: AsyncIterator[RequestOutput],
+        seq: Iterator[int],
         prompt_tokens: int,
         cached_tokens: int = 0,
     ) -> AsyncIterator[TokenChunk]:
-        """The chunks of a running request; a request moved off by a drain ends with a
-        ``migrated`` chunk naming its new owner."""
+        """The chunks of a running request, numbered from ``seq``; a request moved off by a drain
+        ends with a ``migrated`` chunk naming its new owner."""
         meta = self._meta.get(request_id)
         self.live[request_id] = _Meta(
             meta.traffic_class if meta else "chatbot", 0, cached_tokens, prompt_tokens
         )
         try:
             async for out in stream:
-                yield _chunk(request_id, out, prompt_tokens, cached_tokens)
+                yield _chunk(request_id, out, prompt_tokens, next(seq), cached_tokens)
         except RequestMoved:
             assert self.migration is not None
             target = await self.migration.destination(request_id)
-            yield TokenChunk(request_id, [], "migrated", prompt_tokens, cached_tokens, moved_to=target)
+            yield TokenChunk(
+                request_id, [], "migrated", prompt_tokens, cached_tokens, moved_to=target, seq=next(seq)
+            )
         finally:
             self.live.pop(request_id, None)
 
@@ -266,10 +273,11 @@ class DecodeActor(EngineRole):
                 prompt_tokens,
                 migrant.cached_tokens,
                 list(migrant.logprobs),
+                seq=1,
             )
             async with contextlib.aclosing(outputs):  # type: ignore[type-var]
                 async for chunk in self._continue(
-                    msg.request_id, outputs, prompt_tokens, migrant.cached_tokens
+                    msg.request_id, outputs, itertools.count(2), prompt_tokens, migrant.cached_tokens
                 ):
                     yield chunk
         finally:
@@ -323,6 +331,7 @@ def _chunk(
     request_id: str,
     out: RequestOutput,
     prompt_tokens: int,
+    seq: int,
     cached_tokens: int = 0,
     hit: HitChoice | None = None,
 ) -> TokenChunk:
@@ -335,4 +344,5 @@ def _chunk(
         out.new_logprobs,
         out.new_top_logprobs,
         hit,
+        seq=seq,
     )

@@ -4,14 +4,16 @@
       grace period:  every ``precopy_interval_s``: copy the full pages each request filled since
                      the last round to its target (``Precopy``), while it keeps decoding
       switch:        export every request between two steps, without the pages its target holds
-                     (``export_batch``); ``MigrateIn`` per target, then the tails (pages written
+                     (``export_batch``); ``MigrateIn`` per request, then its tail (pages written
                      since, SWA rings, compressor partial state) over the data plane, all at once;
                      each client stream ends with ``finish="migrated"`` naming the new owner
       then:          once no stream is left here, the role retires (the process exits)
 
 A request that cannot move (no target, a target that refused or failed) ends its stream with
 ``moved_to=""``: the entrypoint re-runs it from its prompt and checks the re-run against the
-tokens delivered. One that cannot be exported (preempted, waiting for pages) is tried again for
+tokens delivered. Each request moves on its own ``MigrateIn``, so one that a target refuses
+re-runs while the others still move; one whose import then fails at the target is re-run by
+the entrypoint when its ``Resume`` there finds nothing. One that cannot be exported (preempted, waiting for pages) is tried again for
 ``switch_tries`` rounds, then finishes here before the role retires. An undrain (``cancel``) is
 refused once the switch began.
 """
@@ -188,57 +190,42 @@ class Migration:
                 self._settle(rid, "")
                 continue
             by_target.setdefault(target, []).append((rid, state))
-        await asyncio.gather(*(self._move_to(t, items) for t, items in by_target.items()))
+        await asyncio.gather(*(self._move(t, rid, s) for t, items in by_target.items() for rid, s in items))
 
-    async def _move_to(self, target: str, items: list) -> None:
+    async def _move(self, target: str, rid: str, s) -> None:
+        """Move one exported request (``s``: its state) to ``target``; on any failure it re-runs."""
         expires = self.role.settings.lease_timeout_s
-        migrants = []
-        for rid, s in items:
-            meta = self.role.live.get(rid)
-            migrants.append(
-                Migrant(
-                    rid,
-                    s.prompt,
-                    s.output,
-                    s.logprobs,
-                    s.params,
-                    s.seed,
-                    s.consumer_start,
-                    s.num_computed,
-                    s.num_cached,
-                    s.replay_start,
-                    self._held.get(rid, 0),
-                    s.pages.shape[0],
-                    meta.traffic_class if meta else "chatbot",
-                    meta.cached_tokens if meta else 0,
-                    list(s.image_spans),
-                )
-            )
+        meta = self.role.live.get(rid)
+        migrant = Migrant(
+            rid,
+            s.prompt,
+            s.output,
+            s.logprobs,
+            s.params,
+            s.seed,
+            s.consumer_start,
+            s.num_computed,
+            s.num_cached,
+            s.replay_start,
+            self._held.get(rid, 0),
+            s.pages.shape[0],
+            meta.traffic_class if meta else "chatbot",
+            meta.cached_tokens if meta else 0,
+            list(s.image_spans),
+        )
         try:
             answer: MigrationLeases = await (await self._peer(target)).ask(
-                MigrateIn(migrants, expires), timeout=expires
+                MigrateIn([migrant], expires), timeout=expires
             )
             assert self.role.data is not None
-            await asyncio.gather(
-                *(
-                    self.role.data.send(lease_target(lease), s.to_parts(), timeout_s=expires)
-                    for lease, (_, s) in zip(answer.leases, items, strict=True)
-                )
-            )
+            (lease,) = answer.leases
+            await self.role.data.send(lease_target(lease), s.to_parts(), timeout_s=expires)
         except Exception as exc:
-            log.warning(
-                "%s: moving %d requests to %s failed (%s); they re-run",
-                self.role.name,
-                len(items),
-                target,
-                exc,
-            )
-            for rid, _ in items:
-                self._settle(rid, "")
+            log.warning("%s: moving %s to %s failed (%s); it re-runs", self.role.name, rid, target, exc)
+            self._settle(rid, "")
             return
-        for rid, s in items:
-            self.report.tail_pages += s.pages.shape[0]
-            self._settle(rid, target)
+        self.report.tail_pages += s.pages.shape[0]
+        self._settle(rid, target)
 
     def _settle(self, request_id: str, target: str) -> None:
         future = self._future(request_id)

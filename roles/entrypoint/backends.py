@@ -1,14 +1,7 @@
 """Where a request runs: the prefill and decode instances, and the connections to them.
 
-``InstancePool`` learns one role's instances from the controller (``ListInstances``, refreshed
-every ``refresh_s``) and keeps one Peer per instance. It picks, among the instances the
-controller lists as ``serving`` and whose connection is up, the one with the fewest requests, counting both the load the
-instance last reported and what this gateway sent it since. A ``draining`` instance gets no new
-work, but the streams already running there go on (their Peer stays open). An instance missing
-from the table keeps its last state for ``unlisted_grace_s``: a restarted controller lists the
-instances only as their heartbeats reach it, and until then they serve as before (one that
-really died drops its connection, and its requests are re-routed as below). After that it is
-forgotten, once no request of this gateway runs there.
+``InstancePool`` (dsi.roles.entrypoint.instances) keeps the instances of one role the controller
+lists, and picks the least loaded serving one.
 
 ``DecodePool`` routes a request: with balancers configured it asks one first, within a bound
 (``balancer_timeout_s``; see dsi.roles.entrypoint.router), and picks locally (the least loaded,
@@ -26,9 +19,14 @@ any it streams a colocated ``Generate``. Failures are retried on other instances
   compared with the delivered ones before anything more is streamed
   (:mod:`dsi.roles.entrypoint.recovery`): a re-run that differs ends the request with
   ``RecoveryDiverged``, a pinned hit that cannot be taken again with ``HitUnavailable``;
+- chunks lost on the way (a gap in their numbers, or a stream that ended before its last chunk;
+  see dsi.roles.entrypoint.chunk_order): re-run as for a lost decode, on another decode while one
+  serves, else on the same one under a new request id (it may still hold the first run under
+  the old one); a chunk that arrives twice is dropped;
 - a decode that drains ends the stream with ``finish="migrated"``: the request goes on at the
   decode it names (``Resume``; its first chunk repeats the tokens so far and is checked like a
-  re-run's), or is re-run from its prompt when it names none.
+  re-run's), or is re-run from its prompt when it names none, or when the decode named has no
+  such request to resume (its import failed there: ``InvalidRequest``).
 
 Each wait for a stream item is bounded, so a client sees a complete stream or a clean error.
 """
@@ -41,164 +39,22 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
-from dataclasses import dataclass
 
 import msgspec
 import zmq.asyncio
 
-from dsi.errors import AskTimeout, DsiError, Overloaded, PeerLost
-from dsi.messages import ALL
+from dsi.errors import AskTimeout, InvalidRequest, Overloaded, PeerLost
 from dsi.messages.balancer import Route
-from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances, TransitionCount
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import Handoff, PrefillLost
 from dsi.messages.migrate import Resume
-from dsi.roles.controller.lifecycle import InstanceState
+from dsi.roles.entrypoint.chunk_order import ChunkGap, ChunkOrder
+from dsi.roles.entrypoint.instances import InstancePool, NoInstance, _Instance
 from dsi.roles.entrypoint.recovery import Delivered
 from dsi.roles.entrypoint.router import Ask, BalancerRouter
-from dsi.transport.client import Peer
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
-
-SERVING, DEAD = InstanceState.SERVING, InstanceState.DEAD
-
-
-class NoInstance(DsiError):
-    code = "no_instance"
-
-
-@dataclass(slots=True)
-class _Instance:
-    info: InstanceInfo
-    peer: Peer
-    sent: int = 0  # requests this gateway has in flight there
-    missing_since: float | None = None  # monotonic seconds since when the table does not list it
-
-    @property
-    def key(self) -> tuple[str, float]:
-        """This run of the instance: a restarted instance keeps its id but not its start time."""
-        return self.info.instance_id, self.info.started_at
-
-
-class InstancePool:
-    def __init__(
-        self,
-        controller: str,
-        ctx: zmq.asyncio.Context,
-        *,
-        role: str = "decode",
-        keys: CurveKeys | None = None,
-        refresh_s: float = 1.0,
-        peer_id: str = "entrypoint",
-        unlisted_grace_s: float = 10.0,
-    ) -> None:
-        self._ctx, self._keys, self.role, self._peer_id = ctx, keys, role, peer_id
-        self._unlisted_grace_s = unlisted_grace_s  # seconds an instance missing from the table still serves
-        self._controller = Peer(
-            controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0
-        )
-        self._instances: dict[str, _Instance] = {}
-        self._refresh_s = refresh_s
-        self._refreshed = 0.0
-        self._task: asyncio.Task | None = None
-        self.transitions: list[TransitionCount] = []  # the controller's, as of the last refresh
-
-    async def start(self) -> None:
-        try:
-            await self._controller.connect()
-        except DsiError as exc:  # the refresh loop keeps trying; the controller may start later
-            log.warning("controller not reachable yet: %s", exc)
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        for inst in self._instances.values():
-            await inst.peer.close()
-        await self._controller.close()
-
-    @property
-    def ready(self) -> list[str]:
-        """The ids of the instances that take new work (``serving``)."""
-        return [i for i, inst in self._instances.items() if self._takes_work(inst)]
-
-    async def refresh(self) -> None:
-        table: InstanceTable = await self._controller.ask(ListInstances(self.role))
-        self.transitions = table.transitions
-        seen = set()
-        for info in table.instances:
-            seen.add(info.instance_id)
-            inst = self._instances.get(info.instance_id)
-            if inst is None or inst.info.address != info.address:
-                if inst is not None:
-                    await inst.peer.close()
-                peer = Peer(
-                    info.address,
-                    self._ctx,
-                    types=ALL,
-                    peer_id=self._peer_id,
-                    role="entrypoint",
-                    keys=self._keys,
-                    timeout=60.0,
-                )
-                peer_task = asyncio.get_running_loop().create_task(peer.connect())
-                peer_task.add_done_callback(lambda t: t.exception())  # failures surface on use
-                inst = self._instances[info.instance_id] = _Instance(info, peer)
-            if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
-                inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))
-            inst.info, inst.missing_since = info, None
-        now = time.monotonic()
-        for gone in set(self._instances) - seen:
-            inst = self._instances[gone]
-            if inst.missing_since is None:
-                inst.missing_since = now
-            if not self._takes_work(inst) and not inst.sent:
-                await self._instances.pop(gone).peer.close()
-        self._refreshed = now
-
-    def _takes_work(self, inst: _Instance) -> bool:
-        """Serving, listed by the controller (or not for longer than ``unlisted_grace_s``), and its
-        connection not down: a killed instance is listed as serving until its heartbeats are missed."""
-        missing = inst.missing_since
-        listed = missing is None or time.monotonic() - missing <= self._unlisted_grace_s
-        return inst.info.state == SERVING and listed and not inst.peer.away
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except DsiError as exc:
-                log.warning("cannot refresh the instance list from the controller: %s", exc)
-            except Exception:  # e.g. no socket left for a new instance: the next refresh tries again
-                log.exception("refreshing the %s instances failed", self.role)
-            await asyncio.sleep(self._refresh_s)
-
-    def serving(self) -> list[_Instance]:
-        """The instances that take new work now."""
-        return [inst for inst in self._instances.values() if self._takes_work(inst)]
-
-    def pick(self, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance:
-        """The least loaded serving instance whose ``key`` is not in ``exclude``."""
-        ready = [
-            inst for inst in self._instances.values() if self._takes_work(inst) and inst.key not in exclude
-        ]
-        if not ready:
-            raise NoInstance(f"no serving {self.role} instance")
-        return min(
-            ready,
-            key=lambda inst: (
-                inst.info.load.running + inst.info.load.queued + inst.sent,
-                inst.info.load.kv_tokens,
-            ),
-        )
-
-    def get(self, instance_id: str, exclude: Collection[tuple[str, float]] = frozenset()) -> _Instance | None:
-        """The instance ``instance_id`` if it takes new work (as ``pick`` counts it) and its ``key``
-        is not in ``exclude``."""
-        inst = self._instances.get(instance_id)
-        return inst if inst is not None and self._takes_work(inst) and inst.key not in exclude else None
 
 
 class DecodePool:
@@ -247,6 +103,9 @@ class DecodePool:
             else None
         )
         self.migrations = 0  # streams moved by a drain to another decode (or re-run when it named none)
+        self.failed_moves = 0  # moved streams whose Resume found nothing there (re-run instead)
+        self.chunk_gaps = 0  # streams re-run because chunks were lost on the way
+        self.chunk_duplicates = 0  # chunks dropped because they arrived twice
 
     async def start(self) -> None:
         await self.decode.start()
@@ -270,11 +129,20 @@ class DecodePool:
 
     def metric_lines(self) -> list[str]:
         """The controller's lifecycle transition counter (every role's, carried in the instance
-        table the decode pool fetched last), in the Prometheus text format."""
+        table the decode pool fetched last) and this pool's stream repairs (chunks lost or
+        repeated on the way, moves that did not land), in the Prometheus text format."""
         lines = ["# TYPE dsi_instance_transitions_total counter"]
         lines += [
             f'dsi_instance_transitions_total{{role="{t.role}",from="{t.before}",to="{t.after}"}} {t.count}'
             for t in self.decode.transitions
+        ]
+        lines += [
+            "# TYPE dsi_stream_chunk_gaps_total counter",
+            f"dsi_stream_chunk_gaps_total {self.chunk_gaps}",
+            "# TYPE dsi_stream_chunk_duplicates_total counter",
+            f"dsi_stream_chunk_duplicates_total {self.chunk_duplicates}",
+            "# TYPE dsi_stream_failed_moves_total counter",
+            f"dsi_stream_failed_moves_total {self.failed_moves}",
         ]
         return lines + (self.router.metric_lines() if self.router is not None else [])
 
@@ -296,25 +164,32 @@ class DecodePool:
         bad_prefills: set[tuple[str, float]] = set()
         delivered = Delivered()  # what the caller already has
         moved: _Instance | None = None  # where a drained decode moved the request
+        run_id = msg.request_id  # the request's id at the instances (a re-run may take another)
         attempt = migrations = 0
         while attempt < self.max_attempts:
             pre: _Instance | None = None
             if moved is not None:  # live migration: the stream goes on there
-                inst, call, moved = moved, Resume(msg.request_id), None
+                inst, call, moved = moved, Resume(run_id), None
             else:
                 inst, pre = await self._route(
                     msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0
                 )
-                req = msgspec.structs.replace(msg, pin_hit=delivered.pin, delivered=list(delivered.token_ids))
+                req = msgspec.structs.replace(
+                    msg, request_id=run_id, pin_hit=delivered.pin, delivered=list(delivered.token_ids)
+                )
                 call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
             inst.sent += 1
             if pre is not None:
                 pre.sent += 1
             migrated = False
+            order = ChunkOrder()
             try:
                 async with contextlib.aclosing(inst.peer.stream(call, timeout=self.item_timeout_s)) as stream:
                     async for chunk in stream:
+                        if not order.take(chunk):  # a duplicate
+                            self.chunk_duplicates += 1
+                            continue
                         if chunk.finish == "migrated":
                             migrated, moved = True, await self._moved(chunk.moved_to)
                             bad_decodes.add(inst.key)  # draining: a re-run goes elsewhere
@@ -322,6 +197,8 @@ class DecodePool:
                         new = delivered.take(chunk)
                         if new is not None:
                             yield new
+                    if not migrated:
+                        order.ended(msg.request_id)
                 if migrated and migrations < self.max_migrations:
                     migrations += 1
                     self.migrations += 1
@@ -334,6 +211,19 @@ class DecodePool:
             except (PeerLost, Overloaded, AskTimeout) as exc:
                 failed, reason = inst.info.instance_id, exc
                 bad_decodes.add(inst.key)
+            except ChunkGap as exc:  # as a lost decode: re-run, checked against what was delivered
+                failed, reason = inst.info.instance_id, exc
+                self.chunk_gaps += 1
+                if any(o.key != inst.key and o.key not in bad_decodes for o in self.decode.serving()):
+                    bad_decodes.add(inst.key)  # the re-run goes elsewhere while it can
+                else:  # perhaps there again, where the first run may not have left yet
+                    run_id = f"{msg.request_id}.rerun{attempt + 1}"
+            except InvalidRequest as exc:
+                if not isinstance(call, Resume):
+                    raise
+                # The move did not land (the import failed there, or expired): re-run it.
+                failed, reason = inst.info.instance_id, exc
+                self.failed_moves += 1
             finally:
                 inst.sent -= 1
                 if pre is not None:

@@ -37,6 +37,7 @@ def test_table_has_one_aligned_row_per_instance():
         "HOST",
         "PID",
         "STATE",
+        "PROTOCOL",
         "LOAD",
         "LAST",
         "SEEN",
@@ -48,6 +49,7 @@ def test_table_has_one_aligned_row_per_instance():
         "10.0.0.2",
         "4321",
         "serving/suspect",
+        "2",  # a heartbeat without the field: a sender of protocol version 2
         "run=3",
         "queue=1",
         "kv=512",

@@ -146,12 +146,22 @@ async def test_the_controllers_transition_counter_is_rendered_for_metrics(pool):
     tables.append(
         InstanceTable([info("serving", address=f"tcp://127.0.0.1:{free_port()}")], transitions=moves)
     )
-    assert pool.metric_lines() == ["# TYPE dsi_instance_transitions_total counter"]  # nothing fetched yet
+    repairs = [
+        "# TYPE dsi_stream_chunk_gaps_total counter",
+        "dsi_stream_chunk_gaps_total 0",
+        "# TYPE dsi_stream_chunk_duplicates_total counter",
+        "dsi_stream_chunk_duplicates_total 0",
+        "# TYPE dsi_stream_failed_moves_total counter",
+        "dsi_stream_failed_moves_total 0",
+    ]
+    nothing_fetched = ["# TYPE dsi_instance_transitions_total counter", *repairs]
+    assert pool.metric_lines() == nothing_fetched
     await pool.decode.refresh()
     assert pool.metric_lines() == [
         "# TYPE dsi_instance_transitions_total counter",
         'dsi_instance_transitions_total{role="decode",from="none",to="ready"} 2',
         'dsi_instance_transitions_total{role="prefill",from="serving",to="dead"} 1',
+        *repairs,
     ]
 
 
