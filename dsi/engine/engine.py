@@ -179,7 +179,15 @@ class Engine:
         self._pending: list[RequestOutput] = []  # outputs of a step drained outside step()
         self.spec = (
             build_speculator(
-                cfg, c.speculative, c.num_drafts, c.step_curve, self.runner, weights, draft, c.max_running
+                cfg,
+                c.speculative,
+                c.num_drafts,
+                c.step_curve,
+                self.runner,
+                weights,
+                draft,
+                c.max_running,
+                c.batch_invariant,
             )
             if c.speculative != "off"
             else None

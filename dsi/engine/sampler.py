@@ -3,11 +3,12 @@
 A request with a frequency or presence penalty first has the logits of the ids in its output so
 far lowered (``frequency_penalty * count + presence_penalty``, OpenAI's definition); a request
 with a structured-output constraint has the ids its grammar forbids set to ``-inf``. Logprobs
-are those of this processed distribution before temperature; the chosen id advances the
-constraint. Greedy is argmax. Otherwise: temperature, then top-k, top-p and min-p filters, then an
-exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p. The noise for a
-request at position ``p`` comes from a generator seeded with (seed, p) alone, so a request gets
-the same tokens whatever else shares its batch.
+are those of this processed distribution before temperature (0.0 for a request that asked for
+none); the chosen id advances the constraint. Greedy is argmax. Otherwise: temperature, then top-k, top-p and min-p filters, then an
+exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p. The variate E of
+id v at position ``p`` is a function of (seed, p, v) alone (:mod:`dsi.engine.noise`), so a
+request gets the same tokens whatever else shares its batch, and whether or not it speculates
+(:func:`choose` is also what the speculative verifier emits).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dsi.engine.noise import exponentials
 from dsi.engine.params import SamplingParams
 from dsi.structured import TokenConstraint, apply_bitmask, bitmask_words
-
-_MIX = 0x9E3779B97F4A7C15
 
 
 @dataclass(slots=True)
@@ -54,9 +54,9 @@ def sample(
     logp = torch.log_softmax(logits, dim=-1) if want_lp else None
     greedy = logits.argmax(dim=-1).tolist()
     for row, (p, seed, position) in enumerate(zip(params, seeds, positions, strict=True)):
-        token = greedy[row] if p.greedy else _draw(logits[row], p, seed, position)
+        token = greedy[row] if p.greedy else race(target_probs(logits[row], p), seed, position)
         lp, top = 0.0, []
-        if logp is not None:
+        if logp is not None and (p.logprobs or p.top_logprobs):  # 0.0 otherwise, whatever the batch
             lp = float(logp[row, token])
             if p.top_logprobs:
                 vals, ids = logp[row].topk(p.top_logprobs)
@@ -103,15 +103,16 @@ def _advance(constraint: TokenConstraint | None, token: int) -> str | None:
     return "stop" if constraint.is_done() else None
 
 
-def _draw(row: torch.Tensor, p: SamplingParams, seed: int, position: int) -> int:
-    probs = target_probs(row, p)
-    return race(probs, seed, position)
+def choose(row: torch.Tensor, p: SamplingParams, seed: int, position: int) -> int:
+    """The token a request takes at ``position`` from its processed logits row [V]: the argmax
+    when greedy, else its race over :func:`target_probs` (what :func:`sample` takes)."""
+    return int(row.argmax()) if p.greedy else race(target_probs(row, p), seed, position)
 
 
 def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """[V] logits -> [V] probabilities a sampled request draws from: temperature, then the
-    top-k, top-p and min-p filters (not renormalised: the race and the speculative verifier
-    only compare ratios)."""
+    top-k, top-p and min-p filters (not renormalised: the race compares ratios). The draft
+    applies it to its own logits over its vocabulary [Vd] too."""
     scaled = row / p.temperature
     if p.top_k and p.top_k < scaled.shape[0]:
         kth = scaled.topk(p.top_k).values[-1]
@@ -127,15 +128,9 @@ def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def generator(seed: int, position: int, salt: int = 0) -> torch.Generator:
-    """The generator of a request's draw at ``position`` (``salt`` 0: the target's own draw;
-    others: speculative decoding's draft draws and acceptance tests)."""
-    mixed = ((seed * _MIX) ^ (position + 1) * 0xBF58476D1CE4E5B9) % 2**63
-    return torch.Generator().manual_seed(mixed ^ (salt * 0x94D049BB133111EB) % 2**63 if salt else mixed)
-
-
-def race(probs: torch.Tensor, seed: int, position: int, salt: int = 0) -> int:
-    """An exponential race over unnormalised probabilities [V]: argmax of p / E, E ~ Exp(1),
-    draws exactly from p / sum(p)."""
-    noise = torch.empty_like(probs).exponential_(generator=generator(seed, position, salt))
+def race(probs: torch.Tensor, seed: int, position: int, ids: torch.Tensor | None = None) -> int:
+    """An exponential race over unnormalised probabilities [n]: the index of the largest p / E,
+    E ~ Exp(1), which is drawn exactly from p / sum(p). ``ids`` [n]: the token id of each entry
+    (None: 0 .. n - 1), whose variate at ``position`` of the request seeded ``seed`` it reads."""
+    noise = exponentials([seed], [position], probs.shape[0] if ids is None else ids)[0]
     return int((probs / noise).argmax())

@@ -1,12 +1,15 @@
 """EngineService: an Engine driven from asyncio.
 
-The engine is not thread-safe and its ``step`` blocks, so one task owns it: between steps (on the
-event loop) it applies queued admissions, aborts and calls; each step runs on a dedicated
-thread. Callers stream a request's outputs with ``generate`` (or ``import_request``); leaving the
-stream early (a cancelled task, a client that went away) aborts the request in the engine.
+The engine is not thread-safe and its ``step`` blocks, so one task owns it: between steps it
+applies queued admissions, aborts and calls, and each step runs, on one dedicated thread; the
+event loop only queues work and answers callers. (With async scheduling a step is still in
+flight when ``step`` returns, and an export, import or page copy waits for it: on the engine's
+thread, never on the loop.) Callers stream a request's outputs with ``generate`` (or
+``import_request``); leaving the stream early (a cancelled task, a client that went away)
+aborts the request in the engine.
 
     caller --add--> pending --(between steps)--> engine.add_request --> outputs --> caller's queue
-    caller --call(fn)--> calls --(between steps)--> fn(engine) --> caller's future
+    caller --call(fn)--> calls --(between steps, engine thread)--> fn(engine) --> caller's future
     owner task, after each step and each batch of calls --> EngineLoad --> ``load`` (any reader)
 
 This is the engine's one door: ``shape`` (fixed sizes, an ``EngineShape``), ``load`` (the latest
@@ -68,6 +71,13 @@ class _Pending:
     outputs: asyncio.Queue
 
 
+@dataclass(slots=True)
+class _Call:
+    fn: Callable[[Engine], Any]  # runs on the engine's thread
+    future: asyncio.Future
+    settle: Callable[[Any], None] | None = None  # on the loop, with fn's result, before the caller has it
+
+
 class EngineService:
     keep_stats = 1024  # streams whose final stats request_stats remembers
 
@@ -76,7 +86,7 @@ class EngineService:
         self.shape: EngineShape = engine.shape
         self._load = engine.load()
         self._pending: list[_Pending] = []
-        self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future]] = []
+        self._calls: list[_Call] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
@@ -123,9 +133,9 @@ class EngineService:
         for p in self._pending:
             if not p.admitted.done():
                 p.admitted.set_exception(stopped)
-        for _, future in self._calls:
-            if not future.done():
-                future.set_exception(stopped)
+        for c in self._calls:
+            if not c.future.done():
+                c.future.set_exception(stopped)
         self._calls.clear()
         for queue in self._streams.values():
             queue.put_nowait(stopped)
@@ -173,12 +183,15 @@ class EngineService:
         return self._stream(state.request_id, admit)
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` between two steps and return its result (or raise its error).
-        For tests and tools: roles use the named calls."""
+        """Run ``fn(engine)`` between two steps, on the engine's thread, and return its result
+        (or raise its error). For tests and tools: roles use the named calls."""
+        return await self._call(fn)
+
+    async def _call(self, fn: Callable[[Engine], T], settle: Callable[[T], None] | None = None) -> T:
         if self._task is None:
             raise ActorStopped("the engine service is not running")
         future = asyncio.get_running_loop().create_future()
-        self._calls.append((fn, future))
+        self._calls.append(_Call(fn, future, settle))
         self._wake.set()
         return await future
 
@@ -204,13 +217,16 @@ class EngineService:
                     out[request_id] = engine.export_request(request_id, skip)
                 except DsiError as exc:
                     out[request_id] = exc
-                    continue
-                queue = self._streams.pop(request_id, None)
-                if queue is not None:
-                    queue.put_nowait(RequestMoved(f"request {request_id!r} moved to another instance"))
             return out
 
-        return await self.call(take)
+        def end_streams(out: dict[str, RequestState | DsiError]) -> None:
+            # before the next step: its outputs for these requests are in their states already
+            for request_id, state in out.items():
+                queue = self._streams.pop(request_id, None) if isinstance(state, RequestState) else None
+                if queue is not None:
+                    queue.put_nowait(RequestMoved(f"request {request_id!r} moved to another instance"))
+
+        return await self._call(take, end_streams)
 
     async def full_pages_of(self, request_id: str, start: int) -> torch.Tensor:
         """A copy of a running request's full pages from ``start`` on (``[m, page_elems]`` fp32)."""
@@ -266,9 +282,9 @@ class EngineService:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            self._apply()
+            await self._apply()
             self._load = self._engine.load()
-            if not self._engine.has_unfinished() and not self._calls and not self._pending:
+            if not (self._engine.has_unfinished() or self._calls or self._pending or self._aborts):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -293,29 +309,64 @@ class EngineService:
                         self._keep_stats(out.request_id)
                     queue.put_nowait(out)
 
-    def _apply(self) -> None:
-        pending, self._pending = self._pending, []
-        for p in pending:
-            if p.admitted.done():  # the caller went away before admission
+    async def _apply(self) -> None:
+        """Queued admissions, aborts and calls, run on the engine's thread; their callers are
+        answered here, on the loop."""
+        pending = [p for p in self._pending if not p.admitted.done()]  # else the caller went away
+        calls = [c for c in self._calls if not c.future.done()]
+        aborts, self._pending, self._calls, self._aborts = self._aborts, [], [], []
+        if not (pending or aborts or calls):
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            refusals, results = await loop.run_in_executor(
+                self._thread, self._on_engine, pending, aborts, calls
+            )
+        except asyncio.CancelledError:  # closing: close() answers only what is still queued
+            stopped = ActorStopped("the engine is shutting down")
+            for future in [p.admitted for p in pending] + [c.future for c in calls]:
+                if not future.done():
+                    future.set_exception(stopped)
+            raise
+        for p, refusal in zip(pending, refusals, strict=True):
+            if refusal is None and p.admitted.done():  # admitted after its caller went away
+                self._aborts.append(p.request_id)
+            elif refusal is None:
+                self._streams[p.request_id] = p.outputs
+                p.admitted.set_result(None)
+            elif not p.admitted.done():
+                p.admitted.set_exception(refusal)
+        for c, (ok, value) in zip(calls, results, strict=True):
+            if ok and c.settle is not None:
+                c.settle(value)
+            if c.future.done():
                 continue
+            if ok:
+                c.future.set_result(value)
+            else:
+                c.future.set_exception(value)
+
+    def _on_engine(
+        self, pending: list[_Pending], aborts: list[str], calls: list[_Call]
+    ) -> tuple[list[Exception | None], list[tuple[bool, Any]]]:
+        """The engine's thread: admit, abort, call in turn. Returns each admission's refusal
+        (None: admitted) and each call's (succeeded, result or error)."""
+        refusals: list[Exception | None] = []
+        for p in pending:
             try:
                 p.admit(self._engine)
-            except DsiError as exc:
-                p.admitted.set_exception(exc)
-                continue
-            self._streams[p.request_id] = p.outputs
-            p.admitted.set_result(None)
-        aborts, self._aborts = self._aborts, []
+                refusals.append(None)
+            except Exception as exc:  # the caller gets the error; the engine goes on
+                refusals.append(exc)
         for request_id in aborts:
             self._engine.abort(request_id)
-        calls, self._calls = self._calls, []
-        for fn, future in calls:
-            if future.done():
-                continue
+        results: list[tuple[bool, Any]] = []
+        for c in calls:
             try:
-                future.set_result(fn(self._engine))
+                results.append((True, c.fn(self._engine)))
             except Exception as exc:  # the caller gets the error; the engine goes on
-                future.set_exception(exc)
+                results.append((False, exc))
+        return refusals, results
 
     def _keep_stats(self, request_id: str) -> None:
         stats = self._engine.request_stats(request_id)
@@ -329,5 +380,5 @@ class EngineService:
     def _fail_all(self, err: DsiError) -> None:
         for request_id, queue in list(self._streams.items()):
             queue.put_nowait(err)
-            self._engine.abort(request_id)
+            self._aborts.append(request_id)  # applied on the engine's thread before the next step
         self._streams.clear()

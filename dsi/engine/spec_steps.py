@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
 from dsi.engine.params import SamplingParams
 from dsi.engine.request import Request
@@ -34,12 +35,16 @@ def build_speculator(
     weights: dict[str, torch.Tensor],
     draft: dict[str, torch.Tensor] | None,
     max_running: int,
+    batch_invariant: bool = True,
 ) -> Speculator:
+    """``batch_invariant``: the draft's products go through :func:`dsi.engine.invariant.mm`, as the
+    runner's do, so that its drafts and confidences do not depend on the batch."""
     if cfg.family not in ("v4", "llama"):
         raise ValueError(f"speculative decoding runs on the V4 shape and the llama family, not {cfg.family}")
     if draft is None:
         raise ValueError("speculative decoding needs draft weights (dsi model train-draft)")
-    spec = Speculator(mode, num_drafts, draft, weights["embed"], cfg.norm_eps, cfg.max_context)
+    mm = invariant.mm if batch_invariant else torch.matmul
+    spec = Speculator(mode, num_drafts, draft, weights["embed"], cfg.norm_eps, cfg.max_context, mm)
     if mode == "dspark":
         spec.curve = curve or _measure(cfg, runner, spec, max_running)
     return spec

@@ -8,15 +8,23 @@ position ``s + i + 1``, where draft ``d_{i+1}`` sits::
     input:   y        d_1           d_k
     target:  t_0 ?= d_1   t_1 ?= d_2 ... t_k (bonus)
 
-Greedy: ``t_i = argmax row_i``; drafts are accepted while ``d_{i+1} == t_i``; the tokens emitted
-are ``t_0 .. t_j`` (j drafts accepted, then the target's own token): exactly what decoding one
-token at a time would emit. Sampled: standard speculative rejection sampling (Leviathan et al.,
-Chen et al.): draft ``d_i`` drawn from the draft's distribution ``q_i`` is accepted with
-probability ``min(1, p(d_i) / q_i(d_i))``; the first rejection emits a draw from
-``norm(max(0, p - q_i))`` and stops; when every draft is accepted the bonus is the target's own
-draw at that position. Every emitted token is distributed exactly as the target's sampler would
-draw it. The random numbers come from generators seeded by (request seed, position, salt), so a
-request's output does not depend on its batch.
+Each row gives the token the target takes at its position, exactly as the plain sampler would
+take it (:func:`dsi.engine.sampler.choose`: the argmax when greedy, else the request's race over
+its own variates at that position); drafts are accepted while ``d_{i+1} == t_i``, and the
+tokens emitted are ``t_0 .. t_j`` (j drafts accepted, then the target's own token). So the
+tokens a request emits never depend on its drafts: speculation changes how many tokens a step
+yields, not which.
+
+Sampled requests: the draft draws ``d_i`` with the same variates (same seed, same position, read
+at its vocabulary's ids), from its own distribution ``q_i``: ``d_i = argmax q_i / E``, while
+``t_i = argmax p_i / E`` (the exponential-race form of the Gumbel-max coupling). Every emitted
+token is the target's own draw, so it is distributed exactly as p; the draft agrees with it,
+and is accepted, with probability at least ``(1 - TV(p, q)) / (1 + TV(p, q))`` (Daliri et al.,
+"Coupling without communication and drafter-invariant speculative decoding", 2024). The standard
+rejection rule (accept with probability ``min(1, p/q)``, else draw from ``norm(max(0, p - q))``)
+accepts slightly more often (``1 - TV``), but its emitted token depends on the draft, and so on
+whether and how far the step drafted, which the batch decides; with it a re-run of a request
+(failover, a different batch) would not reproduce the tokens.
 
 Structured output: row i is masked by the constraint as it stands after the drafts before it
 (one mask per draft position); the constraint is advanced by each accepted draft in turn, so a
@@ -32,12 +40,8 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine.params import SamplingParams
-from dsi.engine.sampler import Sampled, generator, race, target_probs
+from dsi.engine.sampler import Sampled, choose
 from dsi.structured import TokenConstraint, apply_bitmask, bitmask_words
-
-ACCEPT_SALT = 1  # the uniform of the acceptance test at a position
-RESIDUAL_SALT = 2  # the draw from the residual distribution after a rejection
-DRAFT_SALT = 3  # the draft's own draw (used by the proposer)
 
 
 @dataclass(slots=True)
@@ -49,25 +53,19 @@ class Verified:
 def verify(
     logits: torch.Tensor,
     drafts: list[int],
-    q: torch.Tensor | None,
     params: SamplingParams,
     seed: int,
     start: int,
     constraint: TokenConstraint | None = None,
 ) -> Verified:
     """logits: [k + 1, V] rows of a verify slice starting at position ``start`` (masked in place
-    when constrained); drafts: [k] ids; q: [k, V] the draft's probabilities of each draft
-    position (None for greedy requests, whose drafts are the draft's argmax); constraint: the
-    request's, having accepted its output so far (advanced here)."""
+    when constrained); drafts: [k] ids; constraint: the request's, having accepted its output so
+    far (advanced here)."""
     tokens: list[int] = []
     finish: str | None = None
     j = 0
     for i in range(len(drafts) + 1):
-        row = _masked(logits, i, constraint)
-        d = drafts[i] if i < len(drafts) else None
-        token, accepted = _decide(
-            row, d, None if q is None or d is None else q[i], params, seed, start + i + 1
-        )
+        token = choose(_masked(logits, i, constraint), params, seed, start + i + 1)
         tokens.append(token)
         if constraint is not None:
             if not constraint.accept(token):
@@ -76,7 +74,7 @@ def verify(
             if constraint.is_done():
                 finish = "stop"
                 break
-        if not accepted:
+        if i == len(drafts) or token != drafts[i]:
             break
         j += 1
     out = _with_logprobs(logits, tokens, params)
@@ -91,35 +89,6 @@ def _masked(logits: torch.Tensor, i: int, constraint: TokenConstraint | None) ->
     constraint.fill_mask(bitmask[0])
     logits[i : i + 1] = apply_bitmask(logits[i : i + 1], bitmask)
     return logits[i]
-
-
-def _decide(
-    row: torch.Tensor,
-    draft: int | None,
-    q: torch.Tensor | None,
-    params: SamplingParams,
-    seed: int,
-    position: int,
-) -> tuple[int, bool]:
-    """(token emitted at ``position`` from target row ``row``, whether the draft was accepted):
-    the draft itself when accepted, else the target's choice (greedy: argmax; sampled: the
-    residual draw after a rejection, or the target's own draw when there is no draft left)."""
-    if params.greedy:
-        token = int(row.argmax())
-        return token, token == draft
-    p = target_probs(row, params)
-    if draft is None:
-        return race(p, seed, position), False
-    if q is None:
-        raise ValueError("a sampled request's drafts need the draft probabilities")
-    p = p / p.sum()
-    u = float(torch.rand((), generator=generator(seed, position, ACCEPT_SALT)))
-    if u * float(q[draft]) < float(p[draft]):
-        return draft, True
-    residual = (p - q).clamp(min=0)
-    if float(residual.sum()) <= 0:  # p == q (up to rounding): any draw from p is right
-        residual = p
-    return race(residual, seed, position, RESIDUAL_SALT), False
 
 
 def _with_logprobs(logits: torch.Tensor, tokens: list[int], params: SamplingParams) -> list[Sampled]:

@@ -15,6 +15,13 @@ continues after a verify slice is known only once the worker has verified it: th
 gives it one token (no drafts) that the worker places there (the scheduler's floating slice);
 the runner's rollback runs on the worker, before that step's forward.
 
+A request's tokens do not depend on its drafts (see spec_verify): the draft's draw at a position
+reads the request's own variates there (dsi.engine.noise), so it agrees with the target's
+draw as often as the two distributions allow, and verifying only checks that it did. How many
+drafts a step verifies (chosen over the whole step by DSpark) changes the tokens per step, never
+the tokens. With ``batch_invariant`` the draft's products go through dsi.engine.invariant, so
+its drafts and confidences do not depend on the batch either.
+
 Which requests speculate: decoding ones (one token behind), not prefill-only, without
 penalties (their logits depend on the output so far; they decode one token per step in the
 same batch). Structured output does: each verified position is masked by the grammar advanced
@@ -28,12 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsi.engine.noise import exponentials
 from dsi.engine.request import Request, constraint_at
-from dsi.engine.sampler import race
+from dsi.engine.sampler import target_probs
 from dsi.engine.spec_policy import dspark_lengths, fixed_lengths
-from dsi.engine.spec_verify import DRAFT_SALT, Verified, verify
+from dsi.engine.spec_verify import Verified, verify
 from dsi.engine.step_curve import StepCurve
 from dsi.model.draft import draft_step
+from dsi.model.ops import Matmul
 
 MODES = ("off", "fixed", "dspark")
 
@@ -43,7 +52,6 @@ class Drafts:
     position: int  # where the first draft sits (the request's num_tokens when proposed)
     tokens: list[int]
     confidence: list[float]
-    probs: torch.Tensor | None  # [K, Vd] the draft's distribution per position (sampled requests)
 
 
 @dataclass(slots=True)
@@ -71,7 +79,9 @@ class Speculator:
         embed: torch.Tensor,
         eps: float,
         max_context: int,
+        mm: Matmul = torch.matmul,
     ) -> None:
+        """``mm``: the draft's products (:func:`dsi.engine.invariant.mm` on a batch-invariant engine)."""
         if mode not in MODES[1:]:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {mode!r}")
         if not 1 <= num_drafts <= 5:
@@ -83,6 +93,7 @@ class Speculator:
         self.vocab = draft["draft.vocab"]
         self.out_embed = embed[self.vocab].contiguous()  # [Vd, H] the draft's output projection
         self.eps = eps
+        self.mm = mm
         self.max_context = max_context
         self.curve: StepCurve | None = None
         self.stats = SpecStats()
@@ -169,13 +180,8 @@ class Speculator:
         d = self._drafts.get(id(req))
         constraint = constraint_at(start + 1, req)  # having accepted the output so far
         if d is None or d.position != start + 1 or len(d.tokens) < k:  # see fill_drafts
-            return verify(logits[:1], [], None, req.params, req.seed, start, constraint)
-        q = None
-        if not req.params.greedy:
-            assert d.probs is not None
-            q = torch.zeros(k, logits.shape[1])
-            q[:, self.vocab] = d.probs[:k]
-        out = verify(logits, d.tokens[:k], q, req.params, req.seed, start, constraint)
+            return verify(logits[:1], [], req.params, req.seed, start, constraint)
+        out = verify(logits, d.tokens[:k], req.params, req.seed, start, constraint)
         st = self.stats
         st.verify_slices += 1
         st.emitted += len(out.tokens)
@@ -190,26 +196,34 @@ class Speculator:
     ) -> None:
         """Draft K tokens for each request from the target's hidden state [N, H] at its last
         kept position and the token just emitted there; ``positions``: where each request's
-        first draft sits. Stored until the next plan."""
+        first draft sits. Greedy requests take the draft's argmax; sampled ones race over the
+        draft's distribution with their own variates at each draft's position. Stored until the
+        next plan."""
         if not reqs:
             return
         h, tok = hidden, torch.tensor(tokens, dtype=torch.long)
+        sampled = [row for row, req in enumerate(reqs) if not req.params.greedy]
         drafts: list[list[int]] = [[] for _ in reqs]
         conf: list[list[float]] = [[] for _ in reqs]
-        probs: list[list[torch.Tensor]] = [[] for _ in reqs]
         for i in range(self.depth):
-            h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps, self.out_embed)
-            choice = logits.argmax(dim=-1).tolist()
-            for row, req in enumerate(reqs):
-                if not req.params.greedy:
-                    q = torch.softmax(logits[row] / req.params.temperature, dim=-1)
-                    probs[row].append(q)
-                    choice[row] = race(q, req.seed, positions[row] + i, DRAFT_SALT)
-            tok = self.vocab[torch.tensor(choice, dtype=torch.long)]
+            h, logits, c = draft_step(self.w, self.embed, h, tok, self.eps, self.out_embed, self.mm)
+            choice = logits.argmax(dim=-1)
+            if sampled:
+                choice[sampled] = self._race(logits, [reqs[r] for r in sampled], sampled, positions, i)
+            tok = self.vocab[choice]
             for row, (t, ci) in enumerate(zip(tok.tolist(), torch.sigmoid(c).tolist(), strict=True)):
                 drafts[row].append(t)
                 conf[row].append(ci)
         for row, req in enumerate(reqs):
-            self._drafts[id(req)] = Drafts(
-                positions[row], drafts[row], conf[row], torch.stack(probs[row]) if probs[row] else None
-            )
+            self._drafts[id(req)] = Drafts(positions[row], drafts[row], conf[row])
+
+    def _race(
+        self, logits: torch.Tensor, reqs: list[Request], rows: list[int], positions: list[int], i: int
+    ) -> torch.Tensor:
+        """Draft i's draw for sampled rows ``rows`` of ``logits`` [N, Vd]: per row, the index of
+        the largest q / E over the draft vocabulary, E the request's variates at that draft's
+        position (the ones the target's own race reads there) -> [len(rows)] int64."""
+        at = [positions[r] + i for r in rows]
+        noise = exponentials([req.seed for req in reqs], at, self.vocab)  # [len(rows), Vd]
+        q = torch.stack([target_probs(logits[r], req.params) for r, req in zip(rows, reqs, strict=True)])
+        return (q / noise).argmax(dim=-1)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from dsi.model.ops import rms_norm
+from dsi.model.ops import Matmul, rms_norm
 
 DRAFT_FILE = "draft.safetensors"
 
@@ -84,25 +84,27 @@ def draft_step(
     tokens: torch.Tensor,
     eps: float = 1e-6,
     out_embed: torch.Tensor | None = None,
+    mm: Matmul = torch.matmul,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One draft step for N sequences. h: [N, H] (target or draft hidden); tokens: [N] target ids.
     ``out_embed``: ``embed[w["draft.vocab"]]`` [Vd, H] made once (a server's draft steps reuse it).
+    ``mm``: the products (an engine's batch-invariant ones, :func:`dsi.engine.invariant.mm`).
 
     Returns (next hidden [N, H], logits over the draft vocabulary [N, Vd], confidence logit [N]
     before the sigmoid). Differentiable (the training script calls it too)."""
     e = embed[tokens]
     x = torch.cat([rms_norm(h, w["draft.hnorm"], eps), rms_norm(e, w["draft.enorm"], eps)], dim=-1)
-    x = x @ w["draft.proj"]
+    x = mm(x, w["draft.proj"])
     j = 0
     while f"draft.{j}.w1" in w:
         xn = rms_norm(x, w[f"draft.{j}.norm"], eps)
-        x = x + (F.silu(xn @ w[f"draft.{j}.w1"]) * (xn @ w[f"draft.{j}.w3"])) @ w[f"draft.{j}.w2"]
+        x = x + mm(F.silu(mm(xn, w[f"draft.{j}.w1"])) * mm(xn, w[f"draft.{j}.w3"]), w[f"draft.{j}.w2"])
         j += 1
     z = rms_norm(x, w["draft.out_norm"], eps)
-    logits = z @ (embed[w["draft.vocab"]] if out_embed is None else out_embed).T
+    logits = mm(z, (embed[w["draft.vocab"]] if out_embed is None else out_embed).T)
     top = torch.log_softmax(logits, dim=-1).amax(-1).detach()
     a, b = w["draft.conf_ab"][0], w["draft.conf_ab"][1]
-    conf = z @ w["draft.conf_w"] + a * top + b
+    conf = mm(z, w["draft.conf_w"][:, None])[:, 0] + a * top + b
     return x, logits, conf
 
 

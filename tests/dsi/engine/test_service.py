@@ -1,10 +1,11 @@
 import asyncio
+import time
 
 import pytest
 
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
-from dsi.engine.service import EngineService
+from dsi.engine.service import EngineService, RequestMoved
 from dsi.errors import InvalidRequest
 from tests.dsi.engine.conftest import random_prompts
 
@@ -175,3 +176,46 @@ async def test_the_finished_hook_runs_before_the_final_output_is_read(tiny):
                 assert snapshots == []
     finally:
         await svc.close()
+
+
+async def test_calls_that_wait_on_the_step_in_flight_leave_the_event_loop_free(tiny):
+    """With async scheduling a step is in flight between two ``step`` calls, and an export, an
+    import or a page copy waits for it; that wait is on the engine's thread, so the event loop
+    keeps running (here each forward takes 0.3 s, and the loop never stalls for 0.15 s)."""
+    cfg, w = tiny
+    engine = Engine(cfg, w, EngineConfig(async_scheduling=True))
+    forward = engine.runner.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)
+        return forward(*args, **kwargs)
+
+    engine.runner.forward = slow
+    svc = EngineService(engine)
+    svc.start()
+    loop = asyncio.get_running_loop()
+    worst = [0.0]
+
+    async def ticker() -> None:
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.01)
+            worst[0] = max(worst[0], loop.time() - t - 0.01)
+
+    stream = svc.generate("r", [5, 6, 7], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    try:
+        await stream.__anext__()  # decoding: from here a step is in flight between steps
+        tick = asyncio.ensure_future(ticker())
+        t0 = loop.time()
+        pages = await svc.full_pages_of("r", 0)
+        state = (await svc.export_batch({"r": 0}))["r"]
+        waited = loop.time() - t0
+        tick.cancel()
+        with pytest.raises(RequestMoved):
+            async for _ in stream:
+                pass
+    finally:
+        await stream.aclose()
+        await svc.close()
+    assert pages.shape[0] == 0 and state.num_computed >= 4
+    assert waited >= 0.3 and worst[0] < 0.15, (waited, worst[0])
