@@ -85,6 +85,7 @@ class _Saving:
     path: str
     prompt_tokens: int
     first: int = 0  # the prompt's first block to stage
+    full_only: bool = False  # stage its full blocks only (not the last, partly filled one)
     block_ids: list[int] = field(default_factory=list)
     computed: int = 0
 
@@ -136,7 +137,10 @@ class DsiConnector(KVConnectorBase_V1):
         rid = request.request_id
         if "save" in params and rid not in self._saving:
             self._saving[rid] = _Saving(
-                params["save"], request.num_prompt_tokens, int(params.get("save_first", 0))
+                params["save"],
+                request.num_prompt_tokens,
+                int(params.get("save_first", 0)),
+                bool(params.get("save_full", False)),
             )
         local = self._local.pop(rid, 0)
         if num_external_tokens <= 0 or "load" not in params:
@@ -169,7 +173,8 @@ class DsiConnector(KVConnectorBase_V1):
         for rid, saving in list(self._saving.items()):
             scheduled = scheduler_output.num_scheduled_tokens.get(rid, 0)
             if scheduled and saving.computed + scheduled >= saving.prompt_tokens:
-                blocks = math.ceil(saving.prompt_tokens / self.block_size)
+                blocks = saving.prompt_tokens / self.block_size
+                blocks = math.floor(blocks) if saving.full_only else math.ceil(blocks)
                 if saving.first < blocks:
                     meta.saves.append(BlockSave(rid, saving.block_ids[saving.first : blocks], saving.path))
                 del self._saving[rid]
@@ -237,6 +242,10 @@ class DsiConnector(KVConnectorBase_V1):
             self._save(save)
 
     def _save(self, save: BlockSave) -> None:
+        """Blocks ``save.block_ids`` of every layer -> ``save.path`` as ``[blocks, layers,
+        *block_shape]``, written under a temporary name and renamed. (Gathered into a private
+        tensor and written: gathering straight into a shared mapping of the file was slower, its
+        page faults cost more than the write's copy.)"""
         assert self.layout is not None
         index = torch.tensor(save.block_ids, dtype=torch.long)
         staged = torch.empty((len(save.block_ids), self.layout.layers, *self.layout.block_shape),

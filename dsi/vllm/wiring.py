@@ -54,10 +54,14 @@ def connector_wiring(kind: str, staging: Path) -> dict[str, Any]:
     return {"kv_transfer_config": transfer, "kv_events_config": events, "block_size": BLOCK_SIZE}
 
 
-def save_params(path: Path, first: int = 0) -> dict[str, Any]:
+def save_params(path: Path, first: int = 0, full_only: bool = False) -> dict[str, Any]:
     """Stage the prompt's KV blocks from block ``first`` on (every layer) into ``path`` when its
-    prefill completes."""
-    return {KEY: {"save": str(path), "save_first": first}}
+    prefill completes; with ``full_only`` its full blocks only (what the store keeps), else its
+    last, partly filled block too (what a handoff's decode loads)."""
+    params: dict[str, Any] = {"save": str(path), "save_first": first}
+    if full_only:
+        params["save_full"] = True
+    return {KEY: params}
 
 
 def load_params(path: Path, tokens: int, blocks: int, first: int = 0) -> dict[str, Any]:
@@ -68,12 +72,18 @@ def load_params(path: Path, tokens: int, blocks: int, first: int = 0) -> dict[st
 
 
 def hit_params(
-    save: Path, hit: Path, tokens: int, blocks: int, first: int = 0, save_from: int = 0
+    save: Path,
+    hit: Path,
+    tokens: int,
+    blocks: int,
+    first: int = 0,
+    save_from: int = 0,
+    full_only: bool = False,
 ) -> dict[str, Any]:
-    """``save_params(save, save_from)``, and when ``blocks`` > 0 also
+    """``save_params(save, save_from, full_only)``, and when ``blocks`` > 0 also
     ``load_params(hit, tokens, blocks, first)``: a run that loads its store hit (the blocks past
     the ``first`` vLLM holds itself) and stages the prompt's blocks from ``save_from`` on."""
-    params = save_params(save, save_from)
+    params = save_params(save, save_from, full_only)
     if blocks > 0:
         params[KEY].update(load_params(hit, tokens, blocks, first)[KEY])
     return params

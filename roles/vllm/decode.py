@@ -117,7 +117,7 @@ class VllmDecodeActor(VllmRole):
             tokens = known * self.layout.block_size
             params, persist = None, None
             if len(hashes) > known:  # pages the store lacks: stage them to persist
-                params = hit_params(staged, hit, tokens, found, first=local, save_from=known)
+                params = hit_params(staged, hit, tokens, found, first=local, save_from=known, full_only=True)
                 persist = (staged, hashes, known, msg.traffic_class, known)
             elif found:
                 params = load_params(hit, tokens, found, first=local)
@@ -155,7 +155,7 @@ class VllmDecodeActor(VllmRole):
             done = await self._prefill(msg, PrefillTo(req, lease), timeout)
             if done.finish:  # the first token ended it: nothing was written
                 yield TokenChunk(req.request_id, done.output, done.finish, prompt, done.cached_tokens,
-                                 done.logprobs, done.top_logprobs, NO_HIT)  # fmt: skip
+                                 done.logprobs, done.top_logprobs, NO_HIT, seq=1)  # fmt: skip
                 return
             try:
                 buf = await inbound.wait()
@@ -217,7 +217,7 @@ class VllmDecodeActor(VllmRole):
         rid, prompt = msg.request_id, len(msg.token_ids)
         vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"
         stream = self.service.generate(vid, list(msg.token_ids), msg.sampling, params)
-        first = True
+        first, seq = True, 0  # seq: the last chunk's number (TokenChunk.seq)
         self.starts(vid, prompt)
         try:
             async with contextlib.aclosing(stream):
@@ -225,8 +225,9 @@ class VllmDecodeActor(VllmRole):
                     out = await self._next(stream)
                     if first:
                         self.started(vid)
+                    seq += 1
                     if out is None:
-                        yield TokenChunk(rid, [], "migrated", prompt, cached_tokens or 0)
+                        yield TokenChunk(rid, [], "migrated", prompt, cached_tokens or 0, seq=seq)
                         return
                     if cached_tokens is None:
                         cached_tokens = out.cached_tokens
@@ -235,7 +236,7 @@ class VllmDecodeActor(VllmRole):
                     if first and persist is not None:
                         self.persist(*persist)
                         persist[0].unlink(missing_ok=True)
-                    yield _chunk(rid, out, prompt, cached_tokens, first)
+                    yield _chunk(rid, out, prompt, cached_tokens, first, seq)
                     first = False
                     if out.finished:
                         return
@@ -289,7 +290,7 @@ class VllmDecodeActor(VllmRole):
         self.retire("drained")
 
 
-def _chunk(rid: str, out: VllmOutput, prompt: int, cached_tokens: int, first: bool) -> TokenChunk:
+def _chunk(rid: str, out: VllmOutput, prompt: int, cached_tokens: int, first: bool, seq: int) -> TokenChunk:
     return TokenChunk(
         rid,
         out.new_tokens,
@@ -299,4 +300,5 @@ def _chunk(rid: str, out: VllmOutput, prompt: int, cached_tokens: int, first: bo
         out.logprobs,
         out.top_logprobs,
         NO_HIT if first else None,
+        seq=seq,
     )
