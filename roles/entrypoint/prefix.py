@@ -8,7 +8,8 @@ The hashes must be those the engine gives its pages (the engine's ``EngineShape.
 vLLM instances hash on a chain versioned by their fingerprint (dsi.vllm.chain): with a
 controller, the lookup asks it for the serving engine instances every ``refresh_s`` and hashes on
 the chain most of them use.
-The replica follows the kvstore the controller lists (role "kvstore"), or a fixed ``address``;
+The replica follows the kvstore the controller lists (role "kvstore"), or a fixed ``address``
+(the controller, where there is one, is still asked for the engines' chain);
 with no kvstore, or until the first snapshot is loaded, every lookup is a miss. A replica that
 lost its kvstore keeps answering from its last state: a stale hit costs the prefill a fetch
 miss, never wrong data.
@@ -62,11 +63,11 @@ class PrefixLookup:
         self._vllm_block_size = vllm_block_size
         self.replica: CheckReplica | None = None
         self._fixed = address
-        self._ctx, self._peer_id = ctx, peer_id
+        self._ctx, self._peer_id, self._keys = ctx, peer_id, keys
         self._refresh_s, self._silence_s, self._timeout = refresh_s, silence_s, timeout
         self._controller = (
             Peer(controller, ctx, types=ALL, peer_id=peer_id, role="entrypoint", keys=keys, timeout=2.0)
-            if controller is not None and address is None
+            if controller is not None
             else None
         )
         self._address: str | None = None
@@ -131,7 +132,8 @@ class PrefixLookup:
         while True:
             address = self._fixed
             if self._controller is not None:
-                address = await self._ask_controller()
+                listed = await self._ask_controller()
+                address = listed if self._fixed is None else self._fixed
             if address is not None and (address != self._address or self.replica is None):
                 await self._follow(address)
             await asyncio.sleep(self._refresh_s)
@@ -159,6 +161,7 @@ class PrefixLookup:
             timeout=self._timeout,
             silence_s=self._silence_s,
             peer_id=f"{self._peer_id}.replica",
+            keys=self._keys,
         )
         try:
             await replica.start(self._timeout)

@@ -205,6 +205,35 @@ async def test_the_kvstore_is_found_through_the_controller(kvstores, ctx):
         await server.stop()
 
 
+async def test_a_fixed_kvstore_address_still_learns_the_vllm_engines_chain(kvstores, ctx):
+    from dsi.vllm.chain import vllm_chain
+    from tests.fingerprints import fingerprint
+
+    run = await kvstores.start()
+    controller = ControllerActor("controller-t", ClusterConfig(controller="tcp://127.0.0.1:1"))
+    server = ActorServer(controller, "tcp://127.0.0.1:*", ctx, role="controller")
+    await server.start()
+    beats = Peer(server.address, ctx, types=ALL)
+    vllm = fingerprint(engine="vllm 0.32 SmolLM2 float32 avx512")
+    prefix = PrefixLookup(CHAIN, server.address, ctx, address=run.address, refresh_s=0.1)
+    try:
+        await beats.connect()
+        await prefix.start()
+        expected = vllm_chain(CHAIN.root_seed, CHAIN.model, vllm, CHAIN.block_size)
+        for _ in range(50):  # ready, then serving: the controller's table lists it as serving
+            beats.tell(Heartbeat("kvstore-x", "kvstore", "127.0.0.1", 2, free_address()))
+            beats.tell(Heartbeat("decode-0", "decode", "127.0.0.1", 1, "tcp://127.0.0.1:9", fingerprint=vllm))
+            await asyncio.sleep(0.1)
+            if prefix.chain == expected and prefix.address == run.address:
+                break
+        assert prefix.chain == expected  # hashed on the vLLM engines' chain
+        assert prefix.address == run.address  # the fixed kvstore, not the one the controller lists
+    finally:
+        await prefix.close()
+        await beats.close()
+        await server.stop()
+
+
 async def test_the_gateway_serves_with_hit_zero_when_the_kvstore_is_down(recipe, ctx):
     prefix = PrefixLookup(CHAIN, None, ctx, address=free_address(), refresh_s=0.1, timeout=0.2)
     await prefix.start()
