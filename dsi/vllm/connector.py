@@ -14,13 +14,21 @@ worker process. The role that embeds vLLM never calls it; it asks for work per r
                                           (minus its own prefix-cache hit; none
                                           when that hit stops before the file's
                                           first block);
-                                          update_state_after_alloc: load  --->   before the forward
-                                                                                 (start_load_kv): file -> blocks
+                                          update_state_after_alloc: load  --->   from the step's start
+                                                                                 (start_load_kv), layer by
+                                                                                 layer: file -> blocks; each
+                                                                                 layer's attention waits for
+                                                                                 its own (wait_for_layer_load)
 
 A save is written whole and renamed into place within the engine step that finished the prompt,
-so the file is complete when the request's first output reaches the role. A load completes
-before the step's forward; vLLM counts the loaded tokens as computed (its
-``num_cached_tokens``) and computes only the rest. The file layout is dsi.vllm.layout's.
+so the file is complete when the request's first output reaches the role. With the KV cache on
+an accelerator a load runs in a thread of the worker, layer-major (every load's layer 0, then
+layer 1, ...), beside the step's forward: a layer's attention waits only for that layer (the
+first layers compute while later ones still copy), and the step waits for the rest before it
+ends. On the CPU, where such a thread would only share the engine's cores, the same copies run
+before the forward. vLLM
+counts the loaded tokens as computed (its ``num_cached_tokens``) and computes only the rest.
+The file layout is dsi.vllm.layout's.
 
 vLLM's processes are tied to the role's: each half asks the kernel to kill its process when its
 parent dies (``PR_SET_PDEATHSIG``), so a role killed with SIGKILL leaves no engine behind.
@@ -33,6 +41,7 @@ import logging
 import math
 import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +128,9 @@ class DsiConnector(KVConnectorBase_V1):
         self._local: dict[str, int] = {}  # request id -> its local prefix hit when a load was offered
         # worker half
         self._caches: list[torch.Tensor] = []
+        self._layer_index: dict[str, int] = {}  # vLLM's layer name -> its index in _caches
+        self._loading: _Loading | None = None  # this step's loads, copying
+        self._overlap = False  # loads in a thread beside the forward (caches on an accelerator)
         self.layout: KvLayout | None = None
 
     # ---- scheduler half ------------------------------------------------------------------------
@@ -188,6 +200,10 @@ class DsiConnector(KVConnectorBase_V1):
     # ---- worker half ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._caches = list(kv_caches.values())
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
+        # On the CPU a copying thread only shares the engine's cores: loads complete before the
+        # forward there. On an accelerator early layers compute while later ones copy.
+        self._overlap = self._caches[0].device.type != "cpu"
         first = self._caches[0]
         if any(c.shape != first.shape or c.dtype != first.dtype for c in self._caches):
             raise ValueError("dsi's connector needs every layer's KV cache to have one shape and dtype")
@@ -203,18 +219,23 @@ class DsiConnector(KVConnectorBase_V1):
         self.layout.write(self.staging)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._finish_loading()  # an earlier step's (done by its end already)
         meta = self._get_connector_metadata()
         assert isinstance(meta, DsiConnectorMeta)
-        for load in meta.loads:
-            self._load(load)
+        if meta.loads:  # files are opened (and checked) here, copied in the thread
+            sources = [self._source(load) for load in meta.loads]
+            self._loading = _Loading(self._caches, sources, threaded=self._overlap)
 
-    def _load(self, load: BlockLoad) -> None:
-        assert self.layout is not None
+    def _source(self, load: BlockLoad) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block ids as an index, the file's blocks to copy as ``[blocks, layers, *block_shape]``)."""
         staged = self._file_view(load.path, load.file_blocks)
         count = len(load.block_ids)
-        index = torch.tensor(load.block_ids, dtype=torch.long)
-        for layer, cache in enumerate(self._caches):
-            cache.index_copy_(0, index, staged[load.first : load.first + count, layer].to(cache.device))
+        return torch.tensor(load.block_ids, dtype=torch.long), staged[load.first : load.first + count]
+
+    def _finish_loading(self) -> None:
+        loading, self._loading = self._loading, None
+        if loading is not None:
+            loading.wait_all()
 
     def _file_view(self, path: str, blocks: int) -> torch.Tensor:
         """The staged file as ``[blocks, layers, *block_shape]`` (shared memory, not copied)."""
@@ -228,7 +249,15 @@ class DsiConnector(KVConnectorBase_V1):
         return torch.from_file(path, shared=False, size=math.prod(shape), dtype=dtype).view(shape)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Loads complete in ``start_load_kv``, before the forward."""
+        """Returns once this step's loads have copied layer ``layer_name`` (every layer, for a
+        name the caches did not register)."""
+        if self._loading is None:
+            return
+        index = self._layer_index.get(layer_name)
+        if index is None:
+            self._finish_loading()
+        else:
+            self._loading.wait_layer(index)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -236,6 +265,7 @@ class DsiConnector(KVConnectorBase_V1):
         """Saves are written whole after the forward (``wait_for_save``)."""
 
     def wait_for_save(self) -> None:
+        self._finish_loading()  # the step ends with every load done, whichever layers waited
         meta = self._get_connector_metadata()
         assert isinstance(meta, DsiConnectorMeta)
         for save in meta.saves:
@@ -258,3 +288,50 @@ class DsiConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, None
+
+
+class _Loading:
+    """One step's loads, copied layer-major (in a thread when ``threaded``, else at once):
+    ``sources`` are (block ids, the file's blocks ``[blocks, layers, *block_shape]``) pairs;
+    ``caches[layer][ids] = blocks[:, layer]``. A failure is raised to whoever waits (the step
+    fails rather than run on missing KV)."""
+
+    def __init__(
+        self,
+        caches: list[torch.Tensor],
+        sources: list[tuple[torch.Tensor, torch.Tensor]],
+        threaded: bool = True,
+    ) -> None:
+        self._caches, self._sources = caches, sources
+        self._done = [threading.Event() for _ in caches]
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._copy, name="dsi-kv-load", daemon=True)
+            self._thread.start()
+        else:
+            self._copy()
+
+    def _copy(self) -> None:
+        try:
+            for layer, cache in enumerate(self._caches):
+                for index, blocks in self._sources:
+                    cache.index_copy_(0, index.to(cache.device), blocks[:, layer].to(cache.device))
+                self._done[layer].set()
+        except BaseException as exc:  # handed to the forward's thread
+            self._error = exc
+            for done in self._done:
+                done.set()
+
+    def wait_layer(self, layer: int) -> None:
+        self._done[layer].wait()
+        self._raise()
+
+    def wait_all(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"dsi connector: a KV load failed: {self._error!r}") from self._error
