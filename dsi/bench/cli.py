@@ -21,6 +21,7 @@ _BENCHES = (
     "dsi.bench.drain",
     "dsi.bench.route",
     "dsi.bench.soak",
+    "dsi.bench.chaos",
     "dsi.bench.encoder",
     "dsi.bench.eplb",
     "dsi.bench.spec",

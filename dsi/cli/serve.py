@@ -212,10 +212,9 @@ class _Serve:
 
     async def _keep_serving(self) -> None:
         """Until a fatal failure; meanwhile kill the instances the controller declares dead (so that
-        they are replaced) and follow its scale targets, if any."""
-        if not self.cfg.roles_of("controller"):
-            await self._fatal.wait()
-            return
+        they are replaced) and follow its scale targets, if any. A node config without the
+        controller (one serve per host) reaps its own instances too: they report to the
+        controller at ``cluster.controller`` all the same."""
         self._follow_ctx = zmq.asyncio.Context()
         peer = Peer(
             self.cfg.cluster.controller,
