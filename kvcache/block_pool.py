@@ -28,10 +28,12 @@ class NoFreeBlocks(Exception):
 class BlockPool:
     """``pages``: [num_blocks, elems] storage; ids index its first dimension."""
 
-    def __init__(self, num_blocks: int, elems: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, num_blocks: int, elems: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+    ) -> None:
         if num_blocks < 2:
             raise ValueError("a block pool needs the null block and at least one more")
-        self.pages = torch.zeros(num_blocks, elems, dtype=dtype)
+        self.pages = torch.zeros(num_blocks, elems, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self._ref = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))

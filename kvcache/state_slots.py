@@ -19,12 +19,18 @@ class StateSlots:
     ``ring_layers``: the layers with a SWA branch (every layer of the V4 shape; Gemma 3's
     sliding layers, in order)."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
+    ) -> None:
         self.cfg = cfg
         self.rings = torch.zeros(
-            num_slots, cfg.ring_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype
+            num_slots, cfg.ring_layers, 2, cfg.ring, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device
         )
-        self.partial = torch.zeros(num_slots, len(cfg.kv_sources), cfg.head_dim, dtype=dtype)
+        self.partial = torch.zeros(num_slots, len(cfg.kv_sources), cfg.head_dim, dtype=dtype, device=device)
         self._free = list(range(num_slots - 1, -1, -1))
         self.num_slots = num_slots
 

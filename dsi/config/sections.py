@@ -24,6 +24,7 @@ from dsi.config.spec import (
     required_when,
     spec,
 )
+from dsi.engine.device import device_problem
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
 
 NAME = r"[A-Za-z0-9_.-]+"
@@ -148,6 +149,9 @@ class EngineSection:
     # verifies the drafts of the step in flight, lengths chosen from one-step-stale confidences.
     speculative: Literal["off", "fixed", "dspark"] = "off"
     num_drafts: int = field(default=5, metadata=spec(checks=(at_least(1), at_most(5))))
+    # Where each engine computes: its weights, Block KV pages, SWA rings and compressor state
+    # live there ("cpu", "cuda", "cuda:1", any torch device; see dsi.engine.device).
+    device: str = field(default="cpu", metadata=spec(checks=(lambda value, _: device_problem(value),)))
     # torch compute threads of each engine process (0: torch's default, one per core); several
     # engine roles sharing a machine's cores each take a share instead of all of them.
     threads: int = field(default=0, metadata=spec(checks=(at_least(0),)))

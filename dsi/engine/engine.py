@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine.admission import check_cached, check_prompt, check_state
+from dsi.engine.device import KEY, decode_kernels, parse_device, resolve_device
 from dsi.engine.experts import ExpertLayer
 from dsi.engine.full_pages import FullPages
 from dsi.engine.images import ImageEmbeds, block_extras, check_images, packed, unpacked
@@ -87,12 +88,14 @@ class EngineConfig:
     speculative: str = "off"  # "off" | "fixed" (num_drafts each step) | "dspark" (variable length)
     num_drafts: int = 5  # drafts proposed per request and step (1..5)
     step_curve: StepCurve | None = None  # dspark: a curve to use instead of measuring one at start-up
+    device: str = "cpu"  # any torch device string (dsi.engine.device); only the CPU runs a step so far
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
             raise ValueError("engine sizes must be positive (num_blocks >= 2)")
         if self.speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}")
+        parse_device(self.device)
 
 
 def auto_async(device: str) -> bool:
@@ -137,7 +140,12 @@ class Engine:
         self.cfg = cfg
         self.config = config or EngineConfig()
         c = self.config
-        self.device = "cpu"  # where the forward runs; weights and pages live in host memory
+        self.device = resolve_device(c.device)  # ValueError naming the key: unknown or not here
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"{KEY} = {c.device!r}: only the CPU runs the engine's step loop so far (the runner's "
+                "forward and the sampler still make host tensors); see dsi.engine.device"
+            )
         self.experts = experts
         if cfg.family in ("llama", "gemma3"):
             if experts is not None:
@@ -147,7 +155,10 @@ class Engine:
         elif experts is not None:  # attention data-parallel over the group's ranks
             self.runner = experts.runner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
         else:
-            self.runner = ModelRunner(cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant)
+            kernels = decode_kernels(self.device)
+            self.runner = ModelRunner(
+                cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant, device=self.device, kernels=kernels
+            )
         self.scheduler = Scheduler(
             self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
         )
@@ -167,7 +178,7 @@ class Engine:
         self.stats = EngineStats()
         self.timings: list[StepTiming] = []
         self.async_scheduling = (
-            c.async_scheduling if c.async_scheduling is not None else auto_async(self.device)
+            c.async_scheduling if c.async_scheduling is not None else auto_async(self.device.type)
         )
         self._worker = (
             ThreadPoolExecutor(1, thread_name_prefix="dsi-engine") if self.async_scheduling else None

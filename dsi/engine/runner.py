@@ -21,6 +21,13 @@ state slots (``use_storage``) and split a step's slices between them (``last_hid
 
 ``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
 logits are the same bits whatever else the step holds and however its prompt was chunked.
+
+``device``: where the weights, pages and state slots live (:mod:`dsi.engine.device`).
+``kernels``: the Triton kernels of the decode rows (attention over the ring and the pages, the
+compressor), which :func:`dsi.engine.device.decode_kernels` picks on CUDA; None: the torch path.
+With kernels a decode row's attention is computed by the kernel's fixed order, not the
+batch-invariant blocks of a prefill chunk: a token's bits no longer match between a preempted
+and an unpreempted run (they still do not depend on the other rows of the step).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch
 from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
 from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
+from dsi.engine.device import DecodeKernels
 from dsi.engine.prefix import ring_snapshot_shape
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout import BlockLayout
@@ -54,16 +62,19 @@ class ModelRunner:
         num_slots: int,
         batch_invariant: bool = True,
         moe_layer: MoeLayer | None = None,
+        device: torch.device | None = None,
+        kernels: DecodeKernels | None = None,
     ) -> None:
         self.cfg = cfg
         self.invariant = batch_invariant
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
-        self.w = weights
+        self.w = weights if device is None else {k: v.to(device) for k, v in weights.items()}
         self.moe: MoeLayer = moe_layer or self._local_moe
         self._collective = moe_layer is not None
+        self.kernels = kernels
         self.layout = BlockLayout(cfg)
-        self.pool = BlockPool(num_blocks, self.layout.elems)
-        self.slots = StateSlots(cfg, num_slots)
+        self.pool = BlockPool(num_blocks, self.layout.elems, device=device)
+        self.slots = StateSlots(cfg, num_slots, device=device)
         self._bind_views()
         # slot -> source -> (first position, [n, D] wc0 products) of its last verify slice
         self._open_pairs: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
@@ -303,6 +314,8 @@ class ModelRunner:
         consumer: bool,
     ) -> torch.Tensor:
         cfg, r = self.cfg, dec.rows
+        if self.kernels is not None:
+            return self._attend_decode_kernel(i, dec, q[r], q_rot[r], k_rot[r], v[r], consumer)
         lat = valid = last = None
         if consumer:
             lat, valid = gather_latents(self._glob_view, dec, dec.pos + 1, cfg.block_size)
@@ -322,11 +335,41 @@ class ModelRunner:
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         return out
 
+    def _attend_decode_kernel(
+        self,
+        i: int,
+        dec: DecodeIndex,
+        q: torch.Tensor,
+        q_rot: torch.Tensor,
+        k_rot: torch.Tensor,
+        v: torch.Tensor,
+        consumer: bool,
+    ) -> torch.Tensor:
+        """The Triton kernel reads the new key from the ring: it is written first (the ring holds
+        window + rollback positions, so no key of the window is overwritten)."""
+        cfg, ring = self.cfg, self.slots.rings[:, i]
+        ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot
+        ring[dec.slots, 1, dec.pos % cfg.ring] = v
+        view = count = None
+        if consumer:
+            view, count = self._glob_view, dec.pos + 1
+        elif cfg.source_of(i) is not None:
+            view, count = self._src_views[cfg.kv_sources.index(cfg.source_of(i))], (dec.pos + 1) // 2
+        assert self.kernels is not None
+        tables = dec.tables if view is not None else None
+        return self.kernels.attention(
+            q, q_rot, ring, dec.slots, dec.pos, dec.swa_start, cfg.window, view, tables, count
+        )
+
     def _compress_decode(
         self, dec: DecodeIndex, src: int, xn: torch.Tensor, wc0: torch.Tensor, wc1: torch.Tensor
     ) -> None:
         """Odd positions close a pair (latent written); even ones open it (partial state)."""
         partial = self.slots.partial[:, src]
+        if self.kernels is not None:
+            args = (dec.tables, dec.slots, dec.pos, dec.protect)
+            self.kernels.compress(xn.contiguous(), wc0, wc1, partial, self._src_views[src], *args)
+            return
         closes = (dec.pos % 2 == 1) & (dec.pos - 1 >= dec.protect)  # a loaded pair keeps its cached latent
         if bool(closes.any()):
             slots, pos = dec.slots[closes], dec.pos[closes]
