@@ -27,6 +27,7 @@ from dsi.kvcache.keytable import KeySet
 from dsi.messages.kvstore import GetIndexInfo, IndexDelta, IndexInfo, Snapshot, SnapshotChunk
 from dsi.transport.client import Peer
 from dsi.transport.pubsub import Subscriber
+from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,15 @@ class CheckReplica:
         timeout: float = 10.0,
         silence_s: float = 5.0,
         peer_id: str = "check-replica",
+        keys: CurveKeys | None = None,  # CURVE for the kvstore's RPC and its delta publisher
     ) -> None:
         self.state = ReplicaState()
         self.silence_s = silence_s
         self._ctx = ctx
-        self._peer = Peer(kvstore, ctx, types=(IndexInfo, SnapshotChunk), peer_id=peer_id, timeout=timeout)
+        self._keys = keys
+        self._peer = Peer(
+            kvstore, ctx, types=(IndexInfo, SnapshotChunk), peer_id=peer_id, keys=keys, timeout=timeout
+        )
         self._sub: Subscriber | None = None
         self._publish = ""
         self._task: asyncio.Task | None = None
@@ -155,7 +160,9 @@ class CheckReplica:
         if info.publish != self._publish or self._sub is None:
             if self._sub is not None:
                 self._sub.close()
-            self._sub = Subscriber(info.publish, self._ctx, types=[IndexDelta], topics=[info.topic])
+            self._sub = Subscriber(
+                info.publish, self._ctx, types=[IndexDelta], topics=[info.topic], keys=self._keys
+            )
             self._publish = info.publish
 
     async def _resync(self) -> None:

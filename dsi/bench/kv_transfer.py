@@ -5,12 +5,15 @@ Two cases, each a full transfer timed at the sender from ``send`` to the receive
     blocks   1,000 KV blocks of 112 KiB, passed as 1,000 parts (one prefill's KV for one request)
     buffer   one 64 MiB buffer
 
-Backends: ``shm`` and ``tcp`` (dsi, receiver in a child process), ``memcpy`` (numpy copyto of the
-same parts into a warm buffer in this process: the bound shm can approach), and Mooncake's TCP
-transport when it is installed (``mooncake_tcp``, receiver in its own process). Within a repeat the
-backends take turns, so all see the same load on a shared machine; each figure is the median over
-repeats, in Gbit/s (1e9 bits per second). Headline figures count both cases together: their bytes
-over the sum of their median times. ``shm_ratio``/``tcp_ratio`` are against ``memcpy``.
+Backends: ``shm``, ``tcp`` and ``tcp_encrypted`` (dsi, receiver in a child process; the last is
+the same tcp plane with CURVE keys, a key set made for the run: one handshake per connection, then
+AES-256-GCM on every chunk), ``memcpy`` (numpy copyto of the same parts into a warm buffer in this
+process: the bound shm can approach), and Mooncake's TCP transport when it is installed
+(``mooncake_tcp``, receiver in its own process). Within a repeat the backends take turns, so all
+see the same load on a shared machine; each figure is the median over repeats, in Gbit/s (1e9
+bits per second). Headline figures count both cases together: their bytes over the sum of their
+median times. ``shm_ratio``/``tcp_ratio`` are against ``memcpy``; ``encrypted_ratio`` is
+``tcp_encrypted`` against ``tcp``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import contextlib
 import json
 import multiprocessing
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,20 +37,38 @@ import uvloop
 
 from dsi.bench.kv_mooncake import MooncakeTcp, unavailable
 from dsi.transport.kv import DataPlane, Inbound, KvTarget, make_data_plane
+from dsi.transport.security import CurveKeys, generate_keys
 
-_DSI = ("shm", "tcp")
+_DSI = {"shm": "shm", "tcp": "tcp", "tcp_encrypted": "tcp"}  # figure name -> backend
 _WAIT_S = 60.0
 _TIMEOUT_S = 120.0
 
 
 # ---- receiver process ---------------------------------------------------------------------------
-def _receiver_main(conn: Connection) -> None:
-    uvloop.run(_receive(conn))
+def _receiver_main(conn: Connection, key_files: dict[str, Path]) -> None:
+    uvloop.run(_receive(conn, _keys(key_files)))
 
 
-async def _receive(conn: Connection) -> None:
+def _keys(files: dict[str, Path]) -> CurveKeys:
+    """The run's keys, as a node's ``[security]`` loads them (every process here sends and receives)."""
+    return CurveKeys.load(
+        files["server_public"],
+        files["client_secret"],
+        server_secret_key=files["server_secret"],
+        authorized_keys_dir=files["authorized_dir"],
+    )
+
+
+def _planes(keys: CurveKeys) -> dict[str, DataPlane]:
+    return {
+        name: make_data_plane(backend, keys=keys if name == "tcp_encrypted" else None)
+        for name, backend in _DSI.items()
+    }
+
+
+async def _receive(conn: Connection, keys: CurveKeys) -> None:
     """Expects what the sender asks for over the pipe, answers with the target, releases when done."""
-    planes = {name: make_data_plane(name) for name in _DSI}
+    planes = _planes(keys)
     for plane in planes.values():
         await plane.start()
     stopped = asyncio.Event()
@@ -62,8 +85,8 @@ async def _receive(conn: Connection) -> None:
         if request is None:
             stopped.set()
             return
-        backend, transfer_id, nbytes = request
-        inbound = planes[backend].expect(transfer_id, nbytes, _TIMEOUT_S)
+        name, transfer_id, nbytes = request
+        inbound = planes[name].expect(transfer_id, nbytes, _TIMEOUT_S)
         conn.send_bytes(msgspec.msgpack.encode(inbound.target))
         task = asyncio.create_task(settle(inbound))
         tasks.add(task)
@@ -78,10 +101,10 @@ async def _receive(conn: Connection) -> None:
 
 # ---- sender (this process) ----------------------------------------------------------------------
 class _Receiver:
-    def __init__(self) -> None:
+    def __init__(self, key_files: dict[str, Path]) -> None:
         mp = multiprocessing.get_context("spawn")
         self._conn, there = mp.Pipe()
-        self.process = mp.Process(target=_receiver_main, args=(there,), daemon=True)
+        self.process = mp.Process(target=_receiver_main, args=(there, key_files), daemon=True)
         self.process.start()
         there.close()
         if not self._conn.poll(_WAIT_S):
@@ -90,9 +113,9 @@ class _Receiver:
         self._conn.recv()
         self._count = 0
 
-    def expect(self, backend: str, nbytes: int) -> KvTarget:
+    def expect(self, name: str, nbytes: int) -> KvTarget:
         self._count += 1
-        self._conn.send((backend, f"t{self._count}", nbytes))
+        self._conn.send((name, f"t{self._count}", nbytes))
         return msgspec.msgpack.decode(self._conn.recv_bytes(), type=KvTarget)
 
     def stop(self) -> None:
@@ -113,8 +136,8 @@ def _cases(blocks: int, block_bytes: int, buffer_bytes: int) -> dict[str, list[n
     }
 
 
-async def _time_dsi(plane: DataPlane, receiver: _Receiver, parts: list[np.ndarray]) -> float:
-    target = receiver.expect(plane.backend, sum(p.nbytes for p in parts))
+async def _time_dsi(name: str, plane: DataPlane, receiver: _Receiver, parts: list[np.ndarray]) -> float:
+    target = receiver.expect(name, sum(p.nbytes for p in parts))
     started = time.perf_counter()
     await plane.send(target, parts, _TIMEOUT_S)
     return time.perf_counter() - started
@@ -136,10 +159,10 @@ def _time_call(call: Callable[[], None]) -> float:
 
 
 async def _measure(
-    cases: dict[str, list[np.ndarray]], repeats: int, mooncake: MooncakeTcp | None
+    cases: dict[str, list[np.ndarray]], repeats: int, mooncake: MooncakeTcp | None, key_files: dict[str, Path]
 ) -> dict[str, Any]:
-    receiver = _Receiver()
-    planes = {name: make_data_plane(name) for name in _DSI}
+    receiver = _Receiver(key_files)
+    planes = _planes(_keys(key_files))
     for plane in planes.values():
         await plane.start()
     destination = np.ones(max(sum(p.nbytes for p in parts) for parts in cases.values()), np.uint8)
@@ -147,7 +170,9 @@ async def _measure(
     try:
         for repeat in range(repeats + 1):  # the first round warms pools, mappings and connections
             for case, parts in cases.items():
-                times = {name: await _time_dsi(plane, receiver, parts) for name, plane in planes.items()}
+                times = {
+                    name: await _time_dsi(name, plane, receiver, parts) for name, plane in planes.items()
+                }
                 times["memcpy"] = _time_memcpy(parts, destination)
                 if mooncake is not None:
                     times["mooncake_tcp"] = _time_call(lambda p=parts: mooncake.write(p))
@@ -177,6 +202,7 @@ def _figures(
         figures[f"{name}_gbps"] = total_bytes * 8 / sum(m[name] for m in medians.values()) / 1e9
     figures["shm_ratio"] = figures["shm_gbps"] / figures["memcpy_gbps"]
     figures["tcp_ratio"] = figures["tcp_gbps"] / figures["memcpy_gbps"]
+    figures["encrypted_ratio"] = figures["tcp_encrypted_gbps"] / figures["tcp_gbps"]
     return figures
 
 
@@ -194,7 +220,9 @@ def run(
             baseline = MooncakeTcp(max(sum(p.nbytes for p in parts) for parts in cases.values()))
             for parts in cases.values():
                 baseline.register(parts[0].base if parts[0].base is not None else parts[0])
-        seconds = uvloop.run(_measure(cases, repeats, baseline))
+        with tempfile.TemporaryDirectory(prefix="dsi-bench-keys-") as folder:
+            key_files = generate_keys(Path(folder) / "keys")
+            seconds = uvloop.run(_measure(cases, repeats, baseline, key_files))
     finally:
         if baseline is not None:
             baseline.close()
@@ -210,7 +238,7 @@ def format_table(f: dict[str, Any]) -> str:
     def gbps(key: str) -> str:
         return "-" if f.get(key) is None else f"{f[key]:.1f}"
 
-    names = ("shm", "tcp", "memcpy", "mooncake_tcp")
+    names = ("shm", "tcp", "tcp_encrypted", "memcpy", "mooncake_tcp")
     rows = [("Gbit/s", *names)]
     rows.append((f"{f['blocks']} x {f['block_kib']} KiB", *(gbps(f"blocks_{n}_gbps") for n in names)))
     rows.append((f"1 x {f['buffer_mib']} MiB", *(gbps(f"buffer_{n}_gbps") for n in names)))
@@ -219,10 +247,15 @@ def format_table(f: dict[str, Any]) -> str:
     lines = [f"dsi bench kv-transfer: two processes, median of {f['repeats']} repeats"]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, width, strict=True)) for r in rows]
     lines.append(f"shm/memcpy {f['shm_ratio']:.2f} (target >= 0.5)   tcp/memcpy {f['tcp_ratio']:.2f}")
+    lines.append(f"tcp encrypted/clear {f['encrypted_ratio']:.2f} (target >= 0.7)")
     if f["mooncake_tcp_gbps"] is None:
         lines.append(f"mooncake: {f['mooncake_reason']}")
     else:
-        lines.append(f"tcp/mooncake tcp {f['tcp_gbps'] / f['mooncake_tcp_gbps']:.2f} (target >= 1)")
+        mooncake = f["mooncake_tcp_gbps"]
+        lines.append(
+            f"tcp/mooncake tcp {f['tcp_gbps'] / mooncake:.2f} (target >= 1)"
+            f"   tcp encrypted/mooncake tcp {f['tcp_encrypted_gbps'] / mooncake:.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -234,7 +267,8 @@ def _main(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "kv-transfer", help="KV data plane shm/tcp vs memcpy and Mooncake TCP, two processes"
+        "kv-transfer",
+        help="KV data plane shm/tcp/encrypted tcp vs memcpy and Mooncake TCP, two processes",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--blocks", type=int, default=1000, help="KV blocks in the blocks case")

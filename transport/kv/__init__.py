@@ -5,6 +5,8 @@ Receiver-registered memory: ``plane.expect(id, nbytes, timeout_s)`` on the recei
 timeout_s)`` on the sender, ``await inbound.wait()`` then ``inbound.release()`` on the receiver.
 An id is a receiver's lease: ``transfer_id(name, ...)`` makes one with 128 random bits.
 Backends: tcp (ZeroMQ), shm (same host, /dev/shm), rdma (RC queue pairs, one-sided writes).
+With the node's CURVE keys (``make_data_plane(..., keys=)``) every link proves both ends' keys and
+seals every message with AES-256-GCM (dsi.transport.kv.link); without them links are clear.
 """
 
 from dsi.errors import TransferFailed, TransferTimeout

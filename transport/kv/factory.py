@@ -5,11 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from dsi.transport.kv.plane import DataPlane
+from dsi.transport.security import CurveKeys
 
 
-def make_data_plane(backend: str, host: str = "127.0.0.1", **options: Any) -> DataPlane:
+def make_data_plane(
+    backend: str, host: str = "127.0.0.1", keys: CurveKeys | None = None, **options: Any
+) -> DataPlane:
     """``backend``: "tcp", "shm" or "rdma"; ``options`` go to the backend's constructor
-    (for example ``chunk_bytes``, ``slab_bytes``; rdma: ``verbs``). Call ``await plane.start()`` next."""
+    (for example ``chunk_bytes``, ``slab_bytes``; rdma: ``verbs``). Call ``await plane.start()`` next.
+
+    ``keys``: the node's CURVE keys (``[security]``, dsi.roles.curve); with them every link of the
+    plane is keyed (dsi.transport.kv.link): both ends prove their keys, every message is sealed.
+    A receiving plane needs the server secret key and the allow-list (``server_keys``)."""
+    if keys is not None:
+        from dsi.transport.kv.linkkeys import LinkKeys
+
+        options["keys"] = LinkKeys.from_curve(keys)
     if backend == "tcp":
         from dsi.transport.kv.tcp import TcpDataPlane
 

@@ -193,6 +193,11 @@ class ReceiveTable:
             self.fail(inbound, TransferFailed(f"transfer {transfer_id!r}: the sender aborted"))
         self.stopped(transfer_id)
 
+    def holder_lost(self, holder: object, error: DsiError) -> None:
+        """Fail every transfer ``holder`` began writing (its link was closed)."""
+        for inbound in [i for i in self._open.values() if i.state is State.WRITING and i.holder == holder]:
+            self.fail(inbound, error)
+
     def _unquarantine(self, inbound: Inbound) -> None:
         if self._quarantined.get(inbound.target.transfer_id) is inbound:
             del self._quarantined[inbound.target.transfer_id]

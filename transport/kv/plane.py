@@ -11,7 +11,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
-from dsi.errors import TransferTimeout
+from dsi.errors import TransferFailed, TransferTimeout
 from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable
 from dsi.transport.kv.parts import Buffer
 from dsi.transport.kv.regions import Region
@@ -25,6 +25,7 @@ class DataPlane(abc.ABC):
 
     def __init__(self, table: ReceiveTable) -> None:
         self.address = ""  # valid after start()
+        self.keyed = False  # whether its links prove keys and seal every message (tcp, shm, rdma)
         self._table = table
         self._counters = table.stats
 
@@ -83,6 +84,10 @@ class DataPlane(abc.ABC):
             raise TransferTimeout(
                 f"transfer {target.transfer_id!r} to {target.address}: {waited_for} in {timeout_s}s"
             ) from None
+
+    def _sender_lost(self, sender: bytes) -> None:
+        """A keyed link closed on a failed record: the transfers its sender was writing fail."""
+        self._table.holder_lost(sender, TransferFailed("the sender's link closed: a record failed to open"))
 
     def _check_target(self, target: KvTarget) -> None:
         if target.backend != self.backend:

@@ -14,6 +14,11 @@
 KvTarget.region = msgpack [slab file name, byte offset]. Bytes cross no socket: one memcpy, done by
 the sender. The receiver's slab files are unlinked at close; a killed receiver's files stay behind
 (nothing runs to remove them) and are named by its pid.
+
+Same host only: a sender on another host cannot map the receiver's /dev/shm files, so its send
+fails with TransferFailed (and aborts the claimed region) before a byte is written. The bytes
+never leave the host and are not encrypted; with ``keys`` the Begin/Done exchange goes over a
+keyed link (dsi.transport.kv.link), so only a sender with an allowed client key claims a region.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dsi.kvcache.shm import HostBuffer
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import PlaneStats, ReceiveTable, State
 from dsi.transport.kv.link import Dialer, Listener
+from dsi.transport.kv.linkkeys import LinkKeys
 from dsi.transport.kv.parts import Buffer, byte_views
 from dsi.transport.kv.plane import DataPlane
 from dsi.transport.kv.regions import Region, RegionPool
@@ -62,6 +68,7 @@ class ShmDataPlane(DataPlane):
         slab_bytes: int = SLAB_BYTES,
         ctx: zmq.Context | None = None,
         grace_s: float = 5.0,
+        keys: LinkKeys | None = None,
     ) -> None:
         super().__init__(ReceiveTable(RegionPool(_slab, slab_bytes), PlaneStats(), grace_s))
         self.host = host
@@ -69,11 +76,15 @@ class ShmDataPlane(DataPlane):
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._listener: Listener | None = None
-        self._dialer = Dialer(self._ctx, "kv-shm")
+        self._keys = keys
+        self.keyed = keys is not None
+        self._dialer = Dialer(self._ctx, "kv-shm", keys)
         self._mapped: collections.OrderedDict[str, HostBuffer] = collections.OrderedDict()
 
     async def start(self) -> None:
-        self._listener = Listener(self._ctx, self.host, self._on_request, "kv-shm")
+        self._listener = Listener(
+            self._ctx, self.host, self._on_request, "kv-shm", self._keys, self._sender_lost
+        )
         self.address = self._listener.address
 
     async def close(self) -> None:

@@ -10,6 +10,12 @@
 A chunk carries at most ``chunk_bytes`` (default 8 MiB) so a 64 MiB buffer never becomes one giant
 message; payload parts travel as zero-copy frames (the sender's buffers, no copy on send), and the
 receiver makes the one copy into its region. An unknown or expired id is refused at its first chunk.
+
+With ``keys`` every link is keyed (dsi.transport.kv.link): a chunk travels as a sealed header
+frame and one sealed payload frame, encrypted by the sender straight from its parts (one pass, no
+copy before) and decrypted by the receiver into a scratch buffer, tag verified, before the same
+one copy into the region. A sender
+whose link closes on a failed record has its transfers failed at once.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from dsi.errors import TransferFailed
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import PlaneStats, ReceiveTable
 from dsi.transport.kv.link import Dialer, Listener, Outgoing
+from dsi.transport.kv.linkkeys import LinkKeys
 from dsi.transport.kv.parts import Buffer, byte_views, chunks
 from dsi.transport.kv.plane import DataPlane
 from dsi.transport.kv.regions import AnonymousSlab, RegionPool
+from dsi.transport.kv.sessions import SessionCounts
 from dsi.transport.kv.target import KvTarget
 from dsi.transport.sockets import keep_receive_buffers
 
@@ -46,6 +54,7 @@ class TcpDataPlane(DataPlane):
         window: int = WINDOW,
         slab_bytes: int = SLAB_BYTES,
         ctx: zmq.Context | None = None,
+        keys: LinkKeys | None = None,
     ) -> None:
         # grace 0: only this process writes a tcp region, so a failed one is free at once
         super().__init__(ReceiveTable(RegionPool(AnonymousSlab, slab_bytes), PlaneStats(), grace_s=0.0))
@@ -55,11 +64,15 @@ class TcpDataPlane(DataPlane):
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._listener: Listener | None = None
-        self._dialer = Dialer(self._ctx, "kv-tcp")
+        self._keys = keys
+        self.keyed = keys is not None
+        self._dialer = Dialer(self._ctx, "kv-tcp", keys)
 
     async def start(self) -> None:
         keep_receive_buffers()
-        self._listener = Listener(self._ctx, self.host, self._on_request, "kv-tcp")
+        self._listener = Listener(
+            self._ctx, self.host, self._on_request, "kv-tcp", self._keys, self._sender_lost
+        )
         self.address = self._listener.address
 
     async def close(self) -> None:
@@ -103,6 +116,11 @@ class TcpDataPlane(DataPlane):
                 raise TransferFailed(f"transfer {target.transfer_id!r}: every chunk acked, none said done")
 
     # ---- receiver ---------------------------------------------------------------------------
+    @property
+    def sessions(self) -> SessionCounts | None:
+        """Handshake counters of a keyed plane (None when clear or not started)."""
+        return None if self._listener is None else self._listener.sessions
+
     def _on_request(self, rid: bytes, msg: Any, payload: list[Any]) -> None:
         assert self._listener is not None
         if isinstance(msg, wire.Abort):

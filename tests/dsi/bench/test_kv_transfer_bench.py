@@ -12,8 +12,17 @@ from dsi.bench.kv_mooncake import unavailable
 from dsi.bench.kv_transfer import format_table
 
 SMALL = ["--blocks", "20", "--block-kib", "16", "--buffer-mib", "1", "--repeats", "1"]
-HEADLINE = ("shm_gbps", "tcp_gbps", "memcpy_gbps", "shm_ratio", "tcp_ratio")
-PER_CASE = tuple(f"{case}_{name}_gbps" for case in ("blocks", "buffer") for name in ("shm", "tcp", "memcpy"))
+HEADLINE = (
+    "shm_gbps",
+    "tcp_gbps",
+    "tcp_encrypted_gbps",
+    "memcpy_gbps",
+    "shm_ratio",
+    "tcp_ratio",
+    "encrypted_ratio",
+)
+NAMES = ("shm", "tcp", "tcp_encrypted", "memcpy")
+PER_CASE = tuple(f"{case}_{name}_gbps" for case in ("blocks", "buffer") for name in NAMES)
 
 
 def _run(*extra: str) -> None:
@@ -31,7 +40,9 @@ def test_every_figure_without_mooncake(capsys):
     assert figures["mooncake_tcp_gbps"] is None and "disabled" in figures["mooncake_reason"]
     assert (figures["blocks"], figures["block_kib"], figures["buffer_mib"]) == (20, 16, 1)
     assert multiprocessing.active_children() == []
-    assert "target >= 0.5" in format_table(figures)
+    assert figures["encrypted_ratio"] == figures["tcp_encrypted_gbps"] / figures["tcp_gbps"]
+    table = format_table(figures)
+    assert "target >= 0.5" in table and "tcp encrypted/clear" in table
 
 
 def test_mooncake_figure_or_the_reason_it_is_missing(capsys):

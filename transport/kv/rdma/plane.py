@@ -23,6 +23,12 @@ Receive regions come from a RegionPool of registered slabs; the descriptor (``Rd
 address, rkey, slot and chunk size. Parts are staged through a registered send pool (one memcpy):
 KV pools and GPU tensors would be registered once instead (GPU memory through dma-buf, see
 ``pyverbs_device``), which this interface leaves to a later ``register`` option.
+
+With ``keys`` the ZeroMQ exchange above (Connect/Connected, Begin, Ack, Done) goes over a keyed
+link (dsi.transport.kv.link): only a sender that proved an allowed client key gets a queue pair
+connected or a region claimed, and queue pair numbers and GIDs travel sealed; the KvTarget (address,
+rkey) travels in control-plane messages (CURVE). Not covered: the RDMA WRITEs themselves cross the
+fabric in clear, and the fabric's packets are not authenticated by dsi.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from dsi.errors import TransferFailed
 from dsi.transport.kv import wire
 from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable, State
 from dsi.transport.kv.link import Dialer, Listener, Outgoing
+from dsi.transport.kv.linkkeys import LinkKeys
 from dsi.transport.kv.parts import Buffer, byte_views
 from dsi.transport.kv.plane import DataPlane
 from dsi.transport.kv.rdma import protocol
@@ -85,6 +92,7 @@ class RdmaDataPlane(DataPlane):
         slab_bytes: int = SLAB_BYTES,
         ctx: zmq.Context | None = None,
         grace_s: float = 5.0,
+        keys: LinkKeys | None = None,
     ) -> None:
         if verbs is None:
             from dsi.transport.kv.rdma.pyverbs_device import open_device
@@ -98,7 +106,9 @@ class RdmaDataPlane(DataPlane):
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._listener: Listener | None = None
-        self._dialer = Dialer(self._ctx, "kv-rdma")
+        self._keys = keys
+        self.keyed = keys is not None
+        self._dialer = Dialer(self._ctx, "kv-rdma", keys)
         self._slots = protocol.SlotTable()
         self._slot_of: dict[str, int] = {}
         self._qp_of_sender: dict[bytes, int] = {}  # receiver side: routing id -> local qpn
@@ -113,7 +123,9 @@ class RdmaDataPlane(DataPlane):
         return _RegisteredSlab(self.verbs, nbytes)
 
     async def start(self) -> None:
-        self._listener = Listener(self._ctx, self.host, self._on_request, "kv-rdma")
+        self._listener = Listener(
+            self._ctx, self.host, self._on_request, "kv-rdma", self._keys, self._sender_lost
+        )
         self.address = self._listener.address
         loop = asyncio.get_running_loop()
         loop.add_reader(self.verbs.fileno(), self._on_completions)
