@@ -18,14 +18,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import msgspec
 import torch
 import zmq.asyncio
 
 from dsi.actor import handles
-from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleConfig
+from dsi.config import EngineOptions, ModelConfig, NodeConfig, RoleAddresses, RoleConfig, addresses_of
+from dsi.config.addresses import LOOPBACK
 from dsi.config.sections import EngineSection
 from dsi.engine import (
     EngineConfig,
@@ -47,12 +47,13 @@ from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.messages.vision import PullEmbeds
 from dsi.roles.curve import server_keys
+from dsi.roles.data_plane import start_data_plane
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
 from dsi.roles.state_cache import StateCache
 from dsi.transport.client import Peer
-from dsi.transport.kv import DataPlane, Inbound, KvTarget, make_data_plane
+from dsi.transport.kv import DataPlane, Inbound, KvTarget
 from dsi.transport.kv.ids import transfer_id
 from dsi.transport.security import CurveKeys
 from dsi.transport.sockets import peers_context
@@ -86,9 +87,10 @@ class EngineRoleSettings:
     controller: str | None = None  # finds the kvstore (and nothing is persisted without one)
     keys: CurveKeys | None = None
     data_backend: str = "tcp"
-    data_host: str = "127.0.0.1"  # the data plane binds here (the role's own host)
+    # Where the data plane binds and the host its leases name (dsi.config.addresses).
+    addresses: RoleAddresses = LOOPBACK
     lease_timeout_s: float = 30.0
-    address: str = ""  # this role's control-plane address (where others pull its SWA states)
+    address: str = ""  # this role's control-plane address as told (where others pull its SWA states)
     state_cache_bytes: int = 256 << 20
     hit_policy: HitPolicy = DEFAULT_HIT_POLICY  # [kvcache]: for requests that do not name one
     compute: EngineSection = field(default_factory=EngineSection)  # [engine]: batch invariance, scheduling
@@ -98,9 +100,7 @@ class EngineRoleSettings:
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EngineRoleSettings:
         assert isinstance(role.options, EngineOptions)
-        host = urlsplit(role.bind).hostname or "127.0.0.1"
-        if host in ("*", "0.0.0.0"):
-            host = "127.0.0.1"
+        told = addresses_of(role, node)
         return cls(
             role.options,
             node.model,
@@ -108,9 +108,9 @@ class EngineRoleSettings:
             node.cluster.controller,
             server_keys(node.security),
             node.data_plane.backend,
-            host,
+            told,
             node.data_plane.lease_timeout_s,
-            role.bind,
+            told.told(role.bind),
             hit_policy=node.kvcache.hit_policy,
             compute=node.engine,
             balancers=node.balancer_addresses,
@@ -182,8 +182,9 @@ class EngineRole(RoleActor):
         self.ctx = peers_context()  # kept Peers to the other engine instances (kept_peer)
         self.service = await asyncio.get_running_loop().run_in_executor(None, self._build_service)
         self.service.start()
-        self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
-        await self.data.start()
+        self.data = await start_data_plane(
+            self.settings.data_backend, self.settings.addresses, keys=self.settings.keys
+        )
         if self.settings.controller:
             self.kvstore = KvstoreClient(
                 self.settings.controller, self.ctx, keys=self.settings.keys, peer_id=self.name
@@ -246,6 +247,7 @@ class EngineRole(RoleActor):
             async_scheduling=None if s.compute.scheduling == "auto" else s.compute.scheduling == "async",
             speculative=spec,
             num_drafts=s.compute.num_drafts,
+            device=s.compute.device,
             step_curve=load_curve(s.compute.step_curve)
             if spec == "dspark" and s.compute.step_curve is not None
             else None,

@@ -1,7 +1,8 @@
 """RoleHost: the role instances of one process, sharing one ZeroMQ context.
 
     start:  context (+ CURVE authenticator) -> per role, controllers first:
-            actor -> ActorServer (bind, actor.on_start) -> HeartbeatSender
+            addresses (dsi.config.addresses: the host it tells others) -> actor
+            -> ActorServer (bind, actor.on_start) -> HeartbeatSender
     stop:   per role, in reverse start order: heartbeats stop + Goodbye -> server and actor stop
             -> authenticator -> context
     retire: a role that calls ``retire()`` (a drained instance) is stopped alone the same way;
@@ -14,6 +15,7 @@ heartbeats and last Goodbyes reach it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from dsi.config import EntrypointOptions, NodeConfig, RoleConfig
+from dsi.config import EntrypointOptions, NodeConfig, RoleAddresses, RoleConfig, addresses_of
 from dsi.logs import role_context
 from dsi.roles.curve import server_keys
 from dsi.roles.heartbeat import HeartbeatSender, Identity
@@ -31,8 +33,6 @@ from dsi.transport.security import Authenticator, CurveKeys
 from dsi.transport.server import ActorServer
 
 log = logging.getLogger(__name__)
-
-_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
 
 
 class RoleStartError(Exception):
@@ -124,6 +124,9 @@ class RoleHost:
     async def _start_role(
         self, role: RoleConfig, ctx: zmq.asyncio.Context, keys: CurveKeys | None
     ) -> _Running:
+        told = addresses_of(role, self.cfg)  # AddressError (a ValueError): refused to start
+        # The actor sees the host the rule found, so its data plane and announcements tell the same.
+        role = dataclasses.replace(role, host=told.host)
         actor = self._make(role, self.cfg)
         try:
             server = ActorServer(actor, role.bind, ctx, role=role.kind, keys=keys)
@@ -134,7 +137,7 @@ class RoleHost:
         except OSError as exc:  # the entrypoint's HTTP listener
             await server.stop()
             raise RoleStartError(f"{role.id}: {exc}") from None
-        identity = Identity(role.id, role.kind, role.host, advertised(server.address, role.host), _http(role))
+        identity = Identity(role.id, role.kind, told.host, told.told(server.address), _http(role, told))
         heartbeat = HeartbeatSender(
             actor, identity, self.cfg.cluster.controller, self.cfg.cluster.heartbeat_interval_s, ctx, keys
         )
@@ -145,18 +148,12 @@ class RoleHost:
         return run
 
 
-def advertised(bound: str, host: str) -> str:
-    """The endpoint others connect to: `bound` with a wildcard host replaced by `host`."""
-    scheme, sep, rest = bound.partition("://")
-    address, colon, port = rest.rpartition(":")
-    if scheme == "tcp" and sep and colon and address in _WILDCARD_HOSTS:
-        return f"tcp://{host}:{port}"
-    return bound
-
-
-def _http(role: RoleConfig) -> str:
+def _http(role: RoleConfig, told: RoleAddresses) -> str:
+    """An entrypoint's HTTP address as others reach it (``HOST:PORT``); "" for other roles."""
     options = role.options
     if not isinstance(options, EntrypointOptions):
         return ""
-    host = role.host if options.http_host in _WILDCARD_HOSTS else options.http_host
+    # bound where the role binds (or on every interface): told as the role's host, as its endpoints
+    where = options.http_host
+    host = told.http_host if where in ("0.0.0.0", "::", "*", told.bind_host.strip("[]")) else where
     return f"[{host}]:{options.http_port}" if ":" in host else f"{host}:{options.http_port}"

@@ -11,6 +11,7 @@ from dsi.config import (
     KvstoreOptions,
     NodeConfig,
     RoleConfig,
+    addresses_of,
     load_config,
 )
 from dsi.config.autoscale import check_declared
@@ -55,7 +56,9 @@ def make_actor(role: RoleConfig, node: NodeConfig) -> RoleActor:
         case "kvstore" if isinstance(options, KvstoreOptions):
             from dsi.roles.kvstore import KvstoreActor
 
-            return KvstoreActor(role.id, options)
+            return KvstoreActor(
+                role.id, options, addresses=addresses_of(role, node), keys=server_keys(node.security)
+            )
         case "balancer" if isinstance(options, BalancerOptions):
             from dsi.model.family import served_config
             from dsi.roles.balancer import BalancerActor

@@ -1,5 +1,6 @@
 """Strict TOML configuration: typed, frozen dataclasses; every bad key or value is a ConfigError."""
 
+from dsi.config.addresses import AddressError, RoleAddresses, addresses_of
 from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig, load_config, parse_config
 from dsi.config.overrides import with_http_port, with_role_subset
@@ -25,6 +26,7 @@ from dsi.config.sections import (
 )
 
 __all__ = [
+    "AddressError",
     "BalancerOptions",
     "ClusterConfig",
     "ConfigError",
@@ -40,10 +42,12 @@ __all__ = [
     "ModelConfig",
     "NodeConfig",
     "ProvisionerConfig",
+    "RoleAddresses",
     "RoleConfig",
     "RoleKind",
     "RoleOptions",
     "SecurityConfig",
+    "addresses_of",
     "load_config",
     "parse_config",
     "with_http_port",

@@ -48,15 +48,6 @@ def endpoint_host(endpoint: str) -> str:
     return host
 
 
-def reachable(bind: str, host: str) -> str:
-    """The endpoint others connect to: ``bind`` with a wildcard host replaced by ``host``."""
-    scheme, sep, rest = bind.partition("://")
-    address, colon, port = rest.rpartition(":")
-    if scheme == "tcp" and sep and colon and address in _WILDCARDS:
-        return f"tcp://{host}:{port}"
-    return bind
-
-
 def _check_endpoint(text: str, *, wildcard: bool) -> None:
     scheme, sep, rest = text.partition("://")
     if not sep or scheme not in ("tcp", "ipc"):

@@ -38,7 +38,8 @@ def beyond_host(cfg: NodeConfig) -> list[tuple[str, str]]:
 
     for i, role in enumerate(cfg.roles):
         note(f"roles[{i}].bind", role.bind)
-        note(f"roles[{i}].host", f"tcp://{role.host}:0")
+        if role.host:  # unset for a wildcard bind, which is noted already
+            note(f"roles[{i}].host", f"tcp://{role.host}:0")
         note(f"roles[{i}].publish", getattr(role.options, "publish", ""))
     note("cluster.controller", cfg.cluster.controller)
     for j, endpoint in enumerate(cfg.cluster.balancers or ()):

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsi.config.addresses import addresses_of
 from dsi.config.autoscale import AutoscaleSection
-from dsi.config.endpoints import reachable
 from dsi.config.errors import ConfigError, Where
 from dsi.config.exposure import check_exposure
 from dsi.config.provisioner import ProvisionerConfig
@@ -56,10 +56,12 @@ class NodeConfig:
     @property
     def balancer_addresses(self) -> tuple[str, ...]:
         """Where the balancers listen: ``[cluster] balancers``, else this file's balancer roles
-        (a wildcard bind reached by the role's ``host``)."""
+        as the address rule tells them (dsi.config.addresses: the roles of one file run on one
+        host, so a wildcard bind without ``host`` is told as this host's address); AddressError
+        when it finds none."""
         if self.cluster.balancers is not None:
             return self.cluster.balancers
-        return tuple(reachable(role.bind, role.host) for role in self.roles_of("balancer"))
+        return tuple(addresses_of(role, self).told(role.bind) for role in self.roles_of("balancer"))
 
     def roles_of(self, kind: RoleKind) -> tuple[RoleConfig, ...]:
         """The roles of one kind, in file order (possibly none)."""

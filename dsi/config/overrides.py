@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from dsi.config.addresses import AddressError
 from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig
 from dsi.config.roles import EntrypointOptions
@@ -32,5 +33,8 @@ def with_role_subset(cfg: NodeConfig, ids: Iterable[str]) -> NodeConfig:
     for role_id in sorted(wanted):
         cfg.role(role_id)  # raises ConfigError naming the unknown id
     # The balancers stay known: the roles kept report to (or ask) those of the whole file.
-    cluster = replace(cfg.cluster, balancers=cfg.balancer_addresses)
+    try:
+        cluster = replace(cfg.cluster, balancers=cfg.balancer_addresses)
+    except AddressError as err:
+        raise ConfigError(str(cfg.source), "roles", str(err)) from None
     return replace(cfg, cluster=cluster, roles=tuple(role for role in cfg.roles if role.id in wanted))

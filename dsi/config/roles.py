@@ -19,11 +19,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from dsi.config.addresses import listens_everywhere
 from dsi.config.endpoints import endpoint_host, parse_bind, parse_host_port
 from dsi.config.errors import Where
 from dsi.config.reader import describe, expect_table, read_field, read_table, read_values
 from dsi.config.sections import NAME, NAME_RULE
-from dsi.config.spec import Seen, at_least, at_most, greater, less, matches, nonempty, spec, spec_of
+from dsi.config.spec import Seen, at_least, at_most, greater, less, matches, spec, spec_of
 from dsi.config.vllm import VllmOptions, only_for_vllm
 
 RoleKind = Literal["controller", "entrypoint", "prefill", "decode", "encoder", "kvstore", "balancer"]
@@ -100,7 +101,8 @@ class KvstoreOptions:
     compact_below: float = field(default=0.5, metadata=spec(checks=(at_least(0.0), at_most(1.0))))
     read_workers: int = field(default=8, metadata=spec(checks=(greater(0), at_most(256))))
     max_inflight_reads: int = field(default=64, metadata=spec(checks=(greater(0),)))  # blocks
-    # Index deltas are published here; "" = an ephemeral port on 127.0.0.1 (one machine only).
+    # Index deltas are published here; "" = an ephemeral port where the role binds (its bind
+    # host, every interface for a wildcard bind), told as the role's host (dsi.config.addresses).
     publish: str = field(default="", metadata=spec(parse=_optional_bind))
     # An empty delta goes out after this much silence, so replicas notice a lost one (seconds).
     publish_interval_s: float = field(default=1.0, metadata=spec(checks=(greater(0.0),)))
@@ -195,17 +197,24 @@ OPTIONS_BY_KIND: Mapping[str, type[RoleOptions]] = MappingProxyType(
 
 
 def _bind_host(seen: Seen) -> str:
-    return endpoint_host(seen["bind"])
+    """The bind's host; unset ("") for a wildcard bind: the address rule finds it when the role
+    starts (see dsi.config.addresses)."""
+    return "" if listens_everywhere(seen["bind"]) else endpoint_host(seen["bind"])
+
+
+def _set_unless_wildcard(value: str, seen: Seen) -> str | None:
+    return None if value or listens_everywhere(seen["bind"]) else "must not be empty"
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class RoleConfig:
-    """One role on this node. `host` is the name other machines use to reach `bind`."""
+    """One role on this node. `host` is the name other machines use to reach `bind`; "" for a
+    wildcard bind without one (found when the role starts, see dsi.config.addresses)."""
 
     kind: RoleKind
     id: str = field(metadata=spec(checks=(matches(NAME, NAME_RULE),)))
     bind: str = field(metadata=spec(parse=parse_bind))
-    host: str = field(metadata=spec(fallback=_bind_host, checks=(nonempty,)))
+    host: str = field(metadata=spec(fallback=_bind_host, checks=(_set_unless_wildcard,)))
     options: RoleOptions = field(metadata=spec(internal=True))
 
 

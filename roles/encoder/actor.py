@@ -12,20 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import torch
 
 from dsi.actor import handles
-from dsi.config import EncoderOptions, ModelConfig, NodeConfig, RoleConfig
+from dsi.config import EncoderOptions, ModelConfig, NodeConfig, RoleAddresses, RoleConfig, addresses_of
+from dsi.config.addresses import LOOPBACK
 from dsi.messages.control import Load
 from dsi.messages.vision import EmbedsSent, EncodeImages, ImagesEncoded, ImagesMissing, PullEmbeds
 from dsi.model.vit import image_tensor
+from dsi.roles.curve import server_keys
+from dsi.roles.data_plane import start_data_plane
 from dsi.roles.encoder.batcher import ImageBatcher
 from dsi.roles.encoder.cache import EmbedsCache
 from dsi.roles.engine_role import lease_target
 from dsi.roles.role import RoleActor
-from dsi.transport.kv import DataPlane, make_data_plane
+from dsi.transport.kv import DataPlane
+from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +38,20 @@ class EncoderSettings:
     options: EncoderOptions
     model: ModelConfig
     data_backend: str = "tcp"
-    data_host: str = "127.0.0.1"
+    # Where the data plane binds and the host its targets name (dsi.config.addresses).
+    addresses: RoleAddresses = LOOPBACK
+    keys: CurveKeys | None = None  # [security]: the data plane's tcp links prove them and are sealed
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> EncoderSettings:
         assert isinstance(role.options, EncoderOptions)
-        host = urlsplit(role.bind).hostname or "127.0.0.1"
-        if host in ("*", "0.0.0.0"):
-            host = "127.0.0.1"
-        return cls(role.options, node.model, node.data_plane.backend, host)
+        return cls(
+            role.options,
+            node.model,
+            node.data_plane.backend,
+            addresses_of(role, node),
+            server_keys(node.security),
+        )
 
 
 class EncoderActor(RoleActor):
@@ -61,8 +69,9 @@ class EncoderActor(RoleActor):
         cfg, weights = await asyncio.get_running_loop().run_in_executor(None, self._load)
         self.batcher = ImageBatcher(cfg, weights, self.settings.options.max_batch_images)
         self.batcher.start()
-        self.data = make_data_plane(self.settings.data_backend, self.settings.data_host)
-        await self.data.start()
+        self.data = await start_data_plane(
+            self.settings.data_backend, self.settings.addresses, keys=self.settings.keys
+        )
         log.info("%s: vision encoder ready (%d layers, hidden %d)", self.name, cfg.n_layers, cfg.hidden)
         await super().on_start()
 

@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import zmq.asyncio
 
 from dsi.actor import handles
-from dsi.config import KvstoreOptions
+from dsi.config import KvstoreOptions, RoleAddresses
+from dsi.config.addresses import LOOPBACK
 from dsi.kvcache.hashchain import pack
 from dsi.kvcache.shm import HostBuffer
 from dsi.kvcache.store import OK, BlockStore, Delta
@@ -53,6 +54,7 @@ from dsi.messages.kvstore import (
 from dsi.roles.kvstore.reads import ReadPool, shm_dests
 from dsi.roles.role import RoleActor
 from dsi.transport.pubsub import Publisher
+from dsi.transport.security import Authenticator, CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,23 @@ _COMPACTIONS_PER_SWEEP = 4
 
 
 class KvstoreActor(RoleActor):
-    def __init__(self, name: str, options: KvstoreOptions, clock: Callable[[], float] = time.time) -> None:
+    """``addresses``: where an unset ``publish`` binds (the role's bind host, an ephemeral port)
+    and the host ``IndexInfo.publish`` tells (dsi.config.addresses). ``keys``: CURVE on the
+    publisher, with an allow-list check of its own (the publisher has its own context)."""
+
+    def __init__(
+        self,
+        name: str,
+        options: KvstoreOptions,
+        clock: Callable[[], float] = time.time,
+        addresses: RoleAddresses = LOOPBACK,
+        keys: CurveKeys | None = None,
+    ) -> None:
         super().__init__(name)
         self.options = options
+        self.addresses = addresses
+        self.keys = keys  # the publisher's CURVE server keys (none: plain)
+        self._auth: Authenticator | None = None
         self.clock = clock
         self.store_dir = options.store_dir
         self.epoch = secrets.randbits(63)
@@ -80,7 +96,8 @@ class KvstoreActor(RoleActor):
 
     @property
     def publish_address(self) -> str:
-        return self._pub.address if self._pub is not None else ""
+        """Where replicas subscribe: the publisher's endpoint as others reach it."""
+        return self.addresses.told(self._pub.address) if self._pub is not None else ""
 
     async def on_start(self) -> None:
         opts = self.options
@@ -89,7 +106,9 @@ class KvstoreActor(RoleActor):
         self.store = await loop.run_in_executor(self._writer, self._open_store)
         self._reads = ReadPool(opts.read_workers, opts.max_inflight_reads)
         self._ctx = zmq.asyncio.Context()
-        self._pub = Publisher(opts.publish or "tcp://127.0.0.1:*", self._ctx)
+        if self.keys is not None:
+            self._auth = Authenticator(self._ctx, self.keys)
+        self._pub = Publisher(opts.publish or self.addresses.listen(), self._ctx, keys=self.keys)
         self._quiet_since = loop.time()
         self.spawn(self._keep_publishing(), name=f"{self.name}.publish")
         self.spawn(self._sweep_forever(), name=f"{self.name}.sweep")
@@ -98,7 +117,7 @@ class KvstoreActor(RoleActor):
             self.name,
             len(self.store.index),
             opts.store_dir,
-            self._pub.address,
+            self.publish_address,
         )
         await super().on_start()
 
@@ -112,6 +131,8 @@ class KvstoreActor(RoleActor):
             self.store.close()
         if self._pub is not None:
             self._pub.close()
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
 

@@ -28,7 +28,7 @@ import numpy as np
 import zmq.asyncio
 
 from dsi.actor import handles
-from dsi.config import NodeConfig, RoleConfig
+from dsi.config import NodeConfig, RoleAddresses, RoleConfig, addresses_of
 from dsi.engine import machine_fingerprint
 from dsi.errors import InvalidRequest
 from dsi.kvcache.hashchain import HashChain, unpack
@@ -37,12 +37,13 @@ from dsi.messages.control import Load
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.roles.curve import server_keys
+from dsi.roles.data_plane import start_data_plane
 from dsi.roles.engine_role import Arrival, kept_peer
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
 from dsi.transport.client import Peer
-from dsi.transport.kv import DataPlane, make_data_plane
+from dsi.transport.kv import DataPlane
 from dsi.transport.security import CurveKeys
 from dsi.vllm.chain import vllm_chain
 from dsi.vllm.events import LocalBlocks, follow
@@ -60,14 +61,11 @@ class VllmRoleSettings:
     role: RoleConfig
     node: NodeConfig
     keys: CurveKeys | None
+    addresses: RoleAddresses  # where the data plane binds, the host its leases name
 
     @classmethod
     def of(cls, role: RoleConfig, node: NodeConfig) -> VllmRoleSettings:
-        return cls(role, node, server_keys(node.security))
-
-    @property
-    def data_host(self) -> str:
-        return self.role.host if self.role.host not in ("*", "0.0.0.0") else "127.0.0.1"
+        return cls(role, node, server_keys(node.security), addresses_of(role, node))
 
 
 @dataclass(slots=True)
@@ -144,8 +142,9 @@ class VllmRole(RoleActor):
         self._events = asyncio.get_running_loop().create_task(
             follow(self.local, self.ctx, events_endpoint(self.staging)), name="vllm-kv-events"
         )
-        self.data = make_data_plane(node.data_plane.backend, self.settings.data_host)
-        await self.data.start()
+        self.data = await start_data_plane(
+            node.data_plane.backend, self.settings.addresses, keys=self.settings.keys
+        )
         if node.cluster.controller:
             self.kvstore = KvstoreClient(
                 node.cluster.controller, self.ctx, keys=self.settings.keys, peer_id=self.name

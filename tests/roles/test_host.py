@@ -11,7 +11,7 @@ from dsi.config import NodeConfig, parse_config
 from dsi.engine import machine_fingerprint
 from dsi.errors import DsiError
 from dsi.messages.control import InstanceTable, ListInstances, Load
-from dsi.roles.host import RoleHost, RoleStartError, advertised
+from dsi.roles.host import RoleHost, RoleStartError
 from dsi.transport.client import Peer
 from dsi.transport.ports import free_port
 
@@ -137,7 +137,37 @@ async def test_a_role_that_cannot_bind_stops_the_others(controller_peer):
     await again.stop()
 
 
-def test_advertised_address_replaces_a_wildcard_host():
-    assert advertised("tcp://0.0.0.0:7110", "10.0.0.2") == "tcp://10.0.0.2:7110"
-    assert advertised("tcp://127.0.0.1:7110", "10.0.0.2") == "tcp://127.0.0.1:7110"
-    assert advertised("ipc:///tmp/x", "10.0.0.2") == "ipc:///tmp/x"
+async def test_a_role_registers_with_the_host_the_address_rule_tells(tmp_path):
+    """``host`` set: the controller lists it as the role's host, in its address and its HTTP
+    address (both bound where the role binds), and the gateway answers there."""
+    ports = [free_port() for _ in range(3)]
+    controller = f"tcp://127.0.0.1:{ports[0]}"
+    data = {
+        "cluster": {"controller": controller, "heartbeat_interval_s": INTERVAL, "heartbeat_timeout_s": 1.0},
+        "roles": [
+            {"kind": "controller", "id": "controller-0", "bind": controller},
+            {
+                "kind": "entrypoint",
+                "id": "entrypoint-0",
+                "bind": f"tcp://127.0.0.1:{ports[1]}",
+                "host": "localhost",
+                "http": f"127.0.0.1:{ports[2]}",
+            },
+        ],
+    }
+    host = RoleHost(parse_config(data, tmp_path / "node.toml"), ["controller-0", "entrypoint-0"])
+    ctx = zmq.asyncio.Context()
+    peer = Peer(controller, ctx, types=(InstanceTable, Load), timeout=2.0)
+    await host.start()
+    try:
+        await peer.connect()
+        await wait_for(peer, {"controller-0": "serving", "entrypoint-0": "serving"})
+        [gateway] = (await peer.ask(ListInstances("entrypoint"))).instances
+        assert (gateway.host, gateway.address) == ("localhost", f"tcp://localhost:{ports[1]}")
+        assert gateway.http == f"localhost:{ports[2]}"
+        async with aiohttp.ClientSession() as http, http.get(f"http://{gateway.http}/health") as resp:
+            assert resp.status == 503  # served (no decode role, so unavailable)
+    finally:
+        await peer.close()
+        await host.stop()
+        ctx.destroy(linger=0)

@@ -218,10 +218,10 @@ CASES = [
         "wildcard",
     ),
     (
-        "wildcard-bind-without-host",
-        edit(PREFILL_BIND, 'bind = "tcp://0.0.0.0:7110"'),
+        "empty-host",
+        edit(PREFILL_BIND, PREFILL_BIND + '\nhost = ""'),
         "roles[2].host",
-        "every interface",
+        "must not be empty",
     ),
     ("malformed-http", edit('http = "127.0.0.1:8000"', 'http = "localhost"'), "roles[1].http", "HOST:PORT"),
     ("http-port-range", edit('http = "127.0.0.1:8000"', 'http = "127.0.0.1:0"'), "roles[1].http", "1..65535"),
