@@ -3,6 +3,7 @@
     dsi sim [--trace PATH | --generator KIND] [policy, cluster and SLO options] [--json] [--plots DIR]
     dsi sim experiment NAME [--quick] [--json] [--plots DIR]      NAME: ttl, prefill-lb, decode-lb,
                                                                   autoscale, cache, replay
+    dsi sim validate [--requests N] [--rate R] [--bench-json FILE] [--json]   (dsi.cli.sim_validate)
 
 A run prints its figures (``--json``: the whole summary as one JSON object); the seconds it took
 go to stderr, so that two runs with one seed print the same stdout.
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from dsi.autoscale import AutoscalerConfig, RoleBounds
+from dsi.cli import sim_validate
 from dsi.sim import plots
 from dsi.sim.config import CACHES, DAY_S, PERSIST_RULES, SimConfig
 from dsi.sim.decode import DECODE_ROUTERS
@@ -63,6 +65,7 @@ def config_of(args: argparse.Namespace) -> SimConfig:
         slo_ttft_s=args.slo_ttft_s,
         slo_tbt_s=args.slo_tbt_s,
         time_scale=args.time_scale,
+        reserve_at_step=args.reserve_at_step,
     )
 
 
@@ -184,6 +187,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--slo-ttft-s", type=float, default=2.0)
     parser.add_argument("--slo-tbt-s", type=float, default=0.05)
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by this")
+    parser.add_argument(
+        "--reserve-at-step",
+        action="store_true",
+        help="a decode reserves a request's pages between two steps (as dsi's engine does)",
+    )
     parser.set_defaults(func=_run)
     experiments = parser.add_subparsers(dest="sim_command")
     exp = experiments.add_parser("experiment", help="run one of the studies of docs/simulation.md")
@@ -191,3 +199,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--quick", action="store_true", help="small workloads (seconds, for tests)")
     _common(exp)
     exp.set_defaults(func=_experiment)
+    sim_validate.register(experiments)

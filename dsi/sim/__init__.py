@@ -12,6 +12,9 @@ hit policy (dsi.engine.hit_policy) - over a cost model per hardware profile.
                   (fleet, scaler)
     results       per-request records (records), the JSON summary (summary), plots (plots)
     experiments   the studies of docs/simulation.md (experiments)
+    validation    the simulator against a real ``dsi serve`` of this machine: a trace slice as
+                  chat requests and simulated requests (validate_slice), the served replay
+                  (validate_serve), the comparison (validate)
 """
 
 from dsi.sim.cluster import Cluster

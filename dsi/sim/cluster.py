@@ -5,6 +5,9 @@
                 decode router (KV = prompt tokens) and reserved; prefill chosen by the prefill
                 router (un-cached = prompt - predicted hit). No decode with room, or no serving
                 instance: the request waits, first come first served.
+                With ``reserve_at_step`` the decode takes the reservation at the end of its
+                step in progress (dsi's engine reserves between two steps), and only then is
+                the prefill asked (``reserved``).
                 The prefill fetches what the store holds (hit_policy.fetch_limit), pulls the SWA
                 state at the exact boundary if a host holds it, and takes its hit
                 (hit_policy.choose_hit).
@@ -50,7 +53,7 @@ from dsi.sim.scaler import SimScaler, slo_batch
 from dsi.sim.states import RingSnapshots
 from dsi.sim.workload import SimRequest
 
-ARRIVE, PREFILLED, HANDOFF, STEP, PERSIST, TICK = range(6)
+ARRIVE, PREFILLED, HANDOFF, STEP, PERSIST, TICK, RESERVED = range(7)
 EXPIRE_S = 3600.0  # expired pages are dropped from the indexes this often
 MAX_SAMPLES = 500
 
@@ -119,7 +122,15 @@ class Cluster:
         for i, req in enumerate(self.requests):
             self._push(req.arrival_s / self.cfg.time_scale, ARRIVE, i)
         self._push(0.0, TICK)
-        handlers = (self._arrive, self._prefilled, self._handoff, self._step, self._persist, self._tick)
+        handlers = (
+            self._arrive,
+            self._prefilled,
+            self._handoff,
+            self._step,
+            self._persist,
+            self._tick,
+            self._reserved,
+        )
         while self.events:
             now, _, kind, a, b = heapq.heappop(self.events)
             self.clock.t = now
@@ -161,9 +172,17 @@ class Cluster:
         job = self._job(i, prefill_id)
         self.routed_uncached += job.uncached
         self.active += 1
-        if prefill.add(job, now):
-            self._push(prefill.done_at, PREFILLED, i, prefill)
+        reserved = decode.step_end(now) if self.cfg.reserve_at_step else now
+        if reserved > now:
+            self._push(reserved, RESERVED, prefill, job)
+        else:
+            self._reserved(now, prefill, job)
         return True
+
+    def _reserved(self, now: float, prefill: PrefillInstance, job: PrefillJob) -> None:
+        """The decode holds the request's pages: the prefill is asked."""
+        if prefill.add(job, now):
+            self._push(prefill.done_at, PREFILLED, job.request, prefill)
 
     def _route_prefill(self, req: SimRequest, loads: list[InstanceLoad], now: float) -> tuple[str, int, int]:
         """(prefill id, bucket, predicted hit tokens)."""

@@ -12,6 +12,8 @@ persist         hit-free: what dsi's decode persists - only what a hit-free run 
                 SWA state; all: every request persists its pages (DeepSeek's design, where
                 bounded replay is the served result)
 decoder_replay  consumer layers on the last ``keep`` prompt tokens only (True) or on all
+reserve_at_step the decode reserves a request's pages at the end of its step in progress, as
+                dsi's engine does (True), or at once (False, the experiments of docs/simulation.md)
 scaling         None: ``prefills`` and ``decodes`` serve all the time; else the autoscaler
                 (dsi.autoscale) decides every ``scaling.interval_s``
 """
@@ -50,6 +52,7 @@ class SimConfig:
     slo_ttft_s: float = 2.0
     slo_tbt_s: float = 0.05
     persist_delay_s: float = 0.5  # from the handoff (or a request's end) until its pages are in the store
+    reserve_at_step: bool = False  # the decode reserves between two steps: the prefill waits for it
     time_scale: float = 1.0  # arrivals divided by this (> 1: the same requests at a higher rate)
     sample_s: float = 60.0  # instance counts sampled this often (at least 1/500 of the run)
 

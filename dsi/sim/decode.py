@@ -69,6 +69,15 @@ class DecodeInstance:
     def idle(self) -> bool:
         return not (self.batch or self.pending or self.reserved)
 
+    def step_end(self, now: float) -> float:
+        """When the step in progress at ``now`` ends (``now`` when none runs): dsi's engine takes a
+        reservation between two steps, so a reserve waits for it."""
+        if not self.batch:
+            return now
+        m = self._steps_until(now)
+        at = self.t0 + self.model.steps_s(self.batch, self.kv, m)
+        return at if at >= now else self.t0 + self.model.steps_s(self.batch, self.kv, m + 1)
+
     def reserve(self, kv: int) -> None:
         self.reserved += 1
         self.reserved_kv += kv

@@ -32,7 +32,10 @@ figures ``dsi bench engine --json`` prints (:func:`cpu_profile`): prefill FLOP/s
 ``prefill_tok_s`` x the tiny model's FLOPs per token of a 1,024-token prompt (the bench's
 prompts), so the FLOP model carries it to other lengths; the decode step is a least-squares
 line through the (batch, seconds per step) points ``batch / decode_tok_s_b{1,16,64}`` of the
-default scheduling mode, with no KV-length term (the bench decodes 32-token prompts).
+default scheduling mode, with no KV-length term (the bench decodes 32-token prompts). Its
+``prefill_fixed_s`` is 0: the path around the forward (gateway, balancer, decode reservation,
+data plane) is not in the bench's figures; ``dsi sim validate`` measures it on a served cluster
+and adds it (:func:`dsi.sim.validate.request_overhead_s`).
 """
 
 from __future__ import annotations

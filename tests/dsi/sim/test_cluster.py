@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from dsi.autoscale import AutoscalerConfig, RoleBounds
 from dsi.sim import GeneratorConfig, SimConfig, generate, get_profile, simulate, trace_workload
 from dsi.sim.config import DAY_S
 from dsi.sim.trace import CONVERSATION
+from dsi.sim.workload import SimRequest
 
 H800 = get_profile("h800")
 
@@ -105,3 +107,17 @@ def test_requests_that_fit_no_decode_are_refused_up_front(trace):
     tiny = dataclasses.replace(H800, decode_kv_tokens=1_000)
     with pytest.raises(ValueError, match="do not fit one decode instance"):
         simulate(trace, SimConfig(), tiny)
+
+
+def test_a_decode_that_reserves_between_steps_delays_the_first_token():
+    """Two requests to one decode: the second is reserved at the end of the first one's step in
+    progress, so its TTFT grows by at most one decode step (and never shrinks)."""
+    keys = np.zeros((0, 2), dtype=np.uint64)
+    reqs = [SimRequest(i, 0.5 * i, 64, 200, keys, keys) for i in range(2)]
+    cpu = get_profile("cpu")
+    at_once = simulate(reqs, SimConfig(prefills=1, decodes=1), cpu)
+    between = simulate(reqs, SimConfig(prefills=1, decodes=1, reserve_at_step=True), cpu)
+    step = cpu.decode.step_s(1, 64)
+    assert between["ttft_s"]["p50"] >= at_once["ttft_s"]["p50"]
+    delay = 2 * (between["ttft_s"]["mean"] - at_once["ttft_s"]["mean"])  # the second request's
+    assert 0 < delay <= step + 1e-6

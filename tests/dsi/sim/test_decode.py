@@ -109,3 +109,15 @@ def test_routers_pick_by_their_rule_and_refuse_when_nothing_fits():
         decode_router("round-robin")(950, loads)
     with pytest.raises(ValueError, match="unknown decode router"):
         decode_router("random")
+
+
+def test_a_reserve_waits_for_the_step_in_progress():
+    inst = DecodeInstance("d0", MODEL, 8, 1_000)
+    assert inst.step_end(3.0) == 3.0  # idle: at once
+    inst.reserve(100)
+    inst.join(0, 100, 50, 0.0)
+    inst.boundary(0.0, 0)
+    one, two = MODEL.steps_s(1, 100, 1), MODEL.steps_s(1, 100, 2)
+    assert inst.step_end(one / 2) == pytest.approx(one)
+    assert inst.step_end(one) == pytest.approx(one)  # a boundary: nothing to wait for
+    assert inst.step_end(one + 1e-6) == pytest.approx(two)
