@@ -236,7 +236,8 @@ def test_export_import_replays_the_output(tiny, prompts, steps):
     out = next(o for o in target.run_until_done() if o.finished)
     target.close()
     assert out.output == expected
-    validate(json.loads(_text(out.output)), SCHEMA)
+    if out.finish_reason == "stop":  # 32 sampled tokens may end before the document does
+        validate(json.loads(_text(out.output)), SCHEMA)
 
 
 def test_import_of_output_outside_the_grammar_is_rejected(tiny, prompts):
