@@ -317,13 +317,11 @@ class ModelRunner:
         if self.kernels is not None:
             return self._attend_decode_kernel(i, dec, q[r], q_rot[r], k_rot[r], v[r], consumer)
         lat = valid = last = None
-        if consumer:
-            lat, valid = gather_latents(self._glob_view, dec, dec.pos + 1, cfg.block_size)
-            last = torch.arange(lat.shape[1])[None, :].expand(lat.shape[0], -1)
-        elif cfg.source_of(i) is not None:
-            view = self._src_views[cfg.kv_sources.index(cfg.source_of(i))]
-            lat, valid = gather_latents(view, dec, (dec.pos + 1) // 2, self.layout.per_block_compressed)
-            last = (torch.arange(lat.shape[1]) * 2 + 1)[None, :].expand(lat.shape[0], -1)
+        latents = self._latents_of(i, dec, consumer)
+        if latents is not None:
+            view, count, per_page, stride = latents
+            lat, valid = gather_latents(view, dec, count, per_page)
+            last = (torch.arange(lat.shape[1]) * stride + stride - 1)[None, :].expand(lat.shape[0], -1)
         ring = self.slots.rings[:, i]
         if self.invariant:
             out = invariant.attend_decode(
@@ -334,6 +332,20 @@ class ModelRunner:
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         return out
+
+    def _latents_of(
+        self, i: int, dec: DecodeIndex, consumer: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+        """What layer ``i``'s decode rows attend to beside their ring: (the page view, entries per
+        row ``[rows]``, entries per page, token positions per entry), the global latents for a
+        consumer layer, its source's compressed pairs for a layer with one, else None."""
+        if consumer:
+            return self._glob_view, dec.pos + 1, self.cfg.block_size, 1
+        source = self.cfg.source_of(i)
+        if source is None:
+            return None
+        view = self._src_views[self.cfg.kv_sources.index(source)]
+        return view, (dec.pos + 1) // 2, self.layout.per_block_compressed, 2
 
     def _attend_decode_kernel(
         self,
@@ -350,11 +362,8 @@ class ModelRunner:
         cfg, ring = self.cfg, self.slots.rings[:, i]
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot
         ring[dec.slots, 1, dec.pos % cfg.ring] = v
-        view = count = None
-        if consumer:
-            view, count = self._glob_view, dec.pos + 1
-        elif cfg.source_of(i) is not None:
-            view, count = self._src_views[cfg.kv_sources.index(cfg.source_of(i))], (dec.pos + 1) // 2
+        latents = self._latents_of(i, dec, consumer)
+        view, count = (latents[0], latents[1]) if latents is not None else (None, None)
         assert self.kernels is not None
         tables = dec.tables if view is not None else None
         return self.kernels.attention(
