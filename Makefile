@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(LOCKS) | sha1s
 PORT ?= 8000
 CONFIG ?= configs/local.toml
 
-.PHONY: venv venv-gemma venv-vllm lock serve test test-fast lint bench clean
+.PHONY: venv venv-gemma venv-vllm lock serve test test-fast lint docs bench clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,11 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# docs/configuration.md is generated from the config schema (a test checks that it is current).
+docs: venv
+	$(BIN)/dsi config docs > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
 
 bench: venv
 	$(BIN)/dsi bench rpc

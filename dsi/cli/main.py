@@ -16,6 +16,7 @@ _COMMANDS = (
     "dsi.cli.drain",
     "dsi.cli.undrain",
     "dsi.cli.keys",
+    "dsi.cli.config",
     "dsi.cli.model",
     "dsi.cli.generate",
     "dsi.cli.recipe",

@@ -5,17 +5,16 @@ from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig, load_config, parse_config
 from dsi.config.overrides import with_http_port, with_role_subset
 from dsi.config.provisioner import KubernetesOptions, ProvisionerConfig
-from dsi.config.roles import (
+from dsi.config.role_options import (
     BalancerOptions,
     ControllerOptions,
     EncoderOptions,
     EngineOptions,
     EntrypointOptions,
     KvstoreOptions,
-    RoleConfig,
-    RoleKind,
     RoleOptions,
 )
+from dsi.config.roles import RoleConfig, RoleKind
 from dsi.config.sections import (
     ClusterConfig,
     DataPlaneConfig,

@@ -20,10 +20,11 @@ from typing import Any
 from dsi.autoscale import AutoscalerConfig, RoleBounds
 from dsi.autoscale.config import SCALED_ROLES, ScaledRole
 from dsi.config.errors import ConfigError
-from dsi.config.spec import Check, Seen, at_least, at_most, greater, spec
+from dsi.config.spec import Check, Seen, at_least, at_most, greater, rule, spec
 
 
 def _at_least_key(name: str) -> Check:
+    @rule(f">= {name}")
     def check(value: Any, seen: Seen) -> str | None:
         return None if value >= seen[name] else f"must be >= {name} ({seen[name]}), got {value}"
 
@@ -31,6 +32,7 @@ def _at_least_key(name: str) -> Check:
 
 
 def _at_most_key(name: str) -> Check:
+    @rule(f"<= {name}")
     def check(value: Any, seen: Seen) -> str | None:
         return None if value <= seen[name] else f"must be <= {name} ({seen[name]}), got {value}"
 
@@ -43,21 +45,41 @@ def _absent(_: Seen) -> None:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class AutoscaleRole:
-    """[autoscale.prefill] or [autoscale.decode].
+    """[autoscale.prefill] or [autoscale.decode]: the bounds of one scaled role."""
 
-    ``min_instances`` / ``max_instances`` bound the serving count; ``max_instances`` is also the
-    role's quota (serving + ready + starting). ``max_change`` is the largest change of the serving
-    count per interval. ``margin`` is a fraction: serving capacity must exceed demand * (1 + margin).
-    ``ready_pool`` is how many started but unassigned instances to keep. ``capacity`` is what one
-    serving instance sustains: un-cached prompt tokens/s for prefill, active requests for decode.
-    """
-
-    min_instances: int = field(default=1, metadata=spec(checks=(at_least(0),)))
-    max_instances: int = field(metadata=spec(checks=(at_least(1), _at_least_key("min_instances"))))
-    max_change: int = field(default=1, metadata=spec(checks=(at_least(1),)))
-    margin: float = field(default=0.2, metadata=spec(checks=(at_least(0.0), at_most(10.0))))
-    ready_pool: int = field(default=0, metadata=spec(checks=(at_least(0), _at_most_key("max_instances"))))
-    capacity: float = field(metadata=spec(checks=(greater(0.0),)))
+    min_instances: int = field(
+        default=1, metadata=spec(doc="The fewest serving instances.", checks=(at_least(0),))
+    )
+    max_instances: int = field(
+        metadata=spec(
+            doc="The most serving instances, and the role's quota (serving + ready + starting).",
+            checks=(at_least(1), _at_least_key("min_instances")),
+        )
+    )
+    max_change: int = field(
+        default=1,
+        metadata=spec(doc="The largest change of the serving count per interval.", checks=(at_least(1),)),
+    )
+    margin: float = field(
+        default=0.2,
+        metadata=spec(
+            doc="Serving capacity must exceed demand * (1 + margin).", checks=(at_least(0.0), at_most(10.0))
+        ),
+    )
+    ready_pool: int = field(
+        default=0,
+        metadata=spec(
+            doc="Started but unassigned instances to keep.",
+            checks=(at_least(0), _at_most_key("max_instances")),
+        ),
+    )
+    capacity: float = field(
+        metadata=spec(
+            doc="What one serving instance sustains: un-cached prompt tokens/s for prefill, active "
+            "requests for decode.",
+            checks=(greater(0.0),),
+        )
+    )
 
     def bounds(self) -> RoleBounds:
         return RoleBounds(
@@ -80,13 +102,28 @@ _UNSCALED = RoleBounds(min_instances=0, max_instances=1, ready_pool=0)
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class AutoscaleSection:
-    """[autoscale]: ``interval_s`` between decisions (seconds); ``quota_threshold``: no
-    scale-down while serving / max_instances is above it; ``drain_timeout_s``: how long an
-    instance taken out of service may finish its running requests before it is stopped anyway."""
+    """[autoscale]: how the controller scales prefill and decode. Without the section nothing is
+    scaled; a role without its table is not scaled."""
 
-    interval_s: float = field(default=30.0, metadata=spec(checks=(greater(0.0), at_most(3600.0))))
-    quota_threshold: float = field(default=0.8, metadata=spec(checks=(greater(0.0), at_most(1.0))))
-    drain_timeout_s: float = field(default=60.0, metadata=spec(checks=(greater(0.0),)))
+    interval_s: float = field(
+        default=30.0,
+        metadata=spec(doc="Seconds between two scaling decisions.", checks=(greater(0.0), at_most(3600.0))),
+    )
+    quota_threshold: float = field(
+        default=0.8,
+        metadata=spec(
+            doc="No scale-down while serving / max_instances is above this.",
+            checks=(greater(0.0), at_most(1.0)),
+        ),
+    )
+    drain_timeout_s: float = field(
+        default=60.0,
+        metadata=spec(
+            doc="Seconds an instance taken out of service may finish its running requests before it "
+            "is stopped anyway.",
+            checks=(greater(0.0),),
+        ),
+    )
     prefill: AutoscaleRole | None = field(default=None, metadata=spec(fallback=_absent))
     decode: AutoscaleRole | None = field(default=None, metadata=spec(fallback=_absent))
 

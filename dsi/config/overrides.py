@@ -8,7 +8,7 @@ from dataclasses import replace
 from dsi.config.addresses import AddressError
 from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig
-from dsi.config.roles import EntrypointOptions
+from dsi.config.role_options import EntrypointOptions
 
 
 def with_http_port(cfg: NodeConfig, port: int) -> NodeConfig:

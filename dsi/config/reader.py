@@ -104,7 +104,7 @@ def _absent(f: Field[Any], hint: Any, spec: Spec, here: Where, seen: Seen) -> An
             raise here.error(str(err)) from None
     if f.default is MISSING and f.default_factory is MISSING:
         raise here.error("missing required key")
-    hint = _without_none(hint)
+    hint = without_none(hint)
     if isinstance(hint, type) and is_dataclass(hint):
         return read_table(hint, {}, here)  # an absent section: every key at its default
     value = f.default if f.default is not MISSING else f.default_factory()
@@ -114,7 +114,7 @@ def _absent(f: Field[Any], hint: Any, spec: Spec, here: Where, seen: Seen) -> An
 def _convert(hint: Any, spec: Spec, raw: Any, here: Where) -> Any:
     if spec.reader is not None:
         return spec.reader(raw, here)
-    hint = _without_none(hint)
+    hint = without_none(hint)
     if isinstance(hint, type) and is_dataclass(hint):
         return read_table(hint, raw, here)
     value = _typed(hint, raw, here)
@@ -150,7 +150,7 @@ def _typed(hint: Any, raw: Any, here: Where) -> Any:
     return raw
 
 
-def _without_none(hint: Any) -> Any:
+def without_none(hint: Any) -> Any:
     """`X` for an `X | None` annotation (TOML has no null: an absent key is the None)."""
     if get_origin(hint) in (Union, types.UnionType):
         rest = [arg for arg in get_args(hint) if arg is not type(None)]

@@ -3,8 +3,9 @@
 A config dataclass declares each field with its type and, where a plain default is not enough,
 ``field(default=..., metadata=spec(...))``. The type says what TOML value is accepted
 (``Literal[...]`` gives the allowed strings, ``Path`` is resolved against the file's directory,
-a dataclass is a nested table); the spec adds range checks, parsers and the few keys whose TOML
-name or presence differ.
+a dataclass is a nested table); the spec adds a one-line description, range checks, parsers and
+the few keys whose TOML name or presence differ. Checks, and the fallbacks and requirements of
+plain keys, are Rules: functions that carry the words ``dsi config docs`` shows for them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _META = "dsi.config"
 class Spec:
     """How one dataclass field is read from its TOML table.
 
+    doc:      what the key sets, in one line (``dsi config docs`` shows it; every key has one).
     key:      the TOML key when it differs from the field name.
     checks:   run in order on the read value (defaults included, so cross-field rules hold).
     parse:    turns the type-checked TOML value into the field value; raises ValueError(reason).
@@ -42,6 +44,7 @@ class Spec:
     reader:   reads the raw TOML value itself (type checks included), for tables of tables.
     """
 
+    doc: str = ""
     key: str | None = None
     checks: tuple[Check, ...] = ()
     parse: Callable[[Any], Any] | None = None
@@ -60,6 +63,23 @@ class Spec:
         return not (self.derived or self.internal)
 
 
+@dataclass(slots=True, frozen=True)
+class Rule:
+    """A check, fallback or requirement together with the words the docs show for it
+    (``> 0``, ``the bind's host``); calling it calls `fn`."""
+
+    text: str
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def rule(text: str) -> Callable[[Callable[..., Any]], Rule]:
+    """Decorator: ``@rule("not empty")`` above a check makes it a Rule that says so."""
+    return lambda fn: Rule(text, fn)
+
+
 def spec(**kwargs: Any) -> Mapping[str, Spec]:
     """Field metadata carrying a Spec: ``field(default=1.0, metadata=spec(checks=(greater(0),)))``.
 
@@ -73,6 +93,7 @@ def spec_of(f: Field[Any]) -> Spec:
 
 
 def greater(bound: float) -> Check:
+    @rule(f"> {bound}")
     def check(value: Any, _: Seen) -> str | None:
         return None if value > bound else f"must be > {bound}, got {value}"
 
@@ -80,6 +101,7 @@ def greater(bound: float) -> Check:
 
 
 def at_least(bound: float) -> Check:
+    @rule(f">= {bound}")
     def check(value: Any, _: Seen) -> str | None:
         return None if value >= bound else f"must be >= {bound}, got {value}"
 
@@ -87,6 +109,7 @@ def at_least(bound: float) -> Check:
 
 
 def at_most(bound: float) -> Check:
+    @rule(f"<= {bound}")
     def check(value: Any, _: Seen) -> str | None:
         return None if value <= bound else f"must be <= {bound}, got {value}"
 
@@ -94,6 +117,7 @@ def at_most(bound: float) -> Check:
 
 
 def less(bound: float) -> Check:
+    @rule(f"< {bound}")
     def check(value: Any, _: Seen) -> str | None:
         return None if value < bound else f"must be < {bound}, got {value}"
 
@@ -103,6 +127,7 @@ def less(bound: float) -> Check:
 def greater_than_key(name: str) -> Check:
     """The value must exceed the field `name` of the same table, read before this one."""
 
+    @rule(f"> {name}")
     def check(value: Any, seen: Seen) -> str | None:
         other = seen[name]
         return None if value > other else f"must be > {name} ({other}), got {value}"
@@ -113,12 +138,14 @@ def greater_than_key(name: str) -> Check:
 def matches(pattern: str, what: str) -> Check:
     compiled = re.compile(pattern)
 
+    @rule(what)
     def check(value: Any, _: Seen) -> str | None:
         return None if compiled.fullmatch(value) else f"must be {what}, got {value!r}"
 
     return check
 
 
+@rule("not empty")
 def nonempty(value: Any, _: Seen) -> str | None:
     return None if value else "must not be empty"
 
@@ -126,6 +153,7 @@ def nonempty(value: Any, _: Seen) -> str | None:
 def exists_when(flag: str, kind: str) -> Check:
     """A Path (or None) that must name an existing `kind` ("file" or "directory") when `flag` is set."""
 
+    @rule(f"an existing {kind} when {flag} = true")
     def check(value: Path | None, seen: Seen) -> str | None:
         if value is None or not seen[flag]:
             return None
@@ -136,6 +164,7 @@ def exists_when(flag: str, kind: str) -> Check:
 
 
 def required_when(flag: str) -> Callable[[Seen], str | None]:
+    @rule(f"required when {flag} = true")
     def requires(seen: Seen) -> str | None:
         return f"required when {flag} = true" if seen[flag] else None
 

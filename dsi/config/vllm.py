@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from dsi.config.errors import Where
 from dsi.config.reader import describe
-from dsi.config.spec import Seen, at_most, greater, spec
+from dsi.config.spec import Seen, at_most, greater, rule, spec
 from dsi.vllm.cores import check_spelling
 
 # AsyncEngineArgs fields dsi sets from its own config: ``args`` may not name them.
@@ -53,6 +53,7 @@ class EngineArgs(tuple):
         return dict(self).get(key, default)
 
 
+@rule("strings, numbers, booleans or arrays of them; not the arguments dsi sets")
 def _engine_args(raw: Any, where: Where) -> EngineArgs:
     """A table of vLLM engine arguments: scalar values or arrays of scalars."""
     if not isinstance(raw, dict):
@@ -69,27 +70,55 @@ def _engine_args(raw: Any, where: Where) -> EngineArgs:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class VllmOptions:
-    """The vLLM engine of one role. ``model``: a Hugging Face model directory (default: [model]
-    dir). ``kv_cache_gib``: GiB of KV cache (on a CPU build vLLM's ``VLLM_CPU_KVCACHE_SPACE``; on
-    a GPU build ``args.gpu_memory_utilization`` decides); ``args.kv_cache_memory_bytes``, where
-    set, takes its place on either build (sizes below a GiB). ``cpu_threads``: the cores its OpenMP
-    threads bind to on a CPU build, so that several vLLM processes on one machine do not share
-    cores: CPU ids ("0-3"), positions among the CPUs the role may run on ("@0-3", portable across
-    cpusets), "nobind", or "auto" (vLLM's choice); see dsi.vllm.cores. ``python``: the interpreter whose environment
-    has vLLM (``make venv-vllm`` builds ``.venv-vllm``; default: that venv beside dsi's source, or
-    this interpreter when it has vLLM)."""
+    """The vLLM engine of one role (a prefill or decode role with ``engine = "vllm"``)."""
 
-    model: Path | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_model_len: int = field(default=4096, metadata=spec(checks=(greater(0),)))
-    kv_cache_gib: int = field(default=1, metadata=spec(checks=(greater(0), at_most(4096))))
-    cpu_threads: str = field(default="auto", metadata=spec(checks=(check_spelling,)))
-    # Seconds the role waits for vLLM to load the model and profile memory before it gives up.
-    start_timeout_s: float = field(default=600.0, metadata=spec(checks=(greater(0.0),)))
-    python: Path | None = None
-    args: EngineArgs = field(default_factory=EngineArgs, metadata=spec(reader=_engine_args))
+    model: Path | None = field(
+        default=None, metadata=spec(doc="A Hugging Face model directory (default: [model] dir).")
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto", metadata=spec(doc="The dtype vLLM computes in.")
+    )
+    max_model_len: int = field(
+        default=4096,
+        metadata=spec(doc="The longest sequence, prompt and output, in tokens.", checks=(greater(0),)),
+    )
+    kv_cache_gib: int = field(
+        default=1,
+        metadata=spec(
+            doc="GiB of KV cache on a CPU build (VLLM_CPU_KVCACHE_SPACE; on a GPU build "
+            "args.gpu_memory_utilization decides); args.kv_cache_memory_bytes, where set, takes its place.",
+            checks=(greater(0), at_most(4096)),
+        ),
+    )
+    cpu_threads: str = field(
+        default="auto",
+        metadata=spec(
+            doc='The cores its OpenMP threads bind to on a CPU build: CPU ids ("0-3"), positions among '
+            'the CPUs the role may run on ("@0-3"), "nobind", or "auto" (vLLM\'s choice); see dsi.vllm.cores.',
+            checks=(rule('"auto", "nobind", CPU ids or @positions')(check_spelling),),
+        ),
+    )
+    start_timeout_s: float = field(
+        default=600.0,
+        metadata=spec(
+            doc="Seconds the role waits for vLLM to load the model and profile memory before it gives up.",
+            checks=(greater(0.0),),
+        ),
+    )
+    python: Path | None = field(
+        default=None,
+        metadata=spec(
+            doc="The interpreter whose environment has vLLM (default: .venv-vllm beside dsi's source, "
+            "made by make venv-vllm, or this interpreter when it has vLLM)."
+        ),
+    )
+    args: EngineArgs = field(
+        default_factory=EngineArgs,
+        metadata=spec(doc="Further vLLM AsyncEngineArgs, passed as they are.", reader=_engine_args),
+    )
 
 
+@rule('only with engine = "vllm"')
 def only_for_vllm(value: VllmOptions, seen: Seen) -> str | None:
     """A [roles.vllm] table on a role whose engine is dsi's own would be read and ignored."""
     if seen.get("engine") != "vllm" and value != VllmOptions():
