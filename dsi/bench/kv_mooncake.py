@@ -1,95 +1,145 @@
-"""Mooncake's TCP transport as the baseline of ``dsi bench kv-transfer`` (when it is installed).
+"""Mooncake's TCP transport as the baseline of ``dsi bench kv-transfer``, from a venv of its own.
 
-Same shape as the dsi figures: a receiver process registers one buffer and reports its session
-(``127.0.0.1:<rpc port>``, handshake "P2PHANDSHAKE", protocol "tcp") and address; the sender
-writes with ``transfer_sync_write`` (one buffer) or ``batch_transfer_sync_write`` (the blocks, one
-entry each), which return once the bytes are written at the receiver.
+Mooncake is never a dsi dependency and never enters dsi's venv. ``install_mooncake`` makes a venv
+(default ``run/peers/mooncake`` beside dsi's source) and pip-installs ``PACKAGE`` into it once (a
+marker file names what was installed; another package spec reinstalls). ``MooncakeTcp`` runs
+dsi.bench.kv_mooncake_runner with that venv's Python: a sender process that starts its own
+receiver process, both on 127.0.0.1 with the P2P handshake and the "tcp" protocol, driven by
+JSON lines (the runner's docstring has the protocol). Mooncake's own log goes to
+``<venv>.log``. Anything that keeps Mooncake from running (the install, the import, its
+``initialize``, a failed write) becomes a reason string the bench prints in its JSON.
+
+The default package is the non-CUDA build: ``mooncake-transfer-engine`` is the CUDA build and
+fails at import on a machine without CUDA (``ImportError: libcudart.so.12: cannot open shared
+object file``, found on the CPU machine this was written on); the TCP transport needs no CUDA.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-from multiprocessing.connection import Connection
-from typing import Any
+import json
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
 
-import numpy as np
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = SOURCE_ROOT / "run" / "peers" / "mooncake"
+PACKAGE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+RUNNER = Path(__file__).with_name("kv_mooncake_runner.py")
+_MARKER = ".dsi-peer-installed"
+_INSTALL_TIMEOUT_S = 900.0
+_START_TIMEOUT_S = 120.0  # the runner makes its sources (random bytes) and starts two engines
+_WRITE_TIMEOUT_S = 120.0
 
-_WAIT_S = 60.0
+
+class MooncakeUnavailable(Exception):
+    """Mooncake cannot be measured here; the message says exactly why."""
 
 
-def unavailable() -> str | None:
-    """Why Mooncake cannot be measured here, or None when it can."""
+def install_mooncake(venv: Path = DEFAULT_VENV, package: str = PACKAGE) -> tuple[Path | None, str]:
+    """The venv's Python with ``package`` installed (made now unless it is already), or None and why not."""
+    python = venv / "bin" / "python"
+    marker = venv / _MARKER
+    if python.exists() and marker.exists() and marker.read_text().strip() == package:
+        return python, ""
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install", package]
     try:
-        from mooncake.engine import TransferEngine  # noqa: F401
-    except Exception as error:  # ImportError, or its native library missing (OSError)
-        return f"mooncake transfer engine not importable: {type(error).__name__}: {error}"
-    return None
-
-
-def _engine() -> Any:
-    from mooncake.engine import TransferEngine
-
-    engine = TransferEngine()
-    if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
-        raise RuntimeError("mooncake TransferEngine.initialize failed")
-    return engine
-
-
-def _receiver_main(conn: Connection, nbytes: int) -> None:
-    engine = _engine()
-    buffer = np.zeros(nbytes, np.uint8)
-    if engine.register_memory(buffer.ctypes.data, nbytes) != 0:
-        raise RuntimeError("mooncake register_memory failed")
-    conn.send((f"127.0.0.1:{engine.get_rpc_port()}", buffer.ctypes.data))
-    conn.recv()  # serves until the sender says stop
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        subprocess.run(pip, check=True, capture_output=True, timeout=_INSTALL_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as exc:
+        tail = (getattr(exc, "stderr", b"") or b"").decode(errors="replace")
+        tail = "\n".join(line for line in tail.splitlines() if not line.startswith("WARNING"))[-400:]
+        return None, f"cannot install {package} into {venv}: {exc} {tail}".strip()
+    marker.write_text(package + "\n")
+    return python, ""
 
 
 class MooncakeTcp:
-    """A sender engine and its receiver process with ``nbytes`` registered."""
+    """The runner started by ``python``, its sources made for ``cases`` ([(parts, part_bytes)]).
 
-    def __init__(self, nbytes: int) -> None:
-        mp = multiprocessing.get_context("spawn")
-        self._conn, there = mp.Pipe()
-        self._process = mp.Process(target=_receiver_main, args=(there, nbytes), daemon=True)
-        self._process.start()
-        there.close()
-        if not self._conn.poll(_WAIT_S):
+    Raises MooncakeUnavailable (the runner's reason) when Mooncake cannot start."""
+
+    def __init__(self, python: Path, cases: list[tuple[int, int]], log: Path | None = None) -> None:
+        self.log = log
+        with open(log, "ab") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as err:
+            self._process = subprocess.Popen(
+                [str(python), str(RUNNER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        try:
+            self.version: str = self._ask({"op": "start", "cases": cases}, _START_TIMEOUT_S)["version"]
+        except MooncakeUnavailable:
             self.close()
-            raise RuntimeError("mooncake receiver did not start")
-        self._session, self._remote = self._conn.recv()
-        self._engine = _engine()
-        self._registered: list[np.ndarray] = []
+            raise
 
-    def register(self, source: np.ndarray) -> None:
-        if self._engine.register_memory(source.ctypes.data, source.nbytes) != 0:
-            raise RuntimeError("mooncake register_memory failed")
-        self._registered.append(source)
-
-    def write(self, parts: list[np.ndarray]) -> None:
-        """Write ``parts`` back to back at the start of the receiver's buffer (sources registered)."""
-        offsets = np.cumsum([0] + [p.nbytes for p in parts[:-1]])
-        if len(parts) == 1:
-            rc = self._engine.transfer_sync_write(
-                self._session, parts[0].ctypes.data, self._remote, parts[0].nbytes
-            )
-        else:
-            rc = self._engine.batch_transfer_sync_write(
-                self._session,
-                [p.ctypes.data for p in parts],
-                [self._remote + int(o) for o in offsets],
-                [p.nbytes for p in parts],
-            )
-        if rc != 0:
-            raise RuntimeError(f"mooncake write failed: {rc}")
+    def write(self, case: int, verify: bool = False) -> float:
+        """Seconds to write every part of ``cases[case]`` (timed by the runner); with ``verify``,
+        MooncakeUnavailable unless the receiver then holds exactly the source's bytes."""
+        reply = self._ask({"op": "write", "case": case, "verify": verify}, _WRITE_TIMEOUT_S)
+        if verify and not reply["equal"]:
+            raise MooncakeUnavailable(f"mooncake wrote case {case}, but the receiver's bytes differ")
+        return float(reply["seconds"])
 
     def close(self) -> None:
-        for source in self._registered:
-            self._engine.unregister_memory(source.ctypes.data)
-        self._registered.clear()
-        with contextlib.suppress(OSError):
-            self._conn.send("stop")
-        self._process.join(5.0)
-        if self._process.is_alive():
+        if self._process.poll() is None:
+            with contextlib.suppress(MooncakeUnavailable, OSError, ValueError):
+                self._ask({"op": "stop"}, 10.0)
+        try:
+            self._process.wait(10.0)
+        except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.join()
+            self._process.wait()
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        stdin, stdout = self._process.stdin, self._process.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            stdin.write(json.dumps(request) + "\n")
+            stdin.flush()
+        except OSError:
+            pass  # the runner is gone: the read below says so
+        line = _read_line(stdout, timeout_s)
+        if line is None:
+            self._process.kill()
+            raise MooncakeUnavailable(
+                f"the mooncake runner gave no answer to {request['op']} in {timeout_s}s"
+            )
+        if not line:
+            raise MooncakeUnavailable(
+                f"the mooncake runner exited (code {self._process.wait()}) without an answer to"
+                f" {request['op']}{self._see_log()}"
+            )
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise MooncakeUnavailable(reply["reason"])
+        return reply
+
+    def _see_log(self) -> str:
+        return f"; its log: {self.log}" if self.log is not None else ""
+
+
+def _read_line(stream: IO[str], timeout_s: float) -> str | None:
+    """One line ("" at the end of the stream), or None when nothing came in ``timeout_s``."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    return stream.readline() if ready else None
+
+
+def open_mooncake(
+    venv: Path, package: str, cases: list[tuple[int, int]]
+) -> tuple[MooncakeTcp | None, str | None]:
+    """A started MooncakeTcp (installing it into ``venv`` first when needed), or None and why not."""
+    python, reason = install_mooncake(venv, package)
+    if python is None:
+        return None, reason
+    try:
+        return MooncakeTcp(python, cases, venv.with_name(venv.name + ".log")), None
+    except MooncakeUnavailable as error:
+        return None, str(error)

@@ -8,12 +8,15 @@ Two cases, each a full transfer timed at the sender from ``send`` to the receive
 Backends: ``shm``, ``tcp`` and ``tcp_encrypted`` (dsi, receiver in a child process; the last is
 the same tcp plane with CURVE keys, a key set made for the run: one handshake per connection, then
 AES-256-GCM on every chunk), ``memcpy`` (numpy copyto of the same parts into a warm buffer in this
-process: the bound shm can approach), and Mooncake's TCP transport when it is installed
-(``mooncake_tcp``, receiver in its own process). Within a repeat the backends take turns, so all
-see the same load on a shared machine; each figure is the median over repeats, in Gbit/s (1e9
+process: the bound shm can approach), and Mooncake's TCP transport (``mooncake_tcp``: a sender
+and a receiver process of their own, from Mooncake's own venv, made on first use; see
+dsi.bench.kv_mooncake), its bytes checked at the receiver once per case, its time taken by the
+sender around the write call. Within a repeat the backends take turns, so all see the same
+load on a shared machine; each figure is the median over repeats, in Gbit/s (1e9
 bits per second). Headline figures count both cases together: their bytes over the sum of their
 median times. ``shm_ratio``/``tcp_ratio`` are against ``memcpy``; ``encrypted_ratio`` is
-``tcp_encrypted`` against ``tcp``.
+``tcp_encrypted`` against ``tcp``; ``tcp_vs_mooncake``/``tcp_encrypted_vs_mooncake`` against
+``mooncake_tcp``, or ``mooncake_reason`` says exactly why Mooncake was not measured.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import multiprocessing
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import msgspec
 import numpy as np
 import uvloop
 
-from dsi.bench.kv_mooncake import MooncakeTcp, unavailable
+from dsi.bench.kv_mooncake import DEFAULT_VENV, PACKAGE, MooncakeTcp, MooncakeUnavailable, open_mooncake
 from dsi.transport.kv import DataPlane, Inbound, KvTarget, make_data_plane
 from dsi.transport.security import CurveKeys, generate_keys
 
@@ -152,15 +154,11 @@ def _time_memcpy(parts: list[np.ndarray], destination: np.ndarray) -> float:
     return time.perf_counter() - started
 
 
-def _time_call(call: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
-
-
 async def _measure(
     cases: dict[str, list[np.ndarray]], repeats: int, mooncake: MooncakeTcp | None, key_files: dict[str, Path]
-) -> dict[str, Any]:
+) -> tuple[dict[str, dict[str, list[float]]], str | None]:
+    """Seconds per case and figure name, and why Mooncake stopped being measured (None: it was not)."""
+    failed: str | None = None
     receiver = _Receiver(key_files)
     planes = _planes(_keys(key_files))
     for plane in planes.values():
@@ -169,13 +167,16 @@ async def _measure(
     seconds: dict[str, dict[str, list[float]]] = {case: {} for case in cases}
     try:
         for repeat in range(repeats + 1):  # the first round warms pools, mappings and connections
-            for case, parts in cases.items():
+            for index, (case, parts) in enumerate(cases.items()):
                 times = {
                     name: await _time_dsi(name, plane, receiver, parts) for name, plane in planes.items()
                 }
                 times["memcpy"] = _time_memcpy(parts, destination)
-                if mooncake is not None:
-                    times["mooncake_tcp"] = _time_call(lambda p=parts: mooncake.write(p))
+                if mooncake is not None and failed is None:
+                    try:
+                        times["mooncake_tcp"] = mooncake.write(index, verify=not repeat)
+                    except MooncakeUnavailable as error:
+                        failed = f"mooncake failed while measured: {error}"
                 if repeat:
                     for name, s in times.items():
                         seconds[case].setdefault(name, []).append(s)
@@ -183,7 +184,10 @@ async def _measure(
         for plane in planes.values():
             await plane.close()
         receiver.stop()
-    return seconds
+    if failed is not None:
+        for times in seconds.values():
+            times.pop("mooncake_tcp", None)
+    return seconds, failed
 
 
 def _figures(
@@ -203,32 +207,47 @@ def _figures(
     figures["shm_ratio"] = figures["shm_gbps"] / figures["memcpy_gbps"]
     figures["tcp_ratio"] = figures["tcp_gbps"] / figures["memcpy_gbps"]
     figures["encrypted_ratio"] = figures["tcp_encrypted_gbps"] / figures["tcp_gbps"]
+    if "mooncake_tcp_gbps" in figures:
+        figures["tcp_vs_mooncake"] = figures["tcp_gbps"] / figures["mooncake_tcp_gbps"]
+        figures["tcp_encrypted_vs_mooncake"] = figures["tcp_encrypted_gbps"] / figures["mooncake_tcp_gbps"]
     return figures
 
 
 def run(
-    blocks: int = 1000, block_kib: int = 112, buffer_mib: int = 64, repeats: int = 5, mooncake: bool = True
+    blocks: int = 1000,
+    block_kib: int = 112,
+    buffer_mib: int = 64,
+    repeats: int = 5,
+    mooncake: bool = True,
+    mooncake_venv: Path = DEFAULT_VENV,
+    mooncake_package: str = PACKAGE,
 ) -> dict[str, Any]:
-    """Measure every backend on both cases; every child process is stopped before this returns."""
+    """Measure every backend on both cases; every child process is stopped before this returns.
+    ``mooncake_venv``: Mooncake's own venv, made with ``mooncake_package`` unless it has it."""
     if blocks < 1 or block_kib < 1 or buffer_mib < 1 or repeats < 1:
         raise ValueError("blocks, block_kib, buffer_mib and repeats must be positive")
     cases = _cases(blocks, block_kib << 10, buffer_mib << 20)
-    reason = unavailable() if mooncake else "disabled with --no-mooncake"
     baseline: MooncakeTcp | None = None
+    reason: str | None = "disabled with --no-mooncake"
+    if mooncake:
+        shapes = [(len(parts), parts[0].nbytes) for parts in cases.values()]
+        baseline, reason = open_mooncake(mooncake_venv, mooncake_package, shapes)
     try:
-        if reason is None:
-            baseline = MooncakeTcp(max(sum(p.nbytes for p in parts) for parts in cases.values()))
-            for parts in cases.values():
-                baseline.register(parts[0].base if parts[0].base is not None else parts[0])
         with tempfile.TemporaryDirectory(prefix="dsi-bench-keys-") as folder:
             key_files = generate_keys(Path(folder) / "keys")
-            seconds = uvloop.run(_measure(cases, repeats, baseline, key_files))
+            seconds, failed = uvloop.run(_measure(cases, repeats, baseline, key_files))
     finally:
         if baseline is not None:
             baseline.close()
     figures = _figures(cases, seconds)
     figures.setdefault("mooncake_tcp_gbps", None)
-    figures["mooncake_reason"] = reason
+    figures["mooncake_reason"] = failed or reason
+    figures["mooncake"] = {
+        "package": mooncake_package if mooncake else None,
+        "version": baseline.version if baseline is not None else None,
+        "venv": str(mooncake_venv) if mooncake else None,
+        "verified": baseline is not None and failed is None,  # the receiver held the sent bytes
+    }
     figures.update(blocks=blocks, block_kib=block_kib, buffer_mib=buffer_mib, repeats=repeats)
     return figures
 
@@ -251,16 +270,24 @@ def format_table(f: dict[str, Any]) -> str:
     if f["mooncake_tcp_gbps"] is None:
         lines.append(f"mooncake: {f['mooncake_reason']}")
     else:
-        mooncake = f["mooncake_tcp_gbps"]
         lines.append(
-            f"tcp/mooncake tcp {f['tcp_gbps'] / mooncake:.2f} (target >= 1)"
-            f"   tcp encrypted/mooncake tcp {f['tcp_encrypted_gbps'] / mooncake:.2f}"
+            f"tcp/mooncake tcp {f['tcp_vs_mooncake']:.2f} (target >= 1)"
+            f"   tcp encrypted/mooncake tcp {f['tcp_encrypted_vs_mooncake']:.2f}"
+            f"   ({f['mooncake']['version']}, bytes checked at the receiver)"
         )
     return "\n".join(lines)
 
 
 def _main(args: argparse.Namespace) -> int:
-    figures = run(args.blocks, args.block_kib, args.buffer_mib, args.repeats, args.mooncake)
+    figures = run(
+        args.blocks,
+        args.block_kib,
+        args.buffer_mib,
+        args.repeats,
+        args.mooncake,
+        Path(args.mooncake_venv),
+        args.mooncake_package,
+    )
     print(json.dumps(figures) if args.json else format_table(figures))
     return 0
 
@@ -277,5 +304,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="repeats; figures are medians")
     parser.add_argument(
         "--no-mooncake", dest="mooncake", action="store_false", help="skip the Mooncake baseline"
+    )
+    parser.add_argument(
+        "--mooncake-venv",
+        default=str(DEFAULT_VENV),
+        help="Mooncake's own venv, made (pip install) on first use (default: run/peers/mooncake"
+        " beside dsi's source)",
+    )
+    parser.add_argument(
+        "--mooncake-package",
+        default=PACKAGE,
+        help=f"what pip installs into that venv (default {PACKAGE}; the CUDA build is"
+        " mooncake-transfer-engine)",
     )
     parser.set_defaults(func=_main)

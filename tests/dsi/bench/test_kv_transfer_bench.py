@@ -1,15 +1,20 @@
 """``dsi bench kv-transfer`` end to end on tiny sizes: every figure is reported and the receiver
-processes are reaped. Speed is not asserted (a benchmark prints figures; the machine may be shared)."""
+processes are reaped. Speed is not asserted (a benchmark prints figures; the machine may be shared).
+Mooncake's side runs from a venv given with ``--mooncake-venv``: here one whose Python is this one,
+with the stand-in engine of fake_mooncake/ (figures, bytes checked) or without any (the reason)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing
 
+import pytest
+
 from dsi.bench import cli as bench_cli
-from dsi.bench.kv_mooncake import unavailable
 from dsi.bench.kv_transfer import format_table
+from tests.dsi.bench.test_kv_mooncake import FAKE, fake_venv
 
 SMALL = ["--blocks", "20", "--block-kib", "16", "--buffer-mib", "1", "--repeats", "1"]
 HEADLINE = (
@@ -45,11 +50,28 @@ def test_every_figure_without_mooncake(capsys):
     assert "target >= 0.5" in table and "tcp encrypted/clear" in table
 
 
-def test_mooncake_figure_or_the_reason_it_is_missing(capsys):
-    _run()
+def test_mooncake_from_its_own_venv(capsys, tmp_path, monkeypatch):
+    fake_venv(tmp_path / "mooncake")
+    monkeypatch.setenv("PYTHONPATH", str(FAKE))
+    _run("--mooncake-venv", str(tmp_path / "mooncake"))
     figures = json.loads(capsys.readouterr().out)
-    if unavailable() is None:
-        assert figures["mooncake_tcp_gbps"] > 0 and figures["buffer_mooncake_tcp_gbps"] > 0
-    else:
-        assert figures["mooncake_tcp_gbps"] is None and figures["mooncake_reason"]
+    assert figures["mooncake_reason"] is None and figures["mooncake"]["verified"] is True
+    assert figures["mooncake_tcp_gbps"] > 0 and figures["buffer_mooncake_tcp_gbps"] > 0
+    assert figures["tcp_vs_mooncake"] == figures["tcp_gbps"] / figures["mooncake_tcp_gbps"]
+    assert figures["mooncake"]["venv"] == str(tmp_path / "mooncake")
+    assert "tcp/mooncake tcp" in format_table(figures)
     assert multiprocessing.active_children() == []
+
+
+def test_the_reason_mooncake_is_missing(capsys, tmp_path, monkeypatch):
+    if importlib.util.find_spec("mooncake") is not None:
+        pytest.skip("mooncake is importable in dsi's own venv; it never should be")
+    fake_venv(tmp_path / "mooncake")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    _run("--mooncake-venv", str(tmp_path / "mooncake"))
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["mooncake_tcp_gbps"] is None and figures["mooncake"]["verified"] is False
+    assert figures["mooncake_reason"].startswith(
+        "mooncake transfer engine not importable: ModuleNotFoundError"
+    )
+    assert "mooncake: mooncake transfer engine not importable" in format_table(figures)

@@ -1,0 +1,1 @@
+"""A stand-in for Mooncake's package in tests (see engine.py)."""
