@@ -17,7 +17,8 @@ def _packages() -> list[str]:
     return names
 
 
-# The C kernels travel as source: dsi.kernels.native compiles them on first use.
-setup(
-    packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data={"dsi.kernels": ["*.c", "*.h"]}
-)
+# The C kernels travel as source: dsi.kernels.native compiles them on first use. The gateway's
+# dashboard page is a file beside its module.
+PACKAGE_DATA = {"dsi.kernels": ["*.c", "*.h"], "dsi.roles.entrypoint.dashboard": ["*.html"]}
+
+setup(packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data=PACKAGE_DATA)

@@ -11,6 +11,8 @@
     (/health and /metrics describe the one HTTP worker that answered; it names itself in the
     ``X-Dsi-Worker`` header and /health's "worker")
     GET  /openapi.json          the OpenAPI document of these routes
+    GET  /dashboard             a live cluster page, polling /dashboard/state.json (see
+                                dsi.roles.entrypoint.dashboard; open like /health and /metrics)
 
 A client that disconnects cancels its handler (``handler_cancellation``), which closes the
 engine stream and aborts the request on its instance.
@@ -27,6 +29,7 @@ import time
 
 from aiohttp import web
 
+from dsi.roles.entrypoint.dashboard import DASHBOARD_PATHS, add_dashboard
 from dsi.roles.entrypoint.errors import error_response, protocol_of
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.openapi import openapi_document
@@ -60,7 +63,9 @@ def make_app(gateway: Gateway, models: list[str], max_body_bytes: int, worker: s
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    add_dashboard(app, gateway, worker)
     known = {path for path, _ in _ROUTES} | {"/v1/models", "/health", "/metrics", "/openapi.json"}
+    known |= set(DASHBOARD_PATHS)
 
     async def unrouted(request: web.Request) -> web.Response:
         status, reason = (405, "Method Not Allowed") if request.path in known else (404, "Not Found")

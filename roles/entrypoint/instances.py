@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from dsi.errors import DsiError, PeerLost
-from dsi.messages import ALL
+from dsi.messages import ALL, Message
 from dsi.messages.control import InstanceInfo, InstanceTable, ListInstances, TransitionCount
 from dsi.roles.controller.lifecycle import InstanceState
 from dsi.transport.client import Peer
@@ -87,6 +87,11 @@ class InstancePool:
         for inst in self._instances.values():
             await inst.peer.close()
         await self._controller.close()
+
+    async def ask_controller(self, msg: Message, timeout: float = 2.0) -> object:
+        """The controller's answer to ``msg`` on this pool's connection (the dashboard's
+        ListInstances of every role and GetScale; see dsi.roles.entrypoint.dashboard)."""
+        return await self._controller.ask(msg, timeout=timeout)
 
     @property
     def ready(self) -> list[str]:
