@@ -13,6 +13,21 @@ from dsi.config import RoleAddresses
 from dsi.transport.kv import DataPlane, make_data_plane
 
 
+def data_plane_stats(plane: DataPlane | None) -> dict[str, Any]:
+    """The data-plane fields of EngineStats for ``plane``: its told endpoint and link counters."""
+    if plane is None:
+        return {}
+    links = plane.sessions
+    if links is None:
+        return {"data_address": plane.address}
+    return {
+        "data_address": plane.address,
+        "links_accepted": links.accepted,
+        "links_refused": links.refused,
+        "links_rejected": links.rejected,
+    }
+
+
 async def start_data_plane(backend: str, addresses: RoleAddresses, **options: Any) -> DataPlane:
     """A started ``backend`` data plane ("tcp", "shm" or "rdma") of a role with ``addresses``;
     ``options`` go to ``make_data_plane``."""

@@ -47,7 +47,7 @@ from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats, KvLease, PullState, StateMissing, StatePulled
 from dsi.messages.vision import PullEmbeds
 from dsi.roles.curve import server_keys
-from dsi.roles.data_plane import start_data_plane
+from dsi.roles.data_plane import data_plane_stats, start_data_plane
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
 from dsi.roles.role import RoleActor
@@ -355,6 +355,7 @@ class EngineRole(RoleActor):
             migrated_in=c.migrated_in,
             migrated_out=c.migrated_out,
             precopied_pages=c.precopied_pages,
+            **data_plane_stats(self.data),
         )
         if self.service is None:
             return EngineStats(**counts)

@@ -111,6 +111,10 @@ class EngineStats(Message):
     store_fetched_blocks: int = 0  # pages fetched from the store for the engine to load (vLLM)
     store_skipped_blocks: int = 0  # pages not looked up: the engine's own prefix cache held them (vLLM)
     resumed: int = 0  # re-runs continued after the tokens the client had, not decoded again (vLLM)
+    data_address: str = ""  # the data plane's endpoint, as senders are told it
+    links_accepted: int = 0  # keyed data plane, since start: senders that proved an allowed key
+    links_refused: int = 0  # frames dropped: a handshake that proved nothing, or from no session
+    links_rejected: int = 0  # links closed for a record that failed to open
 
 
 class PrefillLost(DsiError):

@@ -37,7 +37,7 @@ from dsi.messages.control import Load
 from dsi.messages.gateway import Generate
 from dsi.messages.handoff import EngineStats, GetEngineStats
 from dsi.roles.curve import server_keys
-from dsi.roles.data_plane import start_data_plane
+from dsi.roles.data_plane import data_plane_stats, start_data_plane
 from dsi.roles.engine_role import Arrival, kept_peer
 from dsi.roles.kvstore.client import KvstoreClient
 from dsi.roles.load_report import LoadReporter
@@ -288,6 +288,7 @@ class VllmRole(RoleActor):
             failed_handoffs=c.failed_handoffs,
             persisted_blocks=c.persisted_blocks,
             replay_tokens=0,
+            **data_plane_stats(self.data),
         )
 
     # ---- the kvstore -----------------------------------------------------------------------------

@@ -8,9 +8,17 @@ interface toward the controller, on each host. Checked from a client in host A: 
 table names those addresses; a chat request over HTTP is prefilled on A and decoded on B (the
 decode's lease names B's address) and streams what one in-process engine gives; a prefix hit
 whose SWA state the decode on B holds is pulled across the hosts and gives the hit-free output;
-the gateway's replica of the kvstore's index follows it across the hosts; a caller without keys
-gets no answer from the controller (A) or the kvstore (B), and its drain and put change nothing. Where the config has a key that encrypts the data plane's tcp links,
-it is set too.
+the gateway's replica of the kvstore's index follows it across the hosts.
+
+Peers without the keys (none, a client key no role admits, a made-up server key; dsi's own
+clients and raw sockets, see tests.roles.intruders) get no answer and change nothing, against the
+live roles: the data planes of prefill-0 (A) and decode-0 (B) take no chunk and give no byte back
+(only a sender with the cluster's keys is answered; a replayed Hello is not), and those engines'
+control planes answer no state pull, handoff or stats; the next handoff and state pull between
+them then serve the same tokens. The controller (A) answers no drain or heartbeat; the kvstore (B)
+answers no put, read, snapshot or stats, its publisher gives such a subscriber no delta, and its
+counters and an attacked block's bytes are what they were. Where the config has a key that
+encrypts the data plane's tcp links, it is set too.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dsi.transport.keyset import create_key_set
 from tests.dsi.cli.procs import SHARED_MODEL_DIR, Procs, python_module
 from tests.netns import two_hosts
 from tests.roles.cluster import reference_outputs
+from tests.roles.intruders import NO_REPLY, WELCOME
 from tests.roles.test_disaggregation_http import bodies, deltas, expected_streams
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -51,7 +60,7 @@ def node_config(tmp_path, net: str, security: str) -> str:
         ("entrypoint", "entrypoint-0", 7101, f'http = "0.0.0.0:{HTTP_PORT}"'),
         ("prefill", "prefill-0", 7110, ""),
         ("decode", "decode-0", 7120, ""),
-        ("kvstore", "kvstore-0", 7130, f'store_dir = "{tmp_path}/run/kvstore"'),
+        ("kvstore", "kvstore-0", 7130, f'store_dir = "{tmp_path}/run/kvstore"\npublish_interval_s = 0.3'),
     ]
     entries = "\n".join(
         f'[[roles]]\nkind = "{kind}"\nid = "{role_id}"\nbind = "tcp://0.0.0.0:{port}"\n{extra}\n'
@@ -150,7 +159,36 @@ def test_wildcard_binds_serve_a_handoff_and_an_swa_state_pull_across_two_hosts(t
     assert got["second"] == expected_second  # the exact hit gives the hit-free output
     assert prefill["handoffs"] == 3 and prefill["failed_handoffs"] == 0  # chat, first, second
 
-    assert got["unkeyed.drain"] and got["unkeyed.put"] and got["unkeyed.stats"]
+    # Each probe waits NO_REPLY_S at most, all of a phase at once: two phases of a few seconds.
+    assert sum(got["intruders.seconds"]) < 30, got["intruders.seconds"]
+    for role, host in (("prefill-0", f"{net}.1"), ("decode-0", f"{net}.2")):
+        check_engine_untouched(got["intruders.engines"][role], host)
+
+    probes = got["intruders.cluster"]
+    assert probes.pop("deltas heard, the cluster's keys") >= 1  # the publisher is live
+    assert probes == dict.fromkeys(probes, 0) | {k: NO_REPLY for k in probes if "deltas" not in k}
+    assert set(got["instances.after"]) == set(got["instances"])  # no intruder-0 either
     assert got["instances.after"]["decode-0"]["state"] == "serving"
     before, after = got["kvstore.before"], got["kvstore.after"]
-    assert (after["blocks"], after["puts"]) == (before["blocks"], before["puts"])
+    assert {k: after[k] for k in STORE} == {k: before[k] for k in STORE}
+    assert got["block.after"] == got["block.before"] and got["fresh.matched"] == 0
+
+
+STORE = ("blocks", "bytes", "puts", "stored", "expired", "evicted", "segments")
+ENGINE = ("free_blocks", "free_slots", "running", "leases", "regions", "handoffs", "prefills")
+ENGINE_STATES = ("states_kept", "states_pulled", "states_served", "migrated_in", "precopied_pages")
+
+
+def check_engine_untouched(seen: dict, host: str) -> None:
+    """The intruders at one live engine: two probes with the cluster's keys answered (so the
+    others reached a live keyed data plane), every other one unanswered, and the engine's memory,
+    counters and links as they were, but for the frames it dropped and the two links it admitted."""
+    probes, before, after = seen["probes"], seen["before"], seen["after"]
+    assert before["data_address"].startswith(f"tcp://{host}:"), before["data_address"]
+    assert "unknown or expired transfer id" in probes.pop("push, the cluster's keys")
+    assert probes.pop("a hello, then replayed") == [WELCOME, NO_REPLY]
+    assert probes == dict.fromkeys(probes, NO_REPLY)
+    kept = ENGINE + ENGINE_STATES + ("links_rejected",)
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    assert after["links_accepted"] == before["links_accepted"] + 2
+    assert after["links_refused"] >= before["links_refused"] + 8  # what the intruders sent, dropped

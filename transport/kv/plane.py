@@ -10,12 +10,16 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dsi.errors import TransferFailed, TransferTimeout
 from dsi.transport.kv.inbound import Inbound, PlaneStats, ReceiveTable
 from dsi.transport.kv.parts import Buffer
 from dsi.transport.kv.regions import Region
 from dsi.transport.kv.target import KvTarget
+
+if TYPE_CHECKING:
+    from dsi.transport.kv.sessions import SessionCounts
 
 
 class DataPlane(abc.ABC):
@@ -65,6 +69,12 @@ class DataPlane(abc.ABC):
     def cancel(self, transfer_id: str) -> None:
         """Fail an expected transfer with Cancelled and free its region (no-op if it is not open)."""
         self._table.cancel(transfer_id)
+
+    @property
+    def sessions(self) -> SessionCounts | None:
+        """Handshake counters of a keyed receiving end (None: clear, not started, or a backend
+        that keeps none)."""
+        return None
 
     @property
     def stats(self) -> PlaneStats:
