@@ -5,6 +5,10 @@ Every record carries the role it came from: the role whose start created the run
 
     {"ts": "2026-01-01T12:00:00.123Z", "level": "info", "logger": "dsi.roles.host",
      "msg": "prefill-0 serving on tcp://127.0.0.1:7110", "role": "prefill-0"}
+
+A record logged with ``extra={"fields": {...}}`` (the gateway's access log, see
+dsi.roles.entrypoint.access_log) adds those fields to its JSON line; a text line shows only its
+message, which says the same.
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ class _RoleFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (UTC, ISO 8601, ms), level, logger, msg, role [, exc]."""
+    """One JSON object per line: ts (UTC, ISO 8601, ms), level, logger, msg, role [, exc], then
+    the record's ``fields`` (they do not replace those before them)."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = {
+        line: dict[str, object] = {
             "ts": f"{stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -59,6 +64,10 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                line.setdefault(key, value)
         return json.dumps(line, ensure_ascii=False)
 
 

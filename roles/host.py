@@ -3,7 +3,9 @@
     start:  context (+ CURVE authenticator) -> per role, controllers first:
             addresses (dsi.config.addresses: the host it tells others) -> actor
             -> ActorServer (bind, actor.on_start) -> HeartbeatSender
-    stop:   per role, in reverse start order: heartbeats stop + Goodbye -> server and actor stop
+    stop:   per role, the entrypoints first (they drain their requests in flight while the
+            engines of this process still serve them), then in reverse start order:
+            actor.stopping() -> heartbeats stop + Goodbye -> server and actor stop
             -> authenticator -> context
     retire: a role that calls ``retire()`` (a drained instance) is stopped alone the same way;
             ``finished`` is set once every role has retired
@@ -94,10 +96,12 @@ class RoleHost:
             raise
 
     async def stop(self) -> None:
-        """Stop every started role in reverse start order, then the authenticator and context."""
+        """Stop every started role, the entrypoints first, the others in reverse start order;
+        then the authenticator and context."""
         for task in self._watchers:
             if task is not asyncio.current_task():
                 task.cancel()
+        self._running.sort(key=lambda run: run.role.kind == "entrypoint")  # stable: start order
         while self._running:
             await self._stop_role(self._running.pop())
         if self._auth is not None:
@@ -109,6 +113,7 @@ class RoleHost:
 
     async def _stop_role(self, run: _Running, reason: str = "stopped") -> None:
         with role_context(run.role.id):
+            run.actor.stopping()
             await run.heartbeat.stop(reason)
             await run.server.stop()
             log.info("%s stopped (%s)", run.role.id, reason)

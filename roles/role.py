@@ -6,7 +6,7 @@ is built; None for every other role).
 Asking a role with a ``Load`` message (any values) answers its current Load, so an operator or a
 test can read any role's counters without knowing its kind.
 
-    starting --start()--> ready --stop()--> stopping
+    starting --start()--> ready --stopping()--> (Goodbye) --stop()--> stopping
 
 A role whose work is done for good (a drained instance) calls ``retire()``: its host stops it
 (Goodbye to the controller) and a process left with no role exits.
@@ -39,6 +39,10 @@ class RoleActor(Actor):
 
     async def on_start(self) -> None:
         self.state = "ready"
+
+    def stopping(self) -> None:
+        """The host begins to stop this role (before its Goodbye to the controller, which may
+        take a moment): a role that must refuse new work at once does so here."""
 
     async def on_stop(self) -> None:
         self.state = "stopping"

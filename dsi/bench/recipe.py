@@ -44,6 +44,7 @@ from dsi.recipe.bench_encode import bench_encode as encode_figures
 from dsi.recipe.bench_parse import bench_parse, output_ids
 from dsi.roles.entrypoint.app import make_app, start_http
 from dsi.roles.entrypoint.auth import ApiKeys
+from dsi.roles.entrypoint.backends import Placement
 from dsi.roles.entrypoint.gateway import Gateway
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prepare import Preparer
@@ -91,7 +92,9 @@ class TokenSource:
     def pick(self, exclude: frozenset[str] = frozenset()) -> str:
         return "bench"
 
-    async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
+    async def generate(self, msg: Generate, placement: Placement | None = None) -> AsyncIterator[TokenChunk]:
+        if placement is not None:
+            placement.decode = "bench"
         last = len(self.ids) - 1
         for i, token in enumerate(self.ids):
             await asyncio.sleep(self.interval_s)

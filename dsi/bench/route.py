@@ -22,7 +22,8 @@ alternate between the systems; ``*_req_s`` is the median round's requests per se
 ``*_p50_ms`` / ``*_p99_ms`` are over every measured request, ``*_cpu_us_per_req`` is the
 front process's (entrypoint's / router's) CPU time per request over all rounds; both
 entrypoints run ``http_workers`` HTTP worker processes (``--http-workers``, default half the
-CPUs, 2 to 4), whose CPU time counts in the entrypoint's and whose /metrics are summed;
+CPUs, 2 to 4), whose CPU time counts in the entrypoint's (their /metrics is one sum, gathered
+by the worker a scrape reaches);
 ``route_balancer_cpu_us_per_req`` is the balancer process's over the route rounds.
 ``route_vs_*`` = route_req_s / the other's. From the balanced entrypoint's /metrics, over the
 measured rounds: ``route_balancer_fraction`` (decode routes with source table or balancer / all),
@@ -49,7 +50,6 @@ import re
 import statistics
 import subprocess
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -161,7 +161,6 @@ class Front:
     cpu_s: Callable[[], float]  # CPU seconds of the front process so far
     balancer_cpu_s: Callable[[], float] | None = None  # the balancer's, when one routes for it
     metrics_url: str = ""  # with a balancer: the gateway's /metrics, to check where routes came from
-    http_workers: int = 1  # the gateway's HTTP worker processes, whose /metrics are summed
     routes: dict[str, float] = field(default_factory=dict)  # route counters over the measured rounds
 
 
@@ -215,36 +214,24 @@ async def _wait_ready(session: aiohttp.ClientSession, name: str, url: str, body:
 _ROUTE_LINE = re.compile(r'^dsi_route_total\{role="decode",source="(\w+)"\} (\S+)$', re.M)
 _FALLBACK_LINE = re.compile(r'^dsi_route_fallbacks_total\{reason="(\w+)"\} (\S+)$', re.M)
 _ASK_LINE = re.compile(r"^dsi_route_seconds_(sum|count) (\S+)$", re.M)
-_METRICS_ASKS = 400
 
 
-async def route_counters(url: str, http_workers: int = 1) -> dict[str, float]:
-    """The gateway's route counters from its /metrics, summed over its ``http_workers`` workers:
+async def route_counters(url: str) -> dict[str, float]:
+    """The gateway's route counters from its /metrics (the sum over its HTTP workers):
     ``source:<table|balancer|local>`` (decode routes), ``fallback:<reason>``, ``ask:sum`` /
-    ``ask:count`` (dsi_route_seconds). Each GET is a new connection, which the kernel may hand
-    to any worker, so it asks until every worker (``X-Dsi-Worker``) has answered."""
-    texts: dict[str, str] = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        for _ in range(_METRICS_ASKS):
-            async with session.get(url) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"{url}: HTTP {resp.status}")
-                texts[resp.headers.get("X-Dsi-Worker", "")] = await resp.text()
-            if len(texts) >= http_workers:
-                break
-        else:
-            raise RuntimeError(
-                f"{url}: {len(texts)} of {http_workers} workers answered in {_METRICS_ASKS} GETs"
-            )
-    out: dict[str, float] = defaultdict(float)
-    for text in texts.values():
-        for k, v in _ROUTE_LINE.findall(text):
-            out[f"source:{k}"] += float(v)
-        for k, v in _FALLBACK_LINE.findall(text):
-            out[f"fallback:{k}"] += float(v)
-        for k, v in _ASK_LINE.findall(text):
-            out[f"ask:{k}"] += float(v)
-    return dict(out)
+    ``ask:count`` (dsi_route_seconds)."""
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}")
+        text = await resp.text()
+    out: dict[str, float] = {}
+    for k, v in _ROUTE_LINE.findall(text):
+        out[f"source:{k}"] = float(v)
+    for k, v in _FALLBACK_LINE.findall(text):
+        out[f"fallback:{k}"] = float(v)
+    for k, v in _ASK_LINE.findall(text):
+        out[f"ask:{k}"] = float(v)
+    return out
 
 
 async def _wait_balanced(session: aiohttp.ClientSession, name: str, front: Front, body: str) -> None:
@@ -252,9 +239,9 @@ async def _wait_balanced(session: aiohttp.ClientSession, name: str, front: Front
     them as serving and their first load reports arrived)."""
     deadline = time.monotonic() + _START_WAIT_S
     while True:
-        before = await route_counters(front.metrics_url, front.http_workers)
+        before = await route_counters(front.metrics_url)
         await _one(session, front.url, body)
-        after = await route_counters(front.metrics_url, front.http_workers)
+        after = await route_counters(front.metrics_url)
         if _balanced(after) > _balanced(before):
             return
         if time.monotonic() > deadline:
@@ -304,11 +291,7 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
             if front.metrics_url:
                 await _wait_balanced(session, name, front, body)
             await _round(session, front.url, body, requests, concurrency)  # warm up
-        counted = {
-            name: await route_counters(f.metrics_url, f.http_workers)
-            for name, f in fronts.items()
-            if f.metrics_url
-        }
+        counted = {name: await route_counters(f.metrics_url) for name, f in fronts.items() if f.metrics_url}
         for _ in range(repeats):
             for name, front in fronts.items():
                 before = front.cpu_s()
@@ -320,9 +303,7 @@ async def drive(fronts: dict[str, Front], requests: int, concurrency: int, token
                 rates[name].append(requests / wall)
                 lat[name] += latencies
         for name, before_counts in counted.items():
-            out |= _route_figures(
-                name, before_counts, await route_counters(fronts[name].metrics_url, fronts[name].http_workers)
-            )
+            out |= _route_figures(name, before_counts, await route_counters(fronts[name].metrics_url))
     finally:
         await session.close()
     out |= errors
@@ -399,7 +380,6 @@ def run(
             lambda: tree_cpu_s(entry.process.pid),
             balancer.cpu_s,
             f"http://{_HOST}:{entry.port}/metrics",
-            http_workers,
         )
         if asking is not None:
             fronts["route_query"] = Front(
@@ -407,7 +387,6 @@ def run(
                 lambda: tree_cpu_s(asking.process.pid),
                 balancer.cpu_s,
                 f"http://{_HOST}:{asking.port}/metrics",
-                http_workers,
             )
         fronts["route_local"] = Front(
             f"http://{_HOST}:{local.port}/v1/chat/completions", lambda: tree_cpu_s(local.process.pid)

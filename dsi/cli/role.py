@@ -1,11 +1,15 @@
 """``dsi-role``: run role instances of one node config in this process.
 
-    dsi-role --config node.toml [--role ID ...] [--http-port PORT] [--log-format text|json]
-             [--log-level debug|info|warning|error]
+    dsi-role --config node.toml [--role ID ...] [--http-port PORT] [--drain-timeout SECONDS]
+             [--log-format text|json] [--log-level debug|info|warning|error]
 
 Without --role it runs every role of the file. Prints ``READY <role ids>`` on stdout once every
 role is serving; SIGTERM or SIGINT stops them gracefully (Goodbye to the controller) and exits 0,
-as does a process whose every role was drained (``dsi drain``).
+as does a process whose every role was drained (``dsi drain``). An entrypoint stops first: it
+answers /health and new requests 503 and lets the requests in flight finish (at most its
+``drain_timeout_s``, or --drain-timeout) while the other roles of the process still serve them.
+The log options override ``[logging]`` for every process of the roles (an entrypoint's HTTP
+workers too); an entrypoint's access log (logger ``dsi.access``) follows them.
 Exit 2: the config is bad (the message names the file and the dotted key). Exit 1: a role could
 not start.
 """
@@ -20,7 +24,15 @@ import sys
 
 import uvloop
 
-from dsi.config import ConfigError, NodeConfig, load_config, with_http_port, with_role_subset
+from dsi.config import (
+    ConfigError,
+    NodeConfig,
+    load_config,
+    with_drain_timeout,
+    with_http_port,
+    with_logging,
+    with_role_subset,
+)
 from dsi.logs import setup_logging
 from dsi.roles.host import RoleHost, RoleStartError
 
@@ -45,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="override the HTTP port of the config's first entrypoint",
     )
     parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="override the entrypoints' drain_timeout_s (how long a stop waits for requests in flight)",
+    )
+    parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="default: [logging] format"
     )
     parser.add_argument(
@@ -56,11 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_config(path: str, role_ids: list[str], http_port: int | None) -> NodeConfig:
-    """The config of the roles to run; ConfigError for a bad file, port or role id."""
+def read_config(
+    path: str, role_ids: list[str], http_port: int | None, drain_timeout_s: float | None = None
+) -> NodeConfig:
+    """The config of the roles to run; ConfigError for a bad file, port, drain or role id."""
     cfg = load_config(path)
     if http_port is not None:
         cfg = with_http_port(cfg, http_port)
+    if drain_timeout_s is not None:
+        cfg = with_drain_timeout(cfg, drain_timeout_s)
     return with_role_subset(cfg, role_ids) if role_ids else cfg
 
 
@@ -88,15 +111,12 @@ async def serve(cfg: NodeConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = read_config(args.config, args.role, args.http_port)
+        cfg = read_config(args.config, args.role, args.http_port, args.drain_timeout)
     except ConfigError as exc:
         print(f"dsi-role: {exc}", file=sys.stderr)
         return 2
-    setup_logging(
-        args.log_format or cfg.logging.format,
-        args.log_level or cfg.logging.level,
-        role=",".join(role.id for role in cfg.roles),
-    )
+    cfg = with_logging(cfg, args.log_format, args.log_level)
+    setup_logging(cfg.logging.format, cfg.logging.level, role=",".join(role.id for role in cfg.roles))
     return uvloop.run(serve(cfg))
 
 

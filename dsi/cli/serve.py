@@ -1,6 +1,6 @@
 """``dsi serve``: a whole cluster from one config file, one ``dsi-role`` process per role.
 
-    dsi serve [--config configs/local.toml] [--port 8000] [--ready-timeout 60]
+    dsi serve [--config configs/local.toml] [--port 8000] [--ready-timeout 60] [--log-format text|json]
 
     controller  --READY-->  every other role at once  --READY-->  all registered at the controller
         --> the gateway's /health says it can serve (with an entrypoint and a decode role)
@@ -17,9 +17,15 @@ With an [autoscale] section only ``min_instances`` + ``ready_pool`` instances of
 (the first ones of the config); then a ``ScaleFollower`` starts and stops instances of it
 every heartbeat interval for the controller's targets (``dsi status`` shows them).
 
-A signal stops every child in reverse start order (the controller last) and exits 0. A role
-whose first start fails, or a cluster not ready within --ready-timeout seconds, stops all the
-others and exits 1.
+A signal stops every child and exits 0: the entrypoints first, which drain (they answer /health
+and new requests 503 while their requests in flight finish on the engines, still serving), then
+the others in reverse start order (the controller last). Each child gets ``STOP_GRACE_S`` between
+SIGTERM and SIGKILL, so an entrypoint is started with a drain of at most ``STOP_GRACE_S`` - 2 s
+(``--drain-timeout``; less when its ``drain_timeout_s`` says so). A role whose first start fails,
+or a cluster not ready within --ready-timeout seconds, stops all the others and exits 1.
+
+``--log-format`` overrides ``[logging] format`` for serve and every role (the entrypoints' access
+log included).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from dsi.roles.curve import client_keys
 from dsi.transport.client import Peer
 
 DEFAULT_CONFIG = "configs/local.toml"
+STOP_GRACE_S = 10.0  # seconds between a child's SIGTERM and its SIGKILL
+_DRAIN_MAX_S = STOP_GRACE_S - 2.0  # an entrypoint's drain, with time left to close and exit
 _POLL_S = 0.2
 T = TypeVar("T")
 
@@ -74,6 +82,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="seconds for the whole cluster to come up (default 60; with vLLM roles, their start_timeout_s + 60)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="the log format of serve and every role (default: [logging] format)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -89,14 +103,15 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, NoVllm) as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(cfg.logging.format, cfg.logging.level, role="serve")
+    log_format = args.log_format
+    setup_logging(log_format or cfg.logging.format, cfg.logging.level, role="serve")
     try:
         _prepare_model(cfg)
     except ValueError as exc:
         print(f"dsi serve: {exc}", file=sys.stderr)
         return 1
     ready_timeout = args.ready_timeout if args.ready_timeout is not None else default_ready_timeout(cfg)
-    return asyncio.run(_Serve(cfg, args.port, ready_timeout).run())
+    return asyncio.run(_Serve(cfg, args.port, ready_timeout, log_format).run())
 
 
 def default_ready_timeout(cfg: NodeConfig) -> float:
@@ -122,11 +137,23 @@ def _prepare_model(cfg: NodeConfig) -> None:
     ensure_model(model.dir, model.config, model.gguf)
 
 
-def role_command(config: str, role_id: str, http_port: int | None, python: str | None = None) -> list[str]:
+def role_command(
+    config: str,
+    role_id: str,
+    http_port: int | None,
+    python: str | None = None,
+    *,
+    drain_timeout_s: float | None = None,
+    log_format: str | None = None,
+) -> list[str]:
     """The dsi-role command line of one role, run by ``python`` (default: this interpreter).
     ``-P``: the working directory is not put on the role's ``sys.path`` (in a source checkout its
     folders would shadow installed packages, see dsi.folders); dsi comes from its installation."""
     argv = [python or sys.executable, "-P", "-m", "dsi.cli.role", "--config", config, "--role", role_id]
+    if drain_timeout_s is not None:
+        argv += ["--drain-timeout", f"{drain_timeout_s:g}"]
+    if log_format is not None:
+        argv += ["--log-format", log_format]
     return [*argv, "--http-port", str(http_port)] if http_port is not None else argv
 
 
@@ -164,12 +191,15 @@ def first_roles(cfg: NodeConfig) -> list[RoleConfig]:
 
 
 class _Serve:
-    def __init__(self, cfg: NodeConfig, http_port: int | None, ready_timeout_s: float) -> None:
+    def __init__(
+        self, cfg: NodeConfig, http_port: int | None, ready_timeout_s: float, log_format: str | None = None
+    ) -> None:
         self.cfg = cfg
         self.http_port = http_port
         self.ready_timeout_s = ready_timeout_s
+        self.log_format = log_format
         self.provisioner = LocalProvisioner(
-            self._command, ready_timeout_s=ready_timeout_s, on_change=self._changed
+            self._command, grace_s=STOP_GRACE_S, ready_timeout_s=ready_timeout_s, on_change=self._changed
         )
         self.stop_requested = asyncio.Event()
         self.controller_failed: ProvisionedInstance | None = None
@@ -187,6 +217,7 @@ class _Serve:
         finally:
             if self.follower is not None:
                 await self.follower.close()
+            await self._stop_entrypoints()
             await self.provisioner.close()
             if self._follow_ctx is not None:
                 self._follow_ctx.destroy(linger=0)
@@ -237,6 +268,12 @@ class _Serve:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await peer.close()
+
+    async def _stop_entrypoints(self) -> None:
+        """Stop the entrypoints (all at once) before the roles their requests run on."""
+        provisioned = {inst.role_id for inst in self.provisioner.list()}
+        ids = [role.id for role in self.cfg.roles_of("entrypoint") if role.id in provisioned]
+        await asyncio.gather(*(self.provisioner.stop(role_id) for role_id in ids))
 
     def _changed(self, inst: ProvisionedInstance) -> None:
         if inst.state == "failed" and self.cfg.role(inst.role_id).kind == "controller":
@@ -314,8 +351,15 @@ class _Serve:
                 await asyncio.sleep(_POLL_S)
 
     def _command(self, role_id: str) -> list[str]:
+        options = self.cfg.role(role_id).options
+        drain = min(options.drain_timeout_s, _DRAIN_MAX_S) if isinstance(options, EntrypointOptions) else None
         return role_command(
-            os.path.abspath(self.cfg.source), role_id, self.http_port, role_python(self.cfg, role_id)
+            os.path.abspath(self.cfg.source),
+            role_id,
+            self.http_port,
+            role_python(self.cfg, role_id),
+            drain_timeout_s=drain,
+            log_format=self.log_format,
         )
 
     def _gateway(self) -> str:

@@ -3,7 +3,7 @@
 from dsi.config.addresses import AddressError, RoleAddresses, addresses_of
 from dsi.config.errors import ConfigError
 from dsi.config.node import NodeConfig, load_config, parse_config
-from dsi.config.overrides import with_http_port, with_role_subset
+from dsi.config.overrides import with_drain_timeout, with_http_port, with_logging, with_role_subset
 from dsi.config.provisioner import KubernetesOptions, ProvisionerConfig
 from dsi.config.role_options import (
     BalancerOptions,
@@ -49,6 +49,8 @@ __all__ = [
     "addresses_of",
     "load_config",
     "parse_config",
+    "with_drain_timeout",
     "with_http_port",
+    "with_logging",
     "with_role_subset",
 ]

@@ -105,8 +105,17 @@ class EntrypointOptions:
         default=1,
         metadata=spec(
             doc="HTTP worker processes sharing the http port (SO_REUSEPORT), each a whole gateway; "
-            "the role's process is worker 0 (see dsi.roles.entrypoint.workers).",
+            "the role's process is worker 0; /metrics sums them all and an API key's limit holds "
+            "over them all (see dsi.roles.entrypoint.workers).",
             checks=(greater(0), at_most(256)),
+        ),
+    )
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata=spec(
+            doc="Seconds a stopping gateway lets its requests in flight finish while /health and new "
+            "requests are answered 503 (see dsi.roles.entrypoint.gateway).",
+            checks=(at_least(0.0), at_most(3600.0)),
         ),
     )
     # Requests with images are then prepared in a worker thread.

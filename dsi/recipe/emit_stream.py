@@ -83,6 +83,11 @@ class OutputStream:
         return self._finish is not None
 
     @property
+    def finish_reason(self) -> str:
+        """How the message ended (stop, length, tool_calls, ...); "" while it goes on."""
+        return self._finish.reason if self._finish is not None else ""
+
+    @property
     def http_status(self) -> int:
         """Status of a non-streamed reply: 200, 500 after an error, 503 after an abort."""
         reason = self._finish.reason if self._finish else None

@@ -9,16 +9,20 @@ The keys file is TOML, read strictly (an unknown field or a wrong type is an err
     max_concurrency = 32         # requests in flight for this key; more get HTTP 429
     cache_salt = "team-a"        # optional: this key's prompts share KV cache only with each other
 
-Without a keys file the gateway is open, one anonymous key with the default concurrency.
+Without a keys file the gateway is open, one anonymous key with the default concurrency. With
+``http_workers = N`` a key's ``max_concurrency`` holds over all N workers together (see
+dsi.roles.entrypoint.key_slots).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from dsi.roles.entrypoint.key_slots import KeySlots, LocalSlots
 
 
 class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -33,12 +37,12 @@ class _KeysFile(msgspec.Struct, forbid_unknown_fields=True):
     keys: list[KeyEntry]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Caller:
-    """An authenticated caller and its in-flight count."""
+    """An authenticated caller: its key's entry and the key's index (its slot column)."""
 
     entry: KeyEntry
-    in_flight: int = 0
+    index: int = 0
 
 
 class TooManyRequests(Exception):
@@ -47,13 +51,24 @@ class TooManyRequests(Exception):
 
 @dataclass(slots=True)
 class ApiKeys:
-    callers: dict[str, Caller] = field(default_factory=dict)
-    open_access: Caller | None = None
+    """The keys (``entries``, in file order; open access: one anonymous entry) and the slots that
+    count their requests in flight: ``LocalSlots`` for a lone worker, ``SharedSlots`` when the
+    role's HTTP workers share the limits (see dsi.roles.entrypoint.key_slots)."""
+
+    entries: tuple[KeyEntry, ...]
+    open_access: bool = False
+    slots: InitVar[KeySlots | None] = None
+    callers: dict[str, Caller] = field(init=False)
+    counts: KeySlots = field(init=False)
+
+    def __post_init__(self, slots: KeySlots | None) -> None:
+        self.callers = {e.key: Caller(e, i) for i, e in enumerate(self.entries)}
+        self.counts = slots if slots is not None else LocalSlots(len(self.entries))
 
     @classmethod
     def load(cls, path: Path | None, default_concurrency: int = 256) -> ApiKeys:
         if path is None:
-            return cls(open_access=Caller(KeyEntry("", "anonymous", max_concurrency=default_concurrency)))
+            return cls((KeyEntry("", "anonymous", max_concurrency=default_concurrency),), open_access=True)
         try:
             data = msgspec.toml.decode(Path(path).read_bytes(), type=_KeysFile)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -61,25 +76,32 @@ class ApiKeys:
         bad = [e.name for e in data.keys if not e.key or e.max_concurrency < 1]
         if bad:
             raise ValueError(f"{path}: keys {bad}: key must be non-empty and max_concurrency >= 1")
-        return cls({e.key: Caller(e) for e in data.keys})
+        return cls(tuple(data.keys))
+
+    def with_slots(self, slots: KeySlots) -> ApiKeys:
+        """The same keys, counted in ``slots``."""
+        return ApiKeys(self.entries, self.open_access, slots)
 
     def authenticate(self, authorization: str | None, x_api_key: str | None) -> Caller | None:
         """The caller for the request's headers, or None (HTTP 401)."""
-        if self.open_access is not None:
-            return self.open_access
+        if self.open_access:
+            return self.callers[""]
         token = x_api_key
         if token is None and authorization and authorization.startswith("Bearer "):
             token = authorization.removeprefix("Bearer ").strip()
         return self.callers.get(token) if token else None
 
-    @staticmethod
-    def acquire(caller: Caller) -> None:
-        if caller.in_flight >= caller.entry.max_concurrency:
+    def acquire(self, caller: Caller) -> None:
+        """Take a slot of the caller's key; TooManyRequests when its ``max_concurrency`` are in
+        flight (over every HTTP worker of the role)."""
+        if not self.counts.take(caller.index, caller.entry.max_concurrency):
             raise TooManyRequests(
                 f"{caller.entry.name}: {caller.entry.max_concurrency} requests already in flight"
             )
-        caller.in_flight += 1
 
-    @staticmethod
-    def release(caller: Caller) -> None:
-        caller.in_flight -= 1
+    def release(self, caller: Caller) -> None:
+        self.counts.give(caller.index)
+
+    def in_flight(self, caller: Caller) -> int:
+        """The caller's key's requests in flight (over every HTTP worker)."""
+        return self.counts.held(caller.index)

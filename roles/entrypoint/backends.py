@@ -39,6 +39,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass
 
 import msgspec
 import zmq.asyncio
@@ -55,6 +56,15 @@ from dsi.roles.entrypoint.router import Ask, BalancerRouter
 from dsi.transport.security import CurveKeys
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where a request ran: the instance ids of its latest attempt ("": none, as the prefill
+    of a colocated run)."""
+
+    decode: str = ""
+    prefill: str = ""
 
 
 class DecodePool:
@@ -153,8 +163,9 @@ class DecodePool:
         await self.decode.refresh()
         await self.prefill.refresh()
 
-    async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
-        """Stream a request, retried on other instances as the module docstring says."""
+    async def generate(self, msg: Generate, placement: Placement | None = None) -> AsyncIterator[TokenChunk]:
+        """Stream a request, retried on other instances as the module docstring says; each
+        attempt writes where it runs into ``placement``."""
         if not self.decode._instances:
             await self.refresh()
         if msg.sampling.seed is None:  # a retry must reproduce the tokens already delivered
@@ -179,6 +190,9 @@ class DecodePool:
                 )
                 call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()
+            if placement is not None:
+                placement.decode = inst.info.instance_id
+                placement.prefill = pre.info.instance_id if pre is not None else ""
             inst.sent += 1
             if pre is not None:
                 pre.sent += 1

@@ -10,6 +10,12 @@ The request leaves the engine as soon as the client is gone (its stream is close
 CANCEL to the instance) or the output is complete (EOS, a stop string, a finished tool call).
 A failure after the stream began (no decode left to re-run on, a re-run that diverged from the
 tokens sent; see dsi.roles.entrypoint.recovery) ends it with the protocol's error event.
+
+Every request leaves one access log line (dsi.roles.entrypoint.access_log). Shutdown drains:
+
+    serving --drain(timeout_s)--> draining: /health 503 "draining", a new request 503 (its
+        protocol's error body, Connection: close); the requests in flight go on
+        --> the last one ends, or timeout_s passes --> the caller closes the listener
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dsi.recipe.emit_common import OutputOptions
 from dsi.recipe.emit_stream import OutputStream
 from dsi.recipe.parser import ControlIds
 from dsi.recipe.vision_prompt import PlacedImage
+from dsi.roles.entrypoint.access_log import AccessRecord, log_access
 from dsi.roles.entrypoint.auth import ApiKeys, Caller, TooManyRequests
 from dsi.roles.entrypoint.backends import DecodePool, NoInstance
 from dsi.roles.entrypoint.encoders import EncoderPool
@@ -72,7 +79,8 @@ class Gateway:
     ``rings``: whether it keeps SWA rings (without, every stored page is an exact hit).
     ``slow_reader_timeout_s``: a stream whose client reads nothing for this long is aborted,
     and its engine request with it (see dsi.roles.entrypoint.sse). ``prepare_in_thread``: run
-    the preparer in a worker thread, as it blocks when it fetches image URLs."""
+    the preparer in a worker thread, as it blocks when it fetches image URLs. ``worker``: the
+    HTTP worker's id, for the access log."""
 
     def __init__(
         self,
@@ -86,6 +94,7 @@ class Gateway:
         rings: bool = True,
         encoders: EncoderPool | None = None,
         prepare_in_thread: bool = False,
+        worker: str = "",
     ) -> None:
         self.pool = pool
         self.keys = keys
@@ -101,34 +110,65 @@ class Gateway:
         self._turns = TurnWrites()  # the streams' end-of-turn writes, one callback for all
         if prefix is not None:
             metrics.sources.append(prefix.metric_lines)
+        self.worker = worker
+        self.draining = False
+        self._idle = asyncio.Event()  # set while draining once no request is in flight
 
     async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
         # The streaming path is kept to few coroutine frames (handle -> _stream -> _run): every
         # token's resumption passes through each of them.
-        caller = self.keys.authenticate(
-            request.headers.get("Authorization"), request.headers.get("x-api-key")
-        )
-        if caller is None:
-            return self._error(protocol, 401, "missing or invalid API key")
+        access = AccessRecord(request.path, protocol, self.worker, time.perf_counter())
         try:
-            self.keys.acquire(caller)
-        except TooManyRequests as exc:
-            return self._error(protocol, 429, str(exc))
-        self.metrics.in_flight += 1
-        try:
-            ready = await self._prepared(request, protocol, caller)
-            if isinstance(ready, web.StreamResponse):
-                return ready
-            prep, msg = ready
-            if prep.stream:
-                return await self._stream(request, protocol, prep, msg)
-            return await self._complete(protocol, prep, msg)
+            if self.draining:
+                resp = self._error(protocol, 503, "the gateway is shutting down; retry on another")
+                resp.force_close()
+                return _answered(access, resp)
+            caller = self.keys.authenticate(
+                request.headers.get("Authorization"), request.headers.get("x-api-key")
+            )
+            if caller is None:
+                return _answered(access, self._error(protocol, 401, "missing or invalid API key"))
+            access.key_name = caller.entry.name
+            try:
+                self.keys.acquire(caller)
+            except TooManyRequests as exc:
+                return _answered(access, self._error(protocol, 429, str(exc)))
+            self.metrics.in_flight += 1
+            try:
+                ready = await self._prepared(request, protocol, caller, access)
+                if isinstance(ready, web.StreamResponse):
+                    return _answered(access, ready)
+                prep, msg = ready
+                if prep.stream:
+                    return _answered(access, await self._stream(request, protocol, prep, msg, access))
+                return _answered(access, await self._complete(protocol, prep, msg, access))
+            finally:
+                self.metrics.in_flight -= 1
+                self.keys.release(caller)
+                if self.draining and not self.metrics.in_flight:
+                    self._idle.set()
+        except asyncio.CancelledError:  # the client disconnected (handler_cancellation)
+            access.finish_reason = access.finish_reason or "client_gone"
+            raise
         finally:
-            self.metrics.in_flight -= 1
-            self.keys.release(caller)
+            log_access(access)
+
+    def begin_drain(self) -> None:
+        """Refuse new requests from now on (503, and /health says "draining")."""
+        self.draining = True
+        if not self.metrics.in_flight:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """``begin_drain``, then wait until no request is in flight, at most ``timeout_s``
+        seconds. The requests still in flight then."""
+        self.begin_drain()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return self.metrics.in_flight
 
     async def _prepared(
-        self, request: web.Request, protocol: str, caller: Caller
+        self, request: web.Request, protocol: str, caller: Caller, access: AccessRecord
     ) -> tuple[Prepared, Generate] | web.Response:
         """The request and its engine message, or the error response that refuses it."""
         try:
@@ -145,6 +185,7 @@ class Gateway:
             self.metrics.request_done(protocol, exc.status)
             self.metrics.error(f"http_{exc.status}")
             return web.json_response(error_body(exc, protocol), status=exc.status)
+        access.request_id, access.prompt_tokens = prep.request_id, len(prep.token_ids)
         self.metrics.prompt_tokens += len(prep.token_ids)
         salt = caller.entry.cache_salt
         spans = prep.image_spans()
@@ -191,10 +232,12 @@ class Gateway:
         self.metrics.prefix_hit_tokens += hit
         return hit
 
-    async def _complete(self, protocol: str, prep: Prepared, msg: Generate) -> web.Response:
+    async def _complete(
+        self, protocol: str, prep: Prepared, msg: Generate, access: AccessRecord
+    ) -> web.Response:
         out = OutputStream(prep.options, tokenizer=prep.tokenizer, control=prep.control)
         try:
-            await self._run(out, msg, None)
+            await self._run(out, msg, None, access)
         except NoInstance as exc:
             return self._error(protocol, 503, str(exc))
         except InvalidRequest as exc:
@@ -203,7 +246,7 @@ class Gateway:
         return web.json_response(out.body(), status=out.http_status)
 
     async def _stream(
-        self, request: web.Request, protocol: str, prep: Prepared, msg: Generate
+        self, request: web.Request, protocol: str, prep: Prepared, msg: Generate, access: AccessRecord
     ) -> web.StreamResponse:
         out = OutputStream(prep.options, tokenizer=prep.tokenizer, control=prep.control)
         try:
@@ -211,10 +254,12 @@ class Gateway:
         except NoInstance as exc:
             return self._error(protocol, 503, str(exc))
         sse = await open_sse(request, self.slow_reader_timeout_s, self._turns)
+        access.status = sse.resp.status  # the stream has begun: what a client leaving now saw
         try:
-            await self._run(out, msg, sse)
+            await self._run(out, msg, sse, access)
         except ClientGone as exc:
-            self.metrics.error("slow_reader" if isinstance(exc, SlowReader) else "client_gone")
+            access.finish_reason = "slow_reader" if isinstance(exc, SlowReader) else "client_gone"
+            self.metrics.error(access.finish_reason)
             return sse.resp
         finally:
             self.metrics.sse_buffer_peak_bytes = max(self.metrics.sse_buffer_peak_bytes, sse.peak_buffered)
@@ -222,7 +267,9 @@ class Gateway:
         await sse.close()
         return sse.resp
 
-    async def _run(self, out: OutputStream, msg: Generate, resp: SseStream | None) -> None:
+    async def _run(
+        self, out: OutputStream, msg: Generate, resp: SseStream | None, access: AccessRecord
+    ) -> None:
         """Feed every engine step to ``out``; write its SSE pieces when streaming."""
         metrics = self.metrics
         observe_itl, clock, feed = metrics.itl.observe, time.perf_counter, out.feed
@@ -230,13 +277,14 @@ class Gateway:
         generated = 0
         cached = -1  # none reported yet; every chunk of a run reports the same count
         try:
-            async with contextlib.aclosing(self.pool.generate(msg)) as chunks:
+            async with contextlib.aclosing(self.pool.generate(msg, access.placement)) as chunks:
                 async for chunk in chunks:
                     now = clock()
                     if generated:
                         observe_itl(now - last)
                     else:
                         metrics.ttft.observe(now - start)
+                        access.first_token = now
                     last = now
                     generated += len(chunk.token_ids)
                     if chunk.cached_tokens != cached:
@@ -260,15 +308,22 @@ class Gateway:
         finally:
             metrics.generated_tokens += generated
             metrics.engine_cached_tokens += max(cached, 0)
+            access.output_tokens, access.cached_tokens = generated, max(cached, 0)
         if not out.done:
             pieces = out.finish("abort", message="the engine ended the request without a reason")
             if resp is not None and resp.queue(pieces):
                 await resp.drain()
+        access.finish_reason = out.finish_reason
 
     def _error(self, protocol: str, status: int, message: str, **extra: str | None) -> web.Response:
         self.metrics.request_done(protocol, status)
         self.metrics.error(f"http_{status}")
         return error_response(protocol, status, message, **extra)
+
+
+def _answered(access: AccessRecord, resp: web.StreamResponse) -> web.StreamResponse:
+    access.status = resp.status
+    return resp
 
 
 def _engine_finish(reason: str) -> str:

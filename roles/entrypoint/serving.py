@@ -2,16 +2,22 @@
 listener: decode pool (controller + balancers), prefix lookup (kvstore index), recipe, API keys,
 metrics and the aiohttp site.
 
-    start:  ZeroMQ context -> DecodePool -> PrefixLookup -> Gateway -> HTTP listener
-    close:  HTTP listener -> DecodePool -> PrefixLookup -> context
+    start:  ZeroMQ context -> DecodePool -> PrefixLookup -> Gateway [-> WorkerLink] -> HTTP listener
+    drain:  /health 503 "draining", new requests 503; wait for the requests in flight
+            (at most ``drain_timeout_s``)
+    close:  HTTP listener (what is still in flight is cut) [-> WorkerLink] -> DecodePool
+            -> PrefixLookup -> context [-> key slot table]
 
 The entrypoint actor runs one; each extra HTTP worker process runs one more on the same port
-(``reuse_port``; see dsi.roles.entrypoint.workers).
+(``reuse_port``; see dsi.roles.entrypoint.workers). With a ``WorkerSeat`` (``http_workers`` > 1)
+the API keys are the seat's, counted in the role's shared slot table, and /metrics answers
+for every worker (dsi.roles.entrypoint.worker_link).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 import zmq.asyncio
@@ -30,25 +36,36 @@ from dsi.roles.entrypoint.auth import ApiKeys
 from dsi.roles.entrypoint.backends import DecodePool
 from dsi.roles.entrypoint.encoders import EncoderPool
 from dsi.roles.entrypoint.gateway import Gateway
+from dsi.roles.entrypoint.key_slots import SharedSlots
 from dsi.roles.entrypoint.metrics import Metrics
 from dsi.roles.entrypoint.prefix import PrefixLookup
 from dsi.roles.entrypoint.prepare import Preparer
+from dsi.roles.entrypoint.seat import WorkerSeat
+from dsi.roles.entrypoint.worker_link import WorkerLink
 from dsi.transport.sockets import peers_context
 from dsi.vllm.wiring import BLOCK_SIZE as VLLM_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from dsi.model.family import AnyConfig
 
+log = logging.getLogger(__name__)
+
 
 class GatewayServing:
     """``name``: the peer id this gateway gives the controller, balancers and kvstore, and the
-    worker id its /health and /metrics name (``X-Dsi-Worker``)."""
+    worker id its /health and /metrics name (``X-Dsi-Worker``). ``seat``: its place among the
+    role's HTTP workers (None: the only one)."""
 
-    def __init__(self, name: str, options: EntrypointOptions, node: NodeConfig) -> None:
+    def __init__(
+        self, name: str, options: EntrypointOptions, node: NodeConfig, seat: WorkerSeat | None = None
+    ) -> None:
         self.name = name
         self.options = options
         self.node = node
+        self.seat = seat
         self.gateway: Gateway | None = None
+        self._slots: SharedSlots | None = None
+        self._link: WorkerLink | None = None
         self._pool: DecodePool | None = None
         self._prefix: PrefixLookup | None = None
         self._encoders: EncoderPool | None = None
@@ -100,7 +117,7 @@ class GatewayServing:
         await prefix.start()
         self.gateway = Gateway(
             pool,
-            ApiKeys.load(opts.api_keys_file, opts.max_concurrency_per_key),
+            self._api_keys(),
             Metrics(),
             Preparer(recipe, shape.max_context, node.kvcache.hit_policy),
             prefix,
@@ -109,10 +126,24 @@ class GatewayServing:
             slow_reader_timeout_s=opts.slow_reader_timeout_s,
             encoders=self._encoders,
             prepare_in_thread=vision is not None and opts.fetch_image_urls,
+            worker=self.name,
         )
-        app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name)
+        scrape = None
+        if self.seat is not None:
+            self._link = WorkerLink(self.seat, self.name, self.gateway.metrics.render)
+            await self._link.start()
+            scrape = self._link.scrape
+        app = make_app(self.gateway, [node.model.name], opts.max_body_bytes, worker=self.name, scrape=scrape)
         # With one worker the port stays exclusive, so a second gateway on it is an error.
         self._runner = await start_http(app, opts.http_host, opts.http_port, reuse_port=opts.http_workers > 1)
+
+    def _api_keys(self) -> ApiKeys:
+        """The keys file's keys, or with a seat the role's keys in its shared slot table."""
+        seat = self.seat
+        if seat is None:
+            return ApiKeys.load(self.options.api_keys_file, self.options.max_concurrency_per_key)
+        self._slots = SharedSlots.attach(seat.slots_file, seat.index, seat.count, len(seat.keys))
+        return ApiKeys(seat.keys, seat.open_access, self._slots)
 
     def _vision_spec(self, vision: VisionConfig | None) -> VisionSpec | None:
         """Image input of the served model: its encoder's shape and this gateway's image limits."""
@@ -133,10 +164,24 @@ class GatewayServing:
         assert self._runner is not None, "not started"
         return self._runner.addresses[0][1]
 
+    async def drain(self) -> None:
+        """Refuse new requests, and wait for those in flight (at most ``drain_timeout_s``)."""
+        if self.gateway is None:
+            return
+        timeout_s = self.options.drain_timeout_s
+        left = await self.gateway.drain(timeout_s)
+        if left:
+            log.warning(
+                "%s: %d requests still in flight after %g s of draining; closing", self.name, left, timeout_s
+            )
+
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -149,6 +194,9 @@ class GatewayServing:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
 
 
 def served_recipe(node: NodeConfig, shape: AnyConfig, vision: VisionSpec | None = None) -> Recipe:

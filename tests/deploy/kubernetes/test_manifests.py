@@ -263,7 +263,7 @@ def test_the_gateway_reads_its_api_keys_from_the_secret(mounted):
     path = entry.options.api_keys_file
     assert path == mounted / "etc/dsi-api-keys/api-keys.toml"
     keys = ApiKeys.load(path)
-    assert keys.open_access is None and len(keys.callers) == 1
+    assert not keys.open_access and len(keys.callers) == 1
     (key,) = keys.callers
     assert key.startswith("sk-dsi-") and len(key) == len("sk-dsi-") + 64
     assert keys.authenticate(f"Bearer {key}", None) is not None

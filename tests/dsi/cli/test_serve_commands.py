@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from dsi.cli.serve import default_ready_timeout, role_command
+from dsi.cli.serve import STOP_GRACE_S, _Serve, default_ready_timeout, role_command
 from dsi.config import load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,3 +36,12 @@ def test_a_role_runs_without_the_working_directory_on_its_path():
     argv = role_command("node.toml", "entrypoint-0", 8001, python="/opt/vllm/bin/python")
     assert argv[:2] == ["/opt/vllm/bin/python", "-P"]
     assert argv[-2:] == ["--http-port", "8001"]
+
+
+async def test_an_entrypoint_drains_within_the_stop_grace_and_every_role_logs_alike():
+    serve = _Serve(load_config(REPO / "configs" / "local.toml"), None, 60.0, log_format="json")
+    entry, decode = serve._command("entrypoint-0"), serve._command("decode-0")
+    drain = float(entry[entry.index("--drain-timeout") + 1])
+    assert drain == STOP_GRACE_S - 2.0  # local.toml drains 30 s: cut so that SIGKILL never comes first
+    assert "--drain-timeout" not in decode
+    assert entry[entry.index("--log-format") + 1] == decode[decode.index("--log-format") + 1] == "json"

@@ -1,4 +1,5 @@
-"""with_http_port and with_role_subset: copies with a command-line override applied."""
+"""with_http_port, with_role_subset, with_drain_timeout and with_logging: copies with a
+command-line override applied."""
 
 from pathlib import Path
 
@@ -9,7 +10,9 @@ from dsi.config import (
     EntrypointOptions,
     load_config,
     parse_config,
+    with_drain_timeout,
     with_http_port,
+    with_logging,
     with_role_subset,
 )
 
@@ -57,3 +60,22 @@ def test_with_role_subset_rejects_unknown_or_no_ids(ids: list[str]) -> None:
         with_role_subset(load_config(LOCAL), ids)
     assert caught.value.key == "roles"
     assert str(LOCAL) in str(caught.value)
+
+
+def test_with_drain_timeout_sets_every_entrypoints_drain_only() -> None:
+    cfg = load_config(LOCAL)
+    quick = with_drain_timeout(cfg, 8)
+    assert quick.role("entrypoint-0").options.drain_timeout_s == 8.0
+    assert cfg.role("entrypoint-0").options.drain_timeout_s == 30.0
+    assert [r for r in quick.roles if r.kind != "entrypoint"] == [
+        r for r in cfg.roles if r.kind != "entrypoint"
+    ]
+    with pytest.raises(ConfigError, match="drain_timeout_s"):
+        with_drain_timeout(cfg, -1.0)
+
+
+def test_with_logging_replaces_what_is_given() -> None:
+    cfg = load_config(LOCAL)
+    assert with_logging(cfg, "json").logging.format == "json"
+    assert with_logging(cfg, None, "debug").logging == type(cfg.logging)(format="text", level="debug")
+    assert with_logging(cfg).logging == cfg.logging

@@ -42,8 +42,10 @@ class FakePool:
             raise NoInstance("no serving decode instance")
         return "fake-0"
 
-    async def generate(self, msg: Generate):
+    async def generate(self, msg: Generate, placement=None):
         self.pick()
+        if placement is not None:
+            placement.decode = "fake-0"
         self.requests.append(msg)
         n = min(msg.sampling.max_tokens, len(self.tokens))
         try:

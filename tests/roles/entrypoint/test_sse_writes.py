@@ -90,9 +90,9 @@ class _GatedPool(FakePool):
         super().__init__(**kw)
         self.gate = asyncio.Event()
 
-    async def generate(self, msg):
+    async def generate(self, msg, placement=None):
         await self.gate.wait()
-        async for chunk in super().generate(msg):
+        async for chunk in super().generate(msg, placement):
             yield chunk
 
 
