@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 
 import msgspec
 
@@ -105,8 +106,15 @@ authorized_keys_dir = "{keys["authorized_dir"]}"
     with Procs(tmp_path) as procs:
         role = python_module("dsi.cli.role", "--config", str(config))
         assert procs.start("controller", role).wait_ready() == "READY controller-0"
-        assert main(["status", "--config", str(config), "--json"]) == 0
-        [info] = json.loads(capsys.readouterr().out)["instances"]
+        # READY comes before the controller's first heartbeat to itself: ask until it is listed
+        deadline = time.monotonic() + 10.0
+        while True:
+            assert main(["status", "--config", str(config), "--json"]) == 0
+            instances = json.loads(capsys.readouterr().out)["instances"]
+            if instances or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        [info] = instances
         assert (info["instance_id"], info["state"]) == ("controller-0", "serving")
         address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
