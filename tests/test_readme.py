@@ -26,6 +26,7 @@ CHEAP = {
     "dsi --help": ["--help"],
     "dsi keys create --out DIR": ["keys", "create", "--out", "{tmp}/keys"],
     "dsi keys show DIR": ["keys", "show", "{tmp}/keys"],
+    "dsi keys create --out /etc/dsi/keys": ["keys", "create", "--out", "{tmp}/etc-keys"],
     "dsi config docs": ["config", "docs"],
     "dsi recipe render --protocol chat": ["recipe", "render", "--protocol", "chat"],
 }
