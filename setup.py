@@ -17,8 +17,21 @@ def _packages() -> list[str]:
     return names
 
 
+# Folders of files only, installed as dsi/configs and dsi/requirements: what the benchmarks and
+# `dsi sim` read from a wheel (dsi.paths finds them there, or in the checkout).
+DATA_FOLDERS = {"dsi.configs": "configs", "dsi.requirements": "requirements"}
+
 # The C kernels travel as source: dsi.kernels.native compiles them on first use. The gateway's
 # dashboard page is a file beside its module.
-PACKAGE_DATA = {"dsi.kernels": ["*.c", "*.h"], "dsi.roles.entrypoint.dashboard": ["*.html"]}
+PACKAGE_DATA = {
+    "dsi.kernels": ["*.c", "*.h"],
+    "dsi.roles.entrypoint.dashboard": ["*.html"],
+    "dsi.configs": ["*.toml"],
+    "dsi.requirements": ["vllm.lock"],
+}
 
-setup(packages=_packages(), package_dir={"dsi": "dsi", **FOLDERS}, package_data=PACKAGE_DATA)
+setup(
+    packages=[*_packages(), *DATA_FOLDERS],
+    package_dir={"dsi": "dsi", **FOLDERS, **DATA_FOLDERS},
+    package_data=PACKAGE_DATA,
+)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dsi import paths
 from dsi.bench.peers_vllm import LOCK, VLLM_PINS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +45,9 @@ def test_the_dev_lock_covers_pyproject_and_pins_the_cpu_torch():
 
 
 def test_the_vllm_lock_is_the_benchmarks_and_has_no_cuda_only_packages():
-    assert LOCK == LOCKS / "vllm.lock"
-    pinned = entries(LOCK)
+    lock = paths.shipped(LOCK)
+    assert lock == LOCKS / "vllm.lock"
+    pinned = entries(lock)
     for pin in VLLM_PINS:
         name, version = pin.split("==")
         assert pinned[name][0] == version

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.chaos_netns import Fabric
 from dsi.cli.status import ControllerUnreachable, fetch_instances
 from dsi.config import load_config
@@ -50,9 +51,10 @@ _ROLES = {  # host -> (kind, id, port, extra lines)
 ROLE_HOST = {role_id: host for host, roles in _ROLES.items() for _, role_id, _, _ in roles}
 
 
-def model_dir(source: Path = Path("configs/local.toml")) -> Path:
-    """The tiny model's directory of ``source`` (shared with every other local cluster)."""
-    return load_config(source).model.dir
+def model_dir(source: Path | None = None) -> Path:
+    """The tiny model's directory of ``source`` (default dsi's configs/local.toml), shared with
+    every other local cluster."""
+    return load_config(source or paths.config("local.toml")).model.dir
 
 
 class ChaosCluster:

@@ -1,8 +1,8 @@
 """Mooncake's TCP transport as the baseline of ``dsi bench kv-transfer``, from a venv of its own.
 
 Mooncake is never a dsi dependency and never enters dsi's venv. ``install_mooncake`` makes a venv
-(default ``run/peers/mooncake`` beside dsi's source) and pip-installs ``PACKAGE`` into it once (a
-marker file names what was installed; another package spec reinstalls). ``MooncakeTcp`` runs
+(default ``run/peers/mooncake`` under the current directory) and pip-installs ``PACKAGE`` into it
+once (a marker file names what was installed; another package spec reinstalls). ``MooncakeTcp`` runs
 dsi.bench.kv_mooncake_runner with that venv's Python: a sender process that starts its own
 receiver process, both on 127.0.0.1 with the P2P handshake and the "tcp" protocol, driven by
 JSON lines (the runner's docstring has the protocol). Mooncake's own log goes to
@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = SOURCE_ROOT / "run" / "peers" / "mooncake"
+DEFAULT_VENV = Path("run/peers/mooncake")
 PACKAGE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 RUNNER = Path(__file__).with_name("kv_mooncake_runner.py")
 _MARKER = ".dsi-peer-installed"

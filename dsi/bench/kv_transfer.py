@@ -308,8 +308,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--mooncake-venv",
         default=str(DEFAULT_VENV),
-        help="Mooncake's own venv, made (pip install) on first use (default: run/peers/mooncake"
-        " beside dsi's source)",
+        help="Mooncake's own venv, made (pip install) on first use (default: run/peers/mooncake)",
     )
     parser.add_argument(
         "--mooncake-package",

@@ -29,10 +29,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
 from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
 
-_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2.toml"
+_CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
 
 # 32 requests for long answers (each stream also ignores EOS and runs to max_tokens).
 LONG_QUESTIONS = tuple(
@@ -206,7 +207,7 @@ def _measure(config: ServedConfig, url: str, model: str) -> ServedFigures:
 def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | str:
     from dsi.bench.soak_cluster import ServedCluster, private_config
 
-    path = private_config(_CONFIG, workdir)
+    path = private_config(paths.config(_CONFIG), workdir)
     text = with_engines(with_model_dir(path.read_text(), model), config.engines)
     path.write_text(text)
     cluster = ServedCluster(path, workdir)
@@ -255,7 +256,7 @@ def run(config: ServedConfig) -> ServedResult:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     dsi = _dsi(config, workdir, model)
-    vllm = _vllm(config, model, model_name(_CONFIG.read_text()))
+    vllm = _vllm(config, model, model_name(paths.config(_CONFIG).read_text()))
     return summarise(config, dsi, vllm)
 
 

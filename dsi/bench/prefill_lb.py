@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dsi import paths
 from dsi.balance import InstanceLoad, PrefillBalancer, PrefillBalancerConfig, PrefillCost
-from dsi.bench.trace_hits import DEFAULT_TRACE, resolve
 from dsi.sim.trace import BLOCK_TOKENS, TRACE_BLOCK, TraceRequest, load_trace
 
 POLICIES = ("bucketed", "least-loaded", "round-robin")
@@ -257,7 +257,7 @@ def format_table(f: dict) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     figures = run(
-        resolve(args.trace),
+        args.trace or paths.trace(),
         args.engines,
         args.utilization,
         args.engine_pflops,
@@ -275,7 +275,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on a trace, simulated with the flash FLOP model",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="JSONL trace with hash_ids")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help=f"JSONL trace with hash_ids (default {paths.TRACE_DEFAULT})"
+    )
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0 = all)")
     parser.add_argument("--engines", type=int, default=8, help="prefill engines")
     parser.add_argument("--utilization", type=float, default=0.7, help="offered load / engine capacity")

@@ -71,7 +71,7 @@ MODEL = "dsi-tiny"
 _HOST = "127.0.0.1"
 _START_WAIT_S = 60.0
 _BALANCER_TIMEOUT_S = 1.0
-_DEFAULT_PEERS_DIR = Path(__file__).resolve().parents[2] / "run" / "route-peers"
+_DEFAULT_PEERS_DIR = Path("run/route-peers")
 
 
 # ---- dsi: controller + echo decodes, the balancer and two entrypoints, in child processes --------

@@ -2,7 +2,7 @@
 every few minutes; what each role holds at the start, after warm-up and at the end.
 
     dsi bench soak [--minutes 20] [--kill-every-s 180] [--warmup-s 60] [--concurrency 8]
-                   [--config configs/local.toml] [--seed 0] [--json]
+                   [--config FILE] [--seed 0] [--json]
 
 Timeline (seconds from the moment the cluster is up)::
 
@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.soak_cluster import ServedCluster, private_config, wait_gone
 from dsi.bench.soak_load import LoadLog, run_load
 from dsi.bench.soak_probe import alive, figures, orphan_shm, shm_by_pid
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--settle-s", type=float, default=45.0, help="no kill this close to the end (seconds)")
     p.add_argument("--concurrency", type=int, default=8, help="clients sending requests")
     p.add_argument("--kill-kinds", default=",".join(DEFAULT_KINDS), help="role kinds a kill may pick")
-    p.add_argument("--config", default="configs/local.toml", help="cluster config to copy")
+    p.add_argument("--config", default=None, help="cluster config to copy (default dsi's configs/local.toml)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rss-growth-pct", type=float, default=GrowthLimits().rss_pct)
     p.add_argument("--fd-growth", type=int, default=GrowthLimits().fds)
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"dsi bench soak: --kill-kinds: unknown role kinds {sorted(unknown)}", file=sys.stderr)
         return 2
+    args.config = args.config or str(paths.config("local.toml"))
     workdir = Path(tempfile.mkdtemp(prefix="dsi-soak-"))
     limits = GrowthLimits(rss_pct=args.rss_growth_pct, fds=args.fd_growth)
     try:

@@ -57,14 +57,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dsi import paths
 from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.kvcache.index import BlockIndex, Locations
 from dsi.sim.trace import BLOCK_TOKENS, TraceRequest, block_tokens, load_trace
 
-DEFAULT_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
 LAYOUTS = (("shared", 1), ("local4", 4), ("local16", 16))
 CAPACITIES = (("unbounded", 0), ("10pct", 10), ("1pct", 100))  # label, 1 / fraction of distinct pages
-_REPO = Path(__file__).resolve().parents[2]
 
 
 class _TraceClock:
@@ -164,13 +163,6 @@ def run(trace: Path, limit: int = 0, persist_delay_s: float = 1.0) -> dict:
     return out
 
 
-def resolve(trace: Path) -> Path:
-    """The trace as given, else relative to the repository root (where CI has ../shared)."""
-    if trace.exists() or trace.is_absolute():
-        return trace
-    return _REPO / trace
-
-
 def format_table(f: dict) -> str:
     head = ("capacity (pages, all caches)", "shared", "local x4", "local x16", "shared, no SWA state pulled")
     rows = [head]
@@ -200,7 +192,7 @@ def format_table(f: dict) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
-    figures = run(resolve(args.trace), args.limit, args.persist_delay_s)
+    figures = run(args.trace or paths.trace(), args.limit, args.persist_delay_s)
     print(json.dumps(figures) if args.json else format_table(figures))
     return 0
 
@@ -212,7 +204,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "per-instance caches (128-token pages)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="JSONL trace with hash_ids")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help=f"JSONL trace with hash_ids (default {paths.TRACE_DEFAULT})"
+    )
     parser.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0 = all)")
     parser.add_argument(
         "--persist-delay-s",

@@ -29,10 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsi.bench.vllm_cluster_config import DECODES, PD, SINGLE, SOURCE, Layout
+from dsi import paths
+from dsi.bench.vllm_cluster_config import DECODES, PD, SINGLE, Layout, source_config
 from dsi.bench.vllm_cluster_load import Measured, bodies, measure, side_dict
 from dsi.bench.vllm_cluster_summary import CLUSTER_GOALS, SINGLE_GOALS, compare, ratio
-from dsi.bench.vllm_cluster_trace import TRACE, BenchRequest, Scaling
+from dsi.bench.vllm_cluster_trace import BenchRequest, Scaling
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,7 +41,7 @@ class BenchConfig:
     scaling: Scaling = field(default_factory=Scaling)
     concurrency: int = 4
     workdir: Path = Path("run/bench-vllm-cluster")
-    trace: Path = TRACE
+    trace: Path | None = None  # None: dsi.paths.trace(), the conversation trace
     router: bool = True  # the peer side of the cluster comparison
     # each cluster instance's KV cache on both sides, in MiB (None: the source config's kv_cache_gib)
     kv_cache_mib: int | None = None
@@ -208,7 +209,7 @@ def _engine(model_dir: Path) -> dict:
     from dsi.config import load_config
     from dsi.vllm.wiring import BLOCK_SIZE
 
-    options = next(o for r, o in vllm_roles(load_config(SOURCE)).items() if r.startswith("decode"))
+    options = next(o for r, o in vllm_roles(load_config(source_config())).items() if r.startswith("decode"))
     python = _vllm_python(options)
     probe = "import importlib.metadata as m; print(*m.packages_distributions()['vllm'], m.version(m.packages_distributions()['vllm'][0]))"
     version = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
@@ -234,13 +235,14 @@ def run(config: BenchConfig) -> dict:
     from dsi.model.prepare import ensure_model
 
     start = time.monotonic()
-    source = load_config(SOURCE).model
+    trace = config.trace or paths.trace()
+    source = load_config(source_config()).model
     model_dir = ensure_model(source.dir, source.config, source.gguf).resolve()
     config.workdir.mkdir(parents=True, exist_ok=True)
     words = vocabulary_words(model_dir / "tokenizer.json")
-    rows = read_trace(config.trace)
+    rows = read_trace(trace)
     requests = workload(rows, config.scaling, words)
-    workload_info = describe(requests, rows, config.scaling, config.trace)
+    workload_info = describe(requests, rows, config.scaling, trace)
     workload_info |= {"concurrency": config.concurrency, "replay": "closed loop, trace order"}
     result: dict = {
         "bench": "vllm-cluster",
@@ -268,7 +270,7 @@ def _main(args: argparse.Namespace) -> int:
             scaling=scaling,
             concurrency=args.concurrency,
             workdir=Path(args.dir).resolve(),
-            trace=Path(args.trace),
+            trace=args.trace,
             router=not args.skip_router,
             kv_cache_mib=args.kv_cache_mib,
             cluster=not args.skip_cluster,
@@ -313,7 +315,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, default=32, help="trace requests replayed (cluster)")
     parser.add_argument("--concurrency", type=int, default=4, help="streams at once (cluster replay)")
     parser.add_argument("--dir", default="run/bench-vllm-cluster", help="configs, logs, the router's venv")
-    parser.add_argument("--trace", default=str(TRACE), help="Mooncake-format JSONL trace")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help=f"Mooncake-format JSONL trace (default {paths.TRACE_DEFAULT})",
+    )
     parser.add_argument("--tokens-per-id", type=int, default=64, help="words per 512-token trace id")
     parser.add_argument("--max-prompt-tokens", type=int, default=2048, help="prompt cap, in words")
     parser.add_argument("--max-output-tokens", type=int, default=24, help="output cap per request")

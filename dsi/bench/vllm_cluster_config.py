@@ -19,11 +19,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.peers_served import with_model_dir
 from dsi.config import EngineOptions, NodeConfig
 from dsi.config.vllm import VllmOptions
 
-SOURCE = Path(__file__).resolve().parents[2] / "configs" / "vllm.toml"
+
+def source_config() -> Path:
+    """dsi's ``configs/vllm.toml`` as :func:`dsi.paths.config` hands it out."""
+    return paths.config("vllm.toml")
+
 
 # (kind, role id, cpu_threads) of each vLLM instance
 Layout = tuple[tuple[str, str, str], ...]
@@ -78,11 +83,17 @@ def _instance(template: str, role_id: str, cores: str, index: int, kv_cache_byte
 
 
 def write_config(
-    layout: Layout, model_dir: Path, side_dir: Path, source: Path = SOURCE, kv_cache_bytes: int | None = None
+    layout: Layout,
+    model_dir: Path,
+    side_dir: Path,
+    source: Path | None = None,
+    kv_cache_bytes: int | None = None,
 ) -> Path:
-    """The private config of ``layout`` in ``side_dir`` (see the module docstring)."""
+    """The private config of ``layout`` in ``side_dir`` (see the module docstring), derived from
+    ``source`` (default :func:`source_config`)."""
     from dsi.bench.soak_cluster import private_config
 
+    source = source or source_config()
     derived = side_dir / "derived" / source.name
     derived.parent.mkdir(parents=True, exist_ok=True)
     spelled = ", ".join(f"{role_id} {cores}" for _, role_id, cores in layout)

@@ -30,9 +30,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# beside the repository, as dsi bench trace-hits reads it
-_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
-TRACE = _TRACES / "mooncake_conversation_trace.jsonl"
 TRACE_BLOCK = 512  # tokens per hash id in the trace
 _WORD = re.compile(r"Ġ[a-z]{3,10}")  # a byte-level BPE token: a space and a lower-case word
 

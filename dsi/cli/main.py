@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from dsi.paths import MissingPath
+
 # Subcommand modules, in the order `dsi --help` lists them; each registers the command it is
 # named for (see command_of).
 _COMMANDS = (
@@ -47,7 +49,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except MissingPath as exc:  # a trace or shipped file not found: what to pass, no traceback
+        print(f"dsi {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from dsi import paths
 from dsi.autoscale import AutoscalerConfig, RoleBounds
 from dsi.cli import sim_validate
 from dsi.sim import plots
@@ -28,7 +29,7 @@ from dsi.sim.prefill import PREFILL_ROUTERS
 from dsi.sim.profiles import PROFILES, get_profile
 from dsi.sim.report import table
 from dsi.sim.run import simulate
-from dsi.sim.trace import CONVERSATION, trace_workload
+from dsi.sim.trace import trace_workload
 
 
 def config_of(args: argparse.Namespace) -> SimConfig:
@@ -73,7 +74,7 @@ def workload_of(args: argparse.Namespace) -> list:
     if args.generator:
         gen = GeneratorConfig(kind=args.generator, rate=args.rate, hours=args.hours, seed=args.seed)
         return generate(gen, get_profile(args.profile, args.bench_json).model.block_size)
-    return trace_workload(args.trace, args.limit)
+    return trace_workload(args.trace or paths.trace(), args.limit)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -153,7 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("sim", help="simulate a cluster on dsi's own policies (no engine runs)")
     _common(parser)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--trace", type=Path, default=CONVERSATION, help="Mooncake JSONL trace")
+    source.add_argument(
+        "--trace", type=Path, default=None, help=f"Mooncake JSONL trace (default {paths.TRACE_DEFAULT})"
+    )
     source.add_argument("--generator", choices=KINDS, default=None, help="generate the workload instead")
     parser.add_argument("--limit", type=int, default=0, help="first N trace requests (0 = all)")
     parser.add_argument("--rate", type=float, default=2.0, help="generator: requests/s, or new sessions/s")

@@ -16,8 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from dsi.sim.trace import CONVERSATION
-from dsi.sim.validate_serve import LOCAL_CONFIG
+from dsi import paths
 from dsi.sim.validate_slice import SliceConfig
 
 
@@ -56,13 +55,17 @@ def register(experiments: argparse._SubParsersAction) -> None:
     """``validate`` beside ``experiment`` under ``dsi sim``."""
     p = experiments.add_parser("validate", help="replay a trace slice against dsi serve and simulate it")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", type=Path, default=CONVERSATION, help="Mooncake JSONL trace")
+    p.add_argument(
+        "--trace", type=Path, default=None, help=f"Mooncake JSONL trace (default {paths.TRACE_DEFAULT})"
+    )
     p.add_argument("--requests", type=int, default=40, help="requests in the slice")
     p.add_argument("--rate", type=float, default=0.5, help="mean arrivals per second after scaling")
     p.add_argument("--tokens-per-id", type=int, default=48, help="prompt tokens per 512-token trace id")
     p.add_argument("--max-prompt-tokens", type=int, default=1536)
     p.add_argument("--max-output-tokens", type=int, default=16)
-    p.add_argument("--config", type=Path, default=LOCAL_CONFIG, help="the cluster's layout")
+    p.add_argument(
+        "--config", type=Path, default=None, help="the cluster's layout (default dsi's configs/local.toml)"
+    )
     p.add_argument(
         "--bench-json", type=Path, default=None, help="the cpu profile from `dsi bench engine --json`"
     )

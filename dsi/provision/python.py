@@ -3,7 +3,8 @@
 Every role runs under this interpreter, except a prefill or decode with ``engine = "vllm"``:
 vLLM lives in an environment of its own (its pins conflict with dsi's, see requirements/), with
 dsi installed into it. That one is ``[roles.vllm] python`` when set; else this interpreter when
-it has vLLM; else ``.venv-vllm`` beside dsi's source tree (``make venv-vllm`` builds it).
+it has vLLM; else ``.venv-vllm`` beside dsi's source tree, when dsi runs from one (``make
+venv-vllm`` builds it).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from dsi.config import EngineOptions, NodeConfig
 from dsi.config.vllm import VllmOptions
+from dsi.paths import source_root
 
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = SOURCE_ROOT / ".venv-vllm"
+_SOURCE_ROOT = source_root()
+VLLM_VENV = _SOURCE_ROOT / ".venv-vllm" if _SOURCE_ROOT is not None else None  # None from a wheel
 
 
 class NoVllm(ValueError):
@@ -31,12 +33,10 @@ def vllm_python(options: VllmOptions) -> Path:
         return options.python
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
-    venv = VLLM_VENV / "bin" / "python"
-    if venv.exists():
-        return venv
-    raise NoVllm(
-        f"no Python with vLLM: run `make venv-vllm` (it builds {VLLM_VENV}) or set [roles.vllm] python"
-    )
+    if VLLM_VENV is not None and (VLLM_VENV / "bin" / "python").exists():
+        return VLLM_VENV / "bin" / "python"
+    build = f"run `make venv-vllm` (it builds {VLLM_VENV}) or " if VLLM_VENV is not None else ""
+    raise NoVllm(f"no Python with vLLM: {build}set [roles.vllm] python")
 
 
 def role_python(cfg: NodeConfig, role_id: str) -> str:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsi import paths
 from dsi.autoscale import AutoscalerConfig, RoleBounds
 from dsi.sim.config import DAY_S, SimConfig
 from dsi.sim.generators import GeneratorConfig, generate
 from dsi.sim.profiles import get_profile
 from dsi.sim.run import simulate
-from dsi.sim.trace import CONVERSATION, trace_workload
+from dsi.sim.trace import trace_workload
 from dsi.sim.workload import SimRequest
 
 Variants = list[tuple[str, list[SimRequest], SimConfig]]
@@ -42,7 +43,7 @@ class Experiment:
 
 def _trace(quick: bool, scale: float) -> tuple[str, list[SimRequest]]:
     limit = 1500 if quick else 0
-    requests = trace_workload(CONVERSATION, limit)
+    requests = trace_workload(paths.trace(), limit)
     text = f"Mooncake conversation trace ({len(requests):,} requests), arrivals x{scale:g}"
     return text, requests
 

@@ -1,4 +1,4 @@
-"""The Mooncake traces (``shared/data/traces``) as simulated requests.
+"""The Mooncake traces (found by :func:`dsi.paths.trace`) as simulated requests.
 
 Each line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [...]}``;
 ``hash_ids`` are prefix-block ids of 512 tokens, the last one partial. Each id is expanded into
@@ -23,9 +23,6 @@ from dsi.sim.workload import SimRequest
 TRACE_BLOCK = 512  # tokens per trace hash id
 BLOCK_TOKENS = FLASH.block_size  # the full-size model's pages
 CHILDREN = TRACE_BLOCK // BLOCK_TOKENS
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
-CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
-SYNTHETIC = TRACES / "mooncake_synthetic_trace.jsonl"
 
 
 @dataclass(slots=True, frozen=True)

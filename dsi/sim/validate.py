@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dsi import paths
 from dsi.config import load_config
 from dsi.sim.cluster import Cluster
 from dsi.sim.config import SimConfig
 from dsi.sim.cost import CostModel
 from dsi.sim.profiles import HardwareProfile, cpu_profile
 from dsi.sim.summary import summarize
-from dsi.sim.validate_serve import LOCAL_CONFIG, Layout, Measured, measure
+from dsi.sim.validate_serve import Layout, Measured, measure
 from dsi.sim.validate_slice import SliceConfig, build_slice
 
 TTFT_BOUND = 0.25  # the goal: simulated TTFT p50 within 25 % of the measured one
@@ -161,8 +162,10 @@ def request_overhead_s(profile: HardwareProfile, probes: Sequence[Measured]) -> 
     return round(max(0.0, statistics.median(left)), 4) if left else 0.0
 
 
-def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path = LOCAL_CONFIG) -> dict:
-    """Measure, simulate and compare; ``bench``: the object ``dsi bench engine --json`` prints."""
+def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path | None = None) -> dict:
+    """Measure, simulate and compare on ``config`` (default dsi's configs/local.toml); ``bench``:
+    the object ``dsi bench engine --json`` prints."""
+    config = config or paths.config("local.toml")
     bench_profile = cpu_profile(bench)
     model = load_config(config).model.name
     part = build_slice(slice_cfg, model)

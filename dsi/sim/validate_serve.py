@@ -1,8 +1,9 @@
 """The measured side of ``dsi sim validate``: the slice replayed open loop against a private
 ``dsi serve``.
 
-The cluster is ``configs/local.toml``'s layout on free 127.0.0.1 ports with its store in a
-private directory (:func:`dsi.bench.soak_cluster.private_config`). Before the replay one
+The cluster is the config's layout (dsi's ``configs/local.toml`` by default) on free 127.0.0.1
+ports with its store in a private directory (:func:`dsi.bench.soak_cluster.private_config`).
+Before the replay one
 request per engine instance (prompts that share nothing with the slice) warms every process, so
 no figure holds a first request's one-off costs. Then each request of the slice is posted at its
 arrival time (seconds from the replay's start), whatever the others are doing.
@@ -35,7 +36,6 @@ from dsi.bench.peers_served_client import sse_data
 from dsi.bench.soak_cluster import ServedCluster, private_config
 from dsi.sim.validate_slice import ServedRequest, chat_body
 
-LOCAL_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "local.toml"
 WARM_WORDS = ("harbor", "cedar", "orbit", "falcon", "ember", "quartz")
 
 
@@ -138,7 +138,7 @@ class ServedRun:
 
 def measure(
     requests: list[ServedRequest],
-    config: Path = LOCAL_CONFIG,
+    config: Path,
     probes: int = 6,
     ready_timeout_s: float = 180.0,
 ) -> ServedRun:

@@ -20,11 +20,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsi import paths
 from dsi.bench.vllm_cluster_trace import Scaling, read_trace, vocabulary_words, workload
 from dsi.kvcache.hashchain import HashChain, keys_of
 from dsi.model.config import TINY
 from dsi.recipe import ModelVersion, Recipe
-from dsi.sim.trace import CONVERSATION
 from dsi.sim.workload import SimRequest
 from dsi.tokenizer import tokenizer_path
 
@@ -35,7 +35,7 @@ TRACE_LINES = 4000  # lines read from the trace: enough for any slice a validati
 class SliceConfig:
     """Which requests, how small, how fast. Tokens and requests per second."""
 
-    trace: Path = CONVERSATION
+    trace: Path | None = None  # None: dsi.paths.trace(), the conversation trace
     requests: int = 40
     tokens_per_id: int = 48
     max_prompt_tokens: int = 1536
@@ -102,12 +102,11 @@ def time_scale(timestamps_s: list[float], rate: float) -> float:
 
 def build_slice(cfg: SliceConfig, model: str) -> Slice:
     """The slice of ``cfg.trace`` for a cluster serving ``model`` (a V4-format model name)."""
-    rows = read_trace(cfg.trace, TRACE_LINES)
+    trace = cfg.trace or paths.trace()
+    rows = read_trace(trace, TRACE_LINES)
     picked = workload(rows, cfg.scaling, vocabulary_words(tokenizer_path()))
     if len(picked) < 2:
-        raise ValueError(
-            f"{cfg.trace}: fewer than 2 requests share a prefix in its first {TRACE_LINES} lines"
-        )
+        raise ValueError(f"{trace}: fewer than 2 requests share a prefix in its first {TRACE_LINES} lines")
     stamps = [rows[r.trace_index].timestamp_ms / 1000.0 for r in picked]
     scale = time_scale(stamps, cfg.rate)
     recipe = Recipe({model: ModelVersion.V4})

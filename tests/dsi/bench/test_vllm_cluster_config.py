@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from dsi.bench.vllm_cluster_config import DECODES, PD, SINGLE, SOURCE, vllm_roles, with_layout, write_config
+from dsi.bench.vllm_cluster_config import (
+    DECODES,
+    PD,
+    SINGLE,
+    source_config,
+    vllm_roles,
+    with_layout,
+    write_config,
+)
 from dsi.config import load_config
 
 
@@ -21,7 +29,7 @@ def test_the_private_config_has_the_layouts_vllm_instances_on_free_ports(tmp_pat
     assert _engines(cfg) == [(kind, role_id, cores) for kind, role_id, cores in layout]
     kinds = [r.kind for r in cfg.roles]
     assert kinds.count("controller") == kinds.count("kvstore") == kinds.count("balancer") == 1
-    source = load_config(SOURCE)
+    source = load_config(source_config())
     assert {r.bind for r in cfg.roles}.isdisjoint({r.bind for r in source.roles})
     assert all(r.bind.startswith("tcp://127.0.0.1:") for r in cfg.roles)
     assert cfg.model.dir == Path("/models/smollm2")
@@ -30,8 +38,8 @@ def test_the_private_config_has_the_layouts_vllm_instances_on_free_ports(tmp_pat
 
 
 def test_each_instance_keeps_the_source_roles_vllm_options():
-    source = vllm_roles(load_config(SOURCE))
-    text = with_layout(SOURCE.read_text(), DECODES)
+    source = vllm_roles(load_config(source_config()))
+    text = with_layout(source_config().read_text(), DECODES)
     assert 'kind = "prefill"' not in text
     assert text.count('kind = "decode"') == 2
     assert text.count("args = { enforce_eager = true, max_num_seqs = 32 }") == 2
@@ -40,11 +48,11 @@ def test_each_instance_keeps_the_source_roles_vllm_options():
 
 
 def test_the_pd_layout_is_the_source_configs_own():
-    assert _engines(load_config(SOURCE)) == list(PD)
+    assert _engines(load_config(source_config())) == list(PD)
 
 
 def test_a_kind_the_source_lacks_is_an_error():
-    text = with_layout(SOURCE.read_text(), SINGLE)  # no prefill left to copy
+    text = with_layout(source_config().read_text(), SINGLE)  # no prefill left to copy
     with pytest.raises(ValueError, match="no prefill role"):
         with_layout(text, PD)
 

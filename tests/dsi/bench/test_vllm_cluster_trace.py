@@ -1,11 +1,12 @@
 """dsi bench vllm-cluster's workload: the trace slice, its scaling to words, the fixed batch."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+from dsi import paths
 from dsi.bench.vllm_cluster_trace import (
-    TRACE,
     Scaling,
     TraceRow,
     computed_floor,
@@ -73,7 +74,7 @@ def test_workload_caps_prompts_and_outputs_and_counts_shared_ids():
     assert len(first.text.split()) == 32 and first.text == second.text
     assert (first.shared_ids, second.shared_ids) == (0, 4)
     assert first.max_tokens == 24
-    info = describe([first, second], rows, scaling, TRACE)
+    info = describe([first, second], rows, scaling, Path("t.jsonl"))
     assert info["prompts_capped"] == 2 and info["shared_word_fraction"] == 0.5
     assert info["scale"].startswith("1/64") and info["output_tokens"] == 48
 
@@ -101,9 +102,11 @@ def test_fixed_batches_share_nothing():
 
 
 def test_the_shipped_trace_reads_and_yields_a_slice():
-    if not TRACE.exists():
-        pytest.skip(f"no trace at {TRACE}")
-    rows = read_trace(TRACE, limit=400)
+    try:
+        trace = paths.trace()
+    except paths.MissingPath as exc:
+        pytest.skip(str(exc))
+    rows = read_trace(trace, limit=400)
     assert len(rows) == 400 and rows[0].hash_ids[0] == 0
     requests = workload(rows, Scaling(requests=8), WORDS)
     assert len(requests) == 8

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from dsi import paths
 from dsi.autoscale import AutoscalerConfig, RoleBounds
 from dsi.sim import GeneratorConfig, SimConfig, generate, get_profile, simulate, trace_workload
 from dsi.sim.config import DAY_S
-from dsi.sim.trace import CONVERSATION
 from dsi.sim.workload import SimRequest
 
 H800 = get_profile("h800")
@@ -20,7 +20,7 @@ H800 = get_profile("h800")
 
 @pytest.fixture(scope="module")
 def trace():
-    return trace_workload(CONVERSATION, limit=1200)
+    return trace_workload(paths.trace(), limit=1200)
 
 
 def test_a_seed_gives_the_same_summary_twice():

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from dsi.sim.trace import CONVERSATION, TraceRequest, block_tokens, load_trace, trace_workload
+from dsi.paths import trace
+from dsi.sim.trace import TraceRequest, block_tokens, load_trace, trace_workload
 
 
 def _write(path, rows):
@@ -33,5 +34,5 @@ def test_block_tokens_expands_each_id_into_four_pages():
 
 
 def test_the_conversation_trace_reads_whole():
-    rows = load_trace(CONVERSATION, limit=50)
+    rows = load_trace(trace(), limit=50)
     assert len(rows) == 50 and all(r.output_length > 0 for r in rows)
