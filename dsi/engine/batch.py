@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from dsi.engine.hit_load import HitLoad
 
 
 @dataclass(slots=True)
@@ -20,6 +24,8 @@ class StepSlice:
     token embeddings of those positions (see dsi.engine.images).
     ``num_logits`` (with ``sample``): how many trailing positions' logits are wanted, more than
     one for a speculative verify slice (its last token and its drafts).
+    ``hit_load``: the hit's pages are still being copied into ``block_table`` (layer by layer,
+    :mod:`dsi.engine.hit_load`); the forward waits for a layer's part before that layer.
     """
 
     slot: int
@@ -32,6 +38,7 @@ class StepSlice:
     cached_end: int = 0
     embeds: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     num_logits: int = 1
+    hit_load: HitLoad | None = None
 
     @property
     def end(self) -> int:

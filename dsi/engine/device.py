@@ -10,6 +10,10 @@ and the torch paths: on CUDA it hands the runner the kernels of a decode step (a
 the pages and the SWA ring, the compressor, the MoE gate); elsewhere None, and the runner keeps
 its torch / C path (batch-invariant on the CPU). The kernel modules are imported only then, so
 a machine without Triton never imports them.
+
+:func:`copy_stream` gives a CUDA device a stream for copies beside the compute stream (the
+layer-wise load of prefix-hit pages, :mod:`dsi.engine.hit_load`); elsewhere None: a CPU copy is
+plain host work on the copier's thread.
 """
 
 from __future__ import annotations
@@ -83,3 +87,35 @@ def decode_kernels(device: Any) -> DecodeKernels | None:
     from dsi.kernels.moe_gate import moe_gate
 
     return DecodeKernels(paged_decode_attention, compress_decode, moe_gate)
+
+
+class CopyStream:
+    """Copies queued on a side stream of a CUDA device, each batch ending in an event that the
+    compute stream can wait on without blocking the host."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def run(self, copies: Callable[[], None]) -> Any:
+        """Queue ``copies`` (torch copies) on the side stream; the event recorded after them."""
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            copies()
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        """Work queued on the compute stream from now on runs after ``event``."""
+        import torch
+
+        torch.cuda.current_stream(self.device).wait_event(event)
+
+
+def copy_stream(device: Any) -> CopyStream | None:
+    """A side stream for copies on a CUDA device, else None (the CPU copies on a host thread)."""
+    return CopyStream(device) if device.type == "cuda" else None

@@ -16,9 +16,10 @@ step N are filled into its N + 1 slice by the worker; after a verify slice the n
 position is set by the worker too).
 
 Prefix hits (``add_request(..., cached=CachedPrefix)``): the hit's pages are loaded on
-admission and the request computes only positions >= R (the bounded SWA replay and the
-uncached tokens), with the semantics that :func:`dsi.model.reference.reference_logits` defines
-for ``hit = H``. A preempted hit request keeps its CachedPrefix and is admitted the same way
+admission (``layered_hit_load``: layer by layer beside the request's first forward, see
+dsi.engine.hit_load; otherwise all before it) and the request computes only positions >= R
+(the bounded SWA replay and the uncached tokens), with the semantics that
+:func:`dsi.model.reference.reference_logits` defines for ``hit = H``. A preempted hit request keeps its CachedPrefix and is admitted the same way
 again, so its output stays that of the reference with the hit. An exact hit (``cached.rings``,
 ``H <= exact_hit_limit``) loads the producer SWA rings too and computes from H: its output is
 the hit-free one. With ``collect_ring_snapshots`` every request that finishes (not aborted) or
@@ -47,6 +48,7 @@ from dsi.engine.admission import check_cached, check_prompt, check_state
 from dsi.engine.device import KEY, decode_kernels, parse_device, resolve_device
 from dsi.engine.experts import ExpertLayer
 from dsi.engine.full_pages import FullPages
+from dsi.engine.hit_load import HitLoader
 from dsi.engine.images import ImageEmbeds, block_extras, check_images, packed, unpacked
 from dsi.engine.leases import Leases
 from dsi.engine.load import EngineLoad
@@ -89,6 +91,9 @@ class EngineConfig:
     num_drafts: int = 5  # drafts proposed per request and step (1..5)
     step_curve: StepCurve | None = None  # dspark: a curve to use instead of measuring one at start-up
     device: str = "cpu"  # any torch device string (dsi.engine.device); only the CPU runs a step so far
+    # Copy a prefix hit's pages layer by layer while its first forward runs (dsi.engine.hit_load;
+    # the same bits, `dsi bench hit-load` measures the time); False: all of them before it.
+    layered_hit_load: bool = True
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.num_slots < 1 or self.max_batch_tokens < 1 or self.max_running < 1:
@@ -157,10 +162,28 @@ class Engine:
         else:
             kernels = decode_kernels(self.device)
             self.runner = ModelRunner(
-                cfg, weights, c.num_blocks, c.num_slots, c.batch_invariant, device=self.device, kernels=kernels
+                cfg,
+                weights,
+                c.num_blocks,
+                c.num_slots,
+                c.batch_invariant,
+                device=self.device,
+                kernels=kernels,
             )
+        # The V4 runner waits per layer; an expert-parallel group's other ranks read the pages
+        # with no way to wait on this process's copier, and the dense runners do not wait.
+        self.hit_loader = (
+            HitLoader(cfg, self.device)
+            if c.layered_hit_load and isinstance(self.runner, ModelRunner) and experts is None
+            else None
+        )
         self.scheduler = Scheduler(
-            self.runner.pool, self.runner.slots, cfg.block_size, c.max_batch_tokens, c.max_running
+            self.runner.pool,
+            self.runner.slots,
+            cfg.block_size,
+            c.max_batch_tokens,
+            c.max_running,
+            self.hit_loader,
         )
         self.requests: dict[str, Request] = {}
         self.shape = EngineShape.of(
@@ -348,6 +371,8 @@ class Engine:
             self._inflight = None
         if self._worker is not None:
             self._worker.shutdown(wait=True)
+        if self.hit_loader is not None:
+            self.hit_loader.close()
         if self.experts is not None:
             self.experts.close()
 
@@ -367,6 +392,7 @@ class Engine:
                 f"request {request_id!r} has {req.num_computed // self.cfg.block_size} full "
                 f"pages; {skip} cannot be skipped"
             )
+        self._loaded(req)
         pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)].clone()
         state = RequestState(
             req.request_id,
@@ -401,6 +427,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.slot < 0 or req.finished:
             raise InvalidRequest(f"request {request_id!r} has no cache here")
+        self._loaded(req)
         full = min(req.num_computed // self.cfg.block_size, len(req.block_table))
         blocks = req.block_table[start:full]
         return (
@@ -493,6 +520,12 @@ class Engine:
         self.full_pages.update(req, req.num_computed)
 
     # ---- internals ---------------------------------------------------------------------------------
+    @staticmethod
+    def _loaded(req: Request) -> None:
+        """Wait until a hit's pages are all in the pool (reads of pages outside the forward)."""
+        if req.hit_load is not None:
+            req.hit_load.wait_all()
+
     def _execute(self, step: Step) -> list[list[Sampled]]:
         """Runs on the worker: fill placeholders from the previous step, forward, sample (verify
         the drafts of verify slices); per sampled slice, the tokens it emits."""

@@ -17,6 +17,7 @@ from dsi.engine.prefix import RequestStats
 if TYPE_CHECKING:
     import torch
 
+    from dsi.engine.hit_load import HitLoad
     from dsi.engine.images import ImageEmbeds
     from dsi.engine.prefix import CachedPrefix
     from dsi.structured import TokenConstraint
@@ -57,6 +58,7 @@ class Request:
     cached: CachedPrefix | None = None
     num_cached: int = 0
     replay_start: int = 0
+    hit_load: HitLoad | None = None  # the cached pages' copy, while layers may still wait for it
     # (boundary B, producer rings of [B - 128, B)) at the last block boundary reached, when the
     # engine collects ring snapshots; committed in step order on the CPU, never by the worker.
     ring_snapshot: tuple[int, torch.Tensor] | None = None

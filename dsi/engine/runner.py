@@ -22,6 +22,9 @@ state slots (``use_storage``) and split a step's slices between them (``last_hid
 ``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
 logits are the same bits whatever else the step holds and however its prompt was chunked.
 
+Prefix hits loaded layer by layer (``StepSlice.hit_load``, :mod:`dsi.engine.hit_load`): before
+each layer the forward waits until the page parts that layer reads are copied.
+
 ``device``: where the weights, pages and state slots live (:mod:`dsi.engine.device`).
 ``kernels``: the Triton kernels of the decode rows (attention over the ring and the pages, the
 compressor), which :func:`dsi.engine.device.decode_kernels` picks on CUDA; None: the torch path.
@@ -133,7 +136,10 @@ class ModelRunner:
             for row, rows in s.embeds:  # image positions: the vision encoder's embeddings
                 x[a + row : a + row + rows.shape[0]] = rows
         dec = self._decode_index(batch, spans, consumer=False)
+        loads = [s.hit_load for s in batch if s.hit_load is not None]
         for i in range(cfg.n_producer):
+            for load in loads:
+                load.wait(i)
             x = self._layer(i, x, pos, batch, spans, dec, snapshots)
         g = self.mm(rms_norm(x, w["boundary.norm"], cfg.norm_eps), w["boundary.wg"])
         for s, (a, b) in zip(batch, spans, strict=True):
@@ -168,6 +174,8 @@ class ModelRunner:
         xc, pc = x[rows], pos[rows]
         dec = self._decode_index(c_batch, c_spans, consumer=True)
         for i in range(cfg.n_producer, cfg.n_layers):
+            for load in loads:
+                load.wait(i)
             xc = self._layer(i, xc, pc, c_batch, c_spans, dec)
         last = [r for s, (_a, b) in zip(c_batch, c_spans, strict=True) if s.sample for r in _tail(b, s)]
         if any(s.sample and len(s.tokens) < s.num_logits for s in c_batch):

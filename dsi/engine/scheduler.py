@@ -14,10 +14,11 @@ Preemption by recompute: when a running request needs a page and none is free, t
 request with the longest output gives its pages and slot back and returns to the head of the
 queue with ``num_computed = 0``.
 
-A request with a prefix hit (``cached``) gets its cached pages on admission, loaded right away
-(they are fresh pages no step in flight can touch), and starts computing at ``replay_start``;
-an exact hit (``cached.rings``) also gets its producer SWA rings of [H - 128, H) written into its
-fresh state slot and starts at H. A preempted hit request is admitted the same way again, so it
+A request with a prefix hit (``cached``) gets its cached pages on admission (fresh pages no step
+in flight can touch): copied right away, or, with a ``loader``, copied layer by layer beside its
+first forward (``Request.hit_load``, waited for by the runner; see dsi.engine.hit_load). It
+starts computing at ``replay_start``; an exact hit (``cached.rings``) also gets its producer SWA
+rings of [H - 128, H) written into its fresh state slot and starts at H. A preempted hit request is admitted the same way again, so it
 keeps the hit semantics. A request that holds an exact hit without the rings to reload (one
 imported from another engine) recomputes from position 0 instead: the hit-free run, which is
 what the exact hit computes.
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dsi.engine.batch import StepSlice
+from dsi.engine.hit_load import HitLoad, HitLoader
 from dsi.engine.images import slice_embeds
 from dsi.engine.request import Request, Status
 from dsi.engine.runner import Snapshots
@@ -59,9 +61,16 @@ class Step:
 
 class Scheduler:
     def __init__(
-        self, pool: BlockPool, slots: StateSlots, block_size: int, max_batch_tokens: int, max_running: int
+        self,
+        pool: BlockPool,
+        slots: StateSlots,
+        block_size: int,
+        max_batch_tokens: int,
+        max_running: int,
+        loader: HitLoader | None = None,
     ) -> None:
         self.pool = pool
+        self.loader = loader
         self.slots = slots
         self.block_size = block_size
         self.max_batch_tokens = max_batch_tokens
@@ -142,6 +151,9 @@ class Scheduler:
             self.waiting.remove(req)
 
     def free(self, req: Request) -> None:
+        if req.hit_load is not None:  # its pages go back to the pool: the copier must be off them
+            req.hit_load.cancel()
+            req.hit_load = None
         self.pool.free(req.block_table)
         req.block_table = []
         if req.slot >= 0:
@@ -173,6 +185,7 @@ class Scheduler:
                 req.producer_start,
                 req.num_cached,
                 slice_embeds(req.images, start, start + n) if req.images else [],
+                hit_load=self._hit_load(req),
             )
         )
         step.requests.append(req)
@@ -211,7 +224,10 @@ class Scheduler:
         cached = req.cached
         assert cached is not None
         req.block_table = self.pool.allocate(req.num_cached // self.block_size)
-        self.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = cached.pages
+        if self.loader is not None:
+            req.hit_load = self.loader.start(self.pool.pages, req.block_table, cached.pages)
+        else:
+            self.pool.pages[torch.tensor(req.block_table, dtype=torch.long)] = cached.pages
         req.num_computed = req.replay_start
         if cached.rings is not None:
             # Even H: the pair (H - 2, H - 1) is closed, so the compressor partial state is empty.
@@ -219,6 +235,15 @@ class Scheduler:
             self.slots.rings[req.slot, : cached.rings.shape[0], :, positions % self.slots.cfg.ring] = (
                 cached.rings
             )
+
+    @staticmethod
+    def _hit_load(req: Request) -> HitLoad | None:
+        """The load a slice of ``req`` must wait for: none once its pages are all in place (a
+        failed load stays, so that the forward raises its error)."""
+        load = req.hit_load
+        if load is not None and load.done and load.error is None:
+            req.hit_load = load = None
+        return load
 
     def _pages_needed(self, req: Request, n: int) -> int:
         return max(0, -(-(req.num_computed + n) // self.block_size) - len(req.block_table))
