@@ -9,6 +9,7 @@ import importlib
 _BENCHES = (
     "dsi.bench.rpc",
     "dsi.bench.engine",
+    "dsi.bench.hit_load",
     "dsi.bench.replay",
     "dsi.bench.recipe",
     "dsi.bench.kvstore",
