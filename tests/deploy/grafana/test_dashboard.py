@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.dsi.cli.procs import Procs, local_config, python_module
+from tests.roles.entrypoint.live_gateway import live_gateway
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "dsi.json"
 # Every role whose state the gateway's /metrics carries: the balancer's routes and view, the
@@ -162,22 +162,7 @@ def _problems(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_every_metric_of_the_dashboard_is_on_a_live_gateways_metrics(tmp_path):
-    config = local_config(tmp_path, keep=ROLES, interval_s=0.3)
-    base = "http://" + re.search(r'http = "([^"]+)"', config.read_text()).group(1)  # type: ignore[union-attr]
-    with Procs(tmp_path) as procs:
-        proc = procs.start("cluster", python_module("dsi.cli.role", "--config", str(config)))
-        proc.wait_ready()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the gateway learns the engines by heartbeat
-            try:
-                status, body = _get(f"{base}/health")
-                if status == 200 and json.loads(body)["prefill_instances"] >= 1:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the gateway never saw ready prefill and decode instances:\n" + proc.log())
+    with live_gateway(tmp_path, ROLES) as base:
         chat = {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert _post(f"{base}/v1/chat/completions", {**chat, "stream": True})[0] == 200
         assert _post(f"{base}/v1/chat/completions", chat)[0] == 200

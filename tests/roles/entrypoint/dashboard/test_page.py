@@ -9,12 +9,10 @@ Skipped where Chromium is not installed (Debian: ``apt-get install chromium``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from tests.dsi.cli.procs import (
     python_module,
     wait_until,
 )
+from tests.dsi.cli.test_serve_cli import chat
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [
@@ -101,17 +100,6 @@ def chromium(url: str, tmp_path: Path, *args: str, timeout: float = 90.0) -> str
     return out.decode()
 
 
-def chat(port: int) -> None:
-    body = {"model": "dsi-tiny", "max_tokens": 6, "messages": [{"role": "user", "content": "Hello"}]}
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        assert resp.status == 200
-
-
 def check_screenshot(path: Path) -> None:
     """A PNG of the window's size that is a picture: tens of KB, and many colours (a blank or
     unstyled page has a handful)."""
@@ -131,7 +119,7 @@ def test_the_dashboard_lists_every_instance_and_shows_a_drain(procs: Procs, tmp_
     assert server.read_line().startswith(f"dsi serve: gateway http://127.0.0.1:{port}")
     ids = config_ids(config)
     procs.adopt(info["pid"] for info in instances("--config", str(config)).values())
-    chat(port)  # a request, so that the latency tiles and charts have one
+    chat(port, max_tokens=6)  # a request, so that the latency tiles and charts have one
     url = f"http://127.0.0.1:{port}/dashboard"
 
     page = _Page(chromium(url, tmp_path, "--dump-dom"))
