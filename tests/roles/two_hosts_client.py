@@ -261,6 +261,13 @@ async def run(config: str, plan: dict) -> dict:
             out["second"] = await generate(pool, "second", second, plan["second_max"])
         finally:
             await pool.close()
+        # The decode may stream a short answer before the prefill's send of its state returns and
+        # counts the handoff: wait (up to 5 s) until the prefill has counted all three.
+        for _ in range(50):
+            reply = await ask(ctx, instances["prefill-0"]["address"], GetEngineStats(), keys, 5.0)
+            if reply.handoffs + reply.failed_handoffs >= 3:
+                break
+            await asyncio.sleep(0.1)
         for role in ("prefill-0", "decode-0"):
             reply = await ask(ctx, instances[role]["address"], GetEngineStats(), keys, 5.0)
             out[f"{role}.stats"] = named(reply)
