@@ -11,6 +11,10 @@ ports), shared by the tests in file order:
   kvstore hit there: it computes at most one block plus the tail;
 - kill -9 of a vLLM decode under 16 streams: every stream is the undisturbed one, and serve
   replaces the decode; ``dsi drain`` of a decode under 16 streams: the same.
+
+The kill comes early: the replacement's vLLM loads (about a minute on two cores) while the tests
+that need one decode run on the one left (``Served.live``); the test that checks the replacement
+serves comes after them, then the tests that need both decodes.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dsi.engine.params import SamplingParams
 from dsi.messages import ALL
 from dsi.messages.gateway import Generate, TokenChunk
 from dsi.messages.handoff import EngineStats, GetEngineStats, Handoff
+from dsi.messages.kvstore import GetStats
 from dsi.provision.python import NoVllm, vllm_python
 from dsi.transport.client import Peer
 from dsi.vllm.cores import resolve_cores
@@ -93,7 +98,7 @@ args = { enforce_eager = true, max_num_seqs = 32 }
 
 
 RESUMED = r"request \S+ resumed after (?:[2-9]|[1-9]\d+) delivered tokens"
-STREAMS = [{**chat_body(prompt(i), 160), "model": MODEL} for i in range(16)]
+STREAMS = [{**chat_body(prompt(i), 96), "model": MODEL} for i in range(16)]
 
 
 class Served:
@@ -109,6 +114,31 @@ class Served:
         self.reference: list[tuple[str, str, list[str]]] = []
         self.prompts: list[list[int]] = []  # the 16 greedy-equality prompts, token ids
         self.plain = None  # the plain vLLM process computing their reference tokens
+        self.killed: tuple[str, int] | None = None  # the decode killed by the kill test, its old pid
+
+    @property
+    def live(self) -> list[str]:
+        """The decodes to send work to: both, but the one killed until its replacement serves."""
+        decodes = ["decode-0", "decode-1"]
+        if self.killed is not None:
+            role_id, old_pid = self.killed
+            info = self.table().get(role_id)
+            if info is None or info["pid"] == old_pid or info["state"] != "serving":
+                decodes.remove(role_id)
+        return decodes
+
+    def store_blocks(self) -> int:
+        """How many blocks the kvstore holds."""
+        with ThreadPoolExecutor(1) as pool:
+            return (
+                pool.submit(asyncio.run, self._ask_all(("kvstore-0",), GetStats()))
+                .result()["kvstore-0"]
+                .blocks
+            )
+
+    def wait_stored(self, before: int, new: int) -> None:
+        """Until the kvstore holds ``new`` blocks more than ``before`` (puts queue in the background)."""
+        wait_until(lambda: self.store_blocks() - before >= new, timeout=60, every=0.3)
 
     def table(self) -> dict[str, dict]:
         found = instances("--config", str(self.config))
@@ -169,7 +199,6 @@ def _config(tmp: Path, model_dir: Path) -> Path:
     text = text.replace(
         '[[roles]]\nkind = "kvstore"', EXTRA_ROLES.strip() + '\n\n[[roles]]\nkind = "kvstore"'
     )
-    text = re.sub(r"(?m)^heartbeat_timeout_s = .*$", "heartbeat_timeout_s = 2.0", text)
     text = re.sub(r'(?m)^(http = "[^"]+")$', r"\1\nreroute_wait_s = 120.0", text)
     text = re.sub(r"(?m)^dir = .*$", f'dir = "{model_dir}"', text)
     text = re.sub(r"(?m)^gguf = .*$", "", text)
@@ -200,7 +229,9 @@ def served(tmp_path_factory, smollm2_dir, vllm_bin):
         plain = procs.start("plain-vllm", [str(vllm_bin), "-P", str(Path(__file__).with_name("plain_vllm.py")),
                             "--model", str(smollm2_dir), "--prompts", str(tmp / "prompts.json"), "--max-tokens", "16"],
                             env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
-                                 "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0))})  # fmt: skip
+                                 "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0)),
+                                 # its engine in this one process: two fewer vLLM imports (same tokens)
+                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # fmt: skip
         server = procs.start("serve", argv)
         try:
             assert server.read_line(timeout=READY_TIMEOUT_S + 30).startswith("dsi serve: gateway")
@@ -228,14 +259,57 @@ def test_the_openai_sdk_answer_names_paris(served):
     assert "Paris" in answer.choices[0].message.content
 
 
+def _reference(served) -> None:
+    if not served.reference:
+        streams, _ = run_streams(served.port, STREAMS, timeout_s=300)
+        assert all(s.error is None and s.done and s.finish for s in streams), [s.error for s in streams]
+        served.reference = [s.outcome for s in streams]
+
+
+def _busiest(served) -> tuple[str, int]:
+    """The decode running the most requests now, and how many."""
+    stats = served.stats("decode-0", "decode-1")
+    busy = max(stats, key=lambda d: stats[d].running)
+    return busy, stats[busy].running
+
+
+def test_a_killed_vllm_decode_is_restarted_and_its_streams_are_the_undisturbed_ones(served):
+    _reference(served)
+    pids = {d: served.table()[d]["pid"] for d in ("decode-0", "decode-1")}
+    killed: list[str] = []
+
+    def kill() -> None:
+        victim, running = _busiest(served)
+        assert running > 0
+        killed.append(victim)
+        os.kill(pids[victim], signal.SIGKILL)
+
+    streams, ran = run_streams(
+        served.port,
+        STREAMS,
+        lambda seen: all(s.deltas >= 2 or s.finish for s in seen),
+        kill,
+        timeout_s=300,
+    )
+    assert ran
+    assert [s.outcome for s in streams] == served.reference
+    assert [s.error for s in streams] == [None] * len(STREAMS)
+    assert re.search(rf"on {killed[0]} after [1-9]\d* tokens; retrying elsewhere", served.log())
+    assert re.search(RESUMED, served.log())  # continued after what they delivered
+    served.killed = (killed[0], pids[killed[0]])
+    wait_until(lambda: re.search(rf"{killed[0]}: backoff -> starting \(restart", served.log()), timeout=30)
+
+
 def test_greedy_tokens_of_16_prompts_are_plain_vllms(served):
     line = served.plain.read_line(timeout=600)  # its one stdout line: the outputs, as JSON
     while not line.startswith("["):
         line = served.plain.read_line(timeout=600)
     expected = json.loads(line)
 
+    decodes = served.live
+
     def one(i: int) -> list[int]:
-        decode, prefill = f"decode-{i % 2}", f"prefill-{i // 2 % 2}"
+        decode, prefill = decodes[i % len(decodes)], f"prefill-{i // 2 % 2}"
         return [
             t for c in served.handoff(decode, prefill, served.prompts[i], max_tokens=16) for t in c.token_ids
         ]
@@ -246,15 +320,15 @@ def test_greedy_tokens_of_16_prompts_are_plain_vllms(served):
 
 
 def test_the_decode_loads_every_prompt_token_but_the_last(served):
-    decodes = ("decode-0", "decode-1")
+    decode = served.live[0]
     for n in (200, 1000, 3000):
         rng = random.Random(n)
         prompt = [rng.randrange(100, 40_000) for _ in range(n)]
-        before = served.stats(*decodes)
-        chunks = served.handoff("decode-0", "prefill-0", prompt)
+        before = served.stats(decode)
+        chunks = served.handoff(decode, "prefill-0", prompt)
         assert chunks[-1].finish == "length" and sum(len(c.token_ids) for c in chunks) == 4
-        after = served.stats(*decodes)
-        d0, d1 = before["decode-0"], after["decode-0"]
+        after = served.stats(decode)
+        d0, d1 = before[decode], after[decode]
         assert d1.cached_tokens - d0.cached_tokens == n - 1, f"{n}-token prompt"
         assert d1.computed_prompt_tokens - d0.computed_prompt_tokens == 1
         assert d1.handoffs - d0.handoffs == 1
@@ -263,10 +337,11 @@ def test_the_decode_loads_every_prompt_token_but_the_last(served):
 def test_a_prompt_prefilled_on_one_prefill_is_a_store_hit_on_the_other(served):
     rng = random.Random(7)
     prompt = [rng.randrange(100, 40_000) for _ in range(2_000)]
-    first = served.handoff("decode-0", "prefill-0", prompt)
-    time.sleep(3.0)  # prefill-0 queues its puts to the kvstore in the background
+    decode, stored = served.live[0], served.store_blocks()
+    first = served.handoff(decode, "prefill-0", prompt)
+    served.wait_stored(stored, (2_000 - 1) // 128)  # prefill-0 puts its pages in the background
     before = served.stats("prefill-1")["prefill-1"]
-    second = served.handoff("decode-1", "prefill-1", prompt)
+    second = served.handoff(decode, "prefill-1", prompt)
     after = served.stats("prefill-1")["prefill-1"]
     loaded = after.cached_tokens - before.cached_tokens
     computed = after.computed_prompt_tokens - before.computed_prompt_tokens
@@ -275,29 +350,15 @@ def test_a_prompt_prefilled_on_one_prefill_is_a_store_hit_on_the_other(served):
     assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
 
 
-def test_colocated_decodes_share_prompt_pages_through_the_store(served):
-    rng = random.Random(11)
-    prompt = [rng.randrange(100, 40_000) for _ in range(1_500)]
-    first = served.generate("decode-0", prompt)
-    time.sleep(3.0)  # decode-0 queues its puts to the kvstore in the background
-    before = served.stats("decode-1")["decode-1"]
-    second = served.generate("decode-1", prompt)
-    after = served.stats("decode-1")["decode-1"]
-    loaded = after.cached_tokens - before.cached_tokens
-    computed = after.computed_prompt_tokens - before.computed_prompt_tokens
-    assert loaded == (1_500 - 1) // 128 * 128
-    assert computed == 1_500 - loaded
-    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
-
-
 def test_a_prompt_vllm_holds_itself_is_not_fetched_from_the_store(served):
     rng = random.Random(13)
     prompt = [rng.randrange(100, 40_000) for _ in range(1_500)]
-    first = served.generate("decode-1", prompt)
+    decode = served.live[-1]
+    first = served.generate(decode, prompt)
     time.sleep(1.0)  # vLLM's KV events reach the role
-    before = served.stats("decode-1")["decode-1"]
-    second = served.generate("decode-1", prompt)
-    after = served.stats("decode-1")["decode-1"]
+    before = served.stats(decode)[decode]
+    second = served.generate(decode, prompt)
+    after = served.stats(decode)[decode]
     full = (1_500 - 1) // 128
     assert after.store_skipped_blocks - before.store_skipped_blocks == full
     assert after.store_fetched_blocks == before.store_fetched_blocks
@@ -334,50 +395,31 @@ def test_the_gateway_predicts_hits_on_the_vllm_engines_chain(served):
     assert n > 900 and predicted == (n - 1) // 128 * 128
 
 
-def _reference(served) -> None:
-    if not served.reference:
-        streams, _ = run_streams(served.port, STREAMS, timeout_s=300)
-        assert all(s.error is None and s.done and s.finish for s in streams), [s.error for s in streams]
-        served.reference = [s.outcome for s in streams]
-
-
-def _busiest(served) -> tuple[str, int]:
-    """The decode running the most requests now, and how many."""
-    stats = served.stats("decode-0", "decode-1")
-    busy = max(stats, key=lambda d: stats[d].running)
-    return busy, stats[busy].running
-
-
-def test_a_killed_vllm_decode_is_replaced_and_its_streams_are_the_undisturbed_ones(served):
-    _reference(served)
-    pids = {d: served.table()[d]["pid"] for d in ("decode-0", "decode-1")}
-    killed: list[str] = []
-
-    def kill() -> None:
-        victim, running = _busiest(served)
-        assert running > 0
-        killed.append(victim)
-        os.kill(pids[victim], signal.SIGKILL)
-
-    streams, ran = run_streams(
-        served.port,
-        STREAMS,
-        lambda seen: all(s.deltas >= 2 or s.finish for s in seen),
-        kill,
-        timeout_s=300,
-    )
-    assert ran
-    assert [s.outcome for s in streams] == served.reference
-    assert [s.error for s in streams] == [None] * len(STREAMS)
-    assert re.search(rf"on {killed[0]} after [1-9]\d* tokens; retrying elsewhere", served.log())
-    assert re.search(RESUMED, served.log())  # continued after what they delivered
+def test_the_killed_vllm_decode_is_replaced_by_one_that_serves(served):
+    assert served.killed is not None, "the kill test killed no decode"
+    role_id, old_pid = served.killed
     wait_until(
-        lambda: (
-            (t := served.table())[killed[0]]["pid"] != pids[killed[0]] and t[killed[0]]["state"] == "serving"
-        ),
+        lambda: (t := served.table())[role_id]["pid"] != old_pid and t[role_id]["state"] == "serving",
         timeout=READY_TIMEOUT_S,
-        every=2.0,
+        every=1.0,
     )
+    assert served.live == ["decode-0", "decode-1"]
+
+
+def test_colocated_decodes_share_prompt_pages_through_the_store(served):
+    rng = random.Random(11)
+    prompt = [rng.randrange(100, 40_000) for _ in range(1_500)]
+    stored = served.store_blocks()
+    first = served.generate("decode-0", prompt)
+    served.wait_stored(stored, (1_500 - 1) // 128)  # decode-0 puts its pages in the background
+    before = served.stats("decode-1")["decode-1"]
+    second = served.generate("decode-1", prompt)
+    after = served.stats("decode-1")["decode-1"]
+    loaded = after.cached_tokens - before.cached_tokens
+    computed = after.computed_prompt_tokens - before.computed_prompt_tokens
+    assert loaded == (1_500 - 1) // 128 * 128
+    assert computed == 1_500 - loaded
+    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
 
 
 def test_a_drained_vllm_decode_hands_its_streams_over_unchanged(served):
