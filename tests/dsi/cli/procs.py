@@ -7,6 +7,9 @@ the /dev/shm files the killed processes created.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -186,11 +189,40 @@ def dsi_status(*args: str, prefix: Sequence[str] = (), timeout: float = 30.0) ->
 
 
 def instances(*args: str, prefix: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """The controller's instances by id, from ``dsi status --json``."""
-    done = dsi_status("--json", *args, prefix=prefix)
-    if done.returncode != 0:
-        raise AssertionError(f"dsi status exited {done.returncode}: {done.stderr}")
-    return {info["instance_id"]: info for info in json.loads(done.stdout)["instances"]}
+    """The controller's instances by id, as ``dsi status --json`` lists them: read in this process
+    (in a thread of its own, so callers may be inside an event loop) unless ``prefix`` runs the
+    command elsewhere. Tests poll this often; a process of its own costs a second of CPU a call."""
+    if prefix:
+        done = dsi_status("--json", *args, prefix=prefix)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    else:
+        code, out, err = _status_here(["status", "--json", *args])
+    if code != 0:
+        raise AssertionError(f"dsi status exited {code}: {err}")
+    return {info["instance_id"]: info for info in json.loads(out)["instances"]}
+
+
+def _status_here(argv: list[str]) -> tuple[int, str, str]:
+    """``dsi status ARGV`` (``--json``), its table read by dsi's own client in a thread of this
+    process: (exit code, the JSON's instances, why it failed)."""
+    from dsi.cli.status import (
+        ControllerUnreachable,
+        add_controller_args,
+        controller_target,
+        fetch_instances,
+        table_json,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_controller_args(parser)
+    args = parser.parse_args(argv[1:])
+    address, keys = controller_target(args.config, args.controller)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            table = pool.submit(asyncio.run, fetch_instances(address, keys, args.timeout)).result()
+        except ControllerUnreachable as exc:
+            return 1, "", str(exc)
+    return 0, json.dumps(table_json(table)), ""
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 30.0, every: float = 0.3) -> Any:
