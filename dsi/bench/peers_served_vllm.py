@@ -1,11 +1,13 @@
 """vLLM's OpenAI-compatible server for ``dsi bench peers-served``, from the peers venv.
 
 ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1, the dequantised SmolLM2 directory
-of :mod:`dsi.bench.peers_local`, fp32, eager (no torch.compile), prefix caching off, at most
-``max_seqs`` sequences at once; environment as :func:`dsi.bench.peers_vllm.child_env` (offline,
-1 GiB of KV cache, OpenMP threads bound to cores 0 .. threads - 1). It runs in a session of its
-own, its output in ``<peers_dir>/peers-served-vllm.log``; :meth:`VllmServer.stop` stops it by
-PID (SIGINT, then SIGKILL to its process group).
+of :mod:`dsi.bench.peers_local`, fp32, eager (no torch.compile) or vLLM's default compiled mode
+(``eager=False``), prefix caching off, at most ``max_seqs`` sequences at once; environment as
+:func:`dsi.bench.peers_vllm.child_env` (offline, 1 GiB of KV cache, one OpenMP thread bound to each
+of the given cores). With ``preexec`` (:func:`dsi.bench.pinning.pinned`) the server and every
+process it starts run on those cores only. It runs in a session of its own, its output in
+``<peers_dir>/peers-served-vllm.log``; :meth:`VllmServer.stop` stops it by PID (SIGINT, then
+SIGKILL to its process group).
 
 ``dsi bench vllm-cluster`` runs the same server with its own settings (the keyword arguments of
 :func:`server_argv`: context, dtype, block size, prefix caching on, engine flags) and environment
@@ -19,7 +21,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dsi.bench.peers_vllm import child_env
@@ -37,10 +39,11 @@ def server_argv(
     prefix_caching: bool = False,
     block_size: int | None = None,
     extra: Sequence[str] = (),
+    eager: bool = True,
 ) -> list[str]:
     """The server's command line: greedy defaults of the engine only (``--generation-config
-    vllm``: a model directory's generation_config.json does not change sampling), seed 0, and
-    ``extra`` flags last."""
+    vllm``: a model directory's generation_config.json does not change sampling), seed 0, eager
+    or (``eager=False``) vLLM's default torch.compile mode, and ``extra`` flags last."""
     return [
         str(python),
         "-m",
@@ -59,7 +62,7 @@ def server_argv(
         str(max_model_len),
         "--max-num-seqs",
         str(max_seqs),
-        "--enforce-eager",
+        *(["--enforce-eager"] if eager else []),
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         *(["--block-size", str(block_size)] if block_size is not None else []),
         "--generation-config",
@@ -80,12 +83,14 @@ class VllmServer:
         threads: int = 1,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
         self.threads = threads
         self.env = dict(env) if env is not None else child_env(threads)
         self.cwd = cwd
+        self.preexec = preexec
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -98,6 +103,7 @@ class VllmServer:
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=self.preexec,
             )
 
     def alive(self) -> bool:

@@ -49,12 +49,14 @@ def install_vllm(peers_dir: Path) -> tuple[Path | None, str]:
     return python, ""
 
 
-def child_env(threads: int) -> dict[str, str]:
-    """Offline, 1 GiB of KV cache, its compute threads on cores 0 .. threads - 1."""
+def child_env(threads: int, cores: str | None = None) -> dict[str, str]:
+    """Offline, 1 GiB of KV cache, one OpenMP thread bound to each of ``cores`` (CPU ids such as
+    ``"0,1"``; default: cores 0 .. threads - 1)."""
+    bind = cores if cores is not None else (f"0-{threads - 1}" if threads > 1 else "0")
     return os.environ | {
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
+        "VLLM_CPU_OMP_THREADS_BIND": bind,
     }
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dsi.cli.status import ControllerUnreachable, fetch_instances
@@ -61,8 +62,9 @@ class ServedCluster:
                 return f"http://{role.options.http_host}:{role.options.http_port}"
         raise ValueError(f"{self.config}: no entrypoint role, nothing to send load to")
 
-    def start(self, ready_timeout_s: float = 120.0) -> str:
-        """Start serve; its banner line once every role is up (RuntimeError if it exits first)."""
+    def start(self, ready_timeout_s: float = 120.0, preexec: Callable[[], None] | None = None) -> str:
+        """Start serve; its banner line once every role is up (RuntimeError if it exits first).
+        ``preexec`` runs in the child before serve (dsi.bench.pinning.pinned: its cores)."""
         cmd = [
             sys.executable,
             "-m",
@@ -81,6 +83,7 @@ class ServedCluster:
                 stderr=log,
                 start_new_session=True,
                 text=True,
+                preexec_fn=preexec,
             )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

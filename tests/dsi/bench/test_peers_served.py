@@ -15,6 +15,7 @@ from dsi.bench.peers_served import (
     figures,
     model_name,
     summarise,
+    with_engine_threads,
     with_engines,
     with_model_dir,
 )
@@ -54,7 +55,7 @@ def test_figures_are_medians_and_percentiles_over_streams():
 
 
 def test_result_fields_and_ratio():
-    config = ServedConfig()
+    config = ServedConfig(vllm_modes=("eager",))
     dsi = figures([_run(1.0, (0.05, 50))])
     vllm = figures([_run(1.0, (0.02, 100))])
     r = summarise(config, dsi, vllm)
@@ -118,3 +119,49 @@ def test_registered_arguments():
     peers_served.register(parser.add_subparsers(dest="bench"))
     args = parser.parse_args(["peers-served", "--json", "--streams", "4", "--no-vllm"])
     assert args.json and args.streams == 4 and args.no_vllm and args.max_tokens == 128
+    assert (args.cores, args.vllm_modes) == ("all", "compile,eager")
+
+
+def test_each_vllm_mode_is_a_row_and_the_default_mode_fills_the_headline_fields():
+    config = ServedConfig(cores=(0, 1))
+    dsi = figures([_run(1.0, (0.05, 50))])
+    rows = {"compile": figures([_run(1.0, (0.1, 100))]), "eager": figures([_run(1.0, (0.025, 25))])}
+    r = summarise(config, dsi, rows)
+    assert [row.mode for row in r.vllm_rows] == ["compile", "eager"]
+    assert [row.dsi_vs_vllm for row in r.vllm_rows] == [0.5, 2.0]
+    assert [row.ttft_p99_ratio for row in r.vllm_rows] == [0.5, 2.0]
+    assert (r.served_vllm_mode, r.served_vllm_tok_s, r.served_dsi_vs_vllm) == ("compile", 100.0, 0.5)
+    failed = summarise(config, dsi, {"compile": "vLLM server exited", "eager": rows["eager"]})
+    assert (failed.served_vllm_mode, failed.served_dsi_vs_vllm) == ("eager", 2.0)  # the mode that ran
+    assert failed.vllm_rows[0].error == "vLLM server exited" and failed.vllm_rows[0].tok_s is None
+
+
+def test_both_systems_are_stated_on_the_same_cores_with_a_thread_per_core():
+    r = summarise(ServedConfig(cores=(0, 1)), figures([_run(1.0, (0.05, 50))]), "x")
+    assert (r.cores, r.threads) == ("0,1", 2)
+    dsi, vllm = r.settings["dsi"], r.settings["vllm"]
+    assert dsi["cores"] == vllm["cores"] == vllm["omp_bind"] == "0,1"
+    assert dsi["torch_threads_per_engine"] == vllm["omp_threads"] == 2
+    assert dsi["detokenize"] and vllm["detokenize"] and dsi["dtype"] == vllm["dtype"]
+    assert vllm["modes"] == ["compile", "eager"]
+
+
+def test_a_bad_vllm_mode_is_refused():
+    with pytest.raises(ValueError, match="--vllm-modes"):
+        ServedConfig(vllm_modes=("fast",))
+
+
+def test_dsis_engines_get_a_torch_thread_per_core(tmp_path):
+    text = (REPO / "configs" / "smollm2.toml").read_text()
+    two = with_engine_threads(text, 2)
+    path = tmp_path / "smollm2.toml"
+    path.write_text(two)
+    assert load_config(path).engine.threads == 2
+    assert two.count("threads = ") == text.count("threads = ")  # replaced, not added
+    bare = with_engine_threads('[model]\nname = "m"\n', 3)
+    assert bare.endswith("[engine]\nthreads = 3\n")
+
+
+def test_vllm_compile_mode_drops_enforce_eager():
+    argv = server_argv(Path("/v/bin/python"), Path("/m"), "name", 1234, 32, eager=False)
+    assert "--enforce-eager" not in argv and "--no-enable-prefix-caching" in argv
