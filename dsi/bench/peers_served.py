@@ -12,7 +12,10 @@ Equal terms (:mod:`dsi.bench.pinning`): each system runs on the same ``--cores``
 CPU the bench may use), all its processes pinned there, with one compute thread per core: every
 dsi engine process gets that many torch threads (``[engine] threads``), vLLM that many OpenMP
 threads, one bound to each core. Both detokenize (Chat Completions streams text). The result's
-``settings`` says how each system ran. Each gets one
+``settings`` says how each system ran. After dsi's client, ``vllm bench serve`` (vLLM's own load
+generator, from the peers venv; :mod:`dsi.bench.peers_served_vllm_bench`) runs against each
+server as a second, independent client (``vllm_bench``, ``vllm_bench_ratios``; ``--no-vllm-bench``
+skips it). Each gets one
 short warm-up request, then ``--streams`` concurrent streaming Chat Completions (greedy,
 ``--max-tokens``) from an aiohttp client in this process (:mod:`dsi.bench.peers_served_client`),
 ``--repeats`` times; figures are medians over the repeats. Output tokens/s is all streams'
@@ -33,8 +36,9 @@ import json
 import re
 import shutil
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
@@ -94,6 +98,7 @@ class ServedConfig:
     cores: tuple[int, ...] = ()  # CPU ids both systems run on (empty: every CPU this process may use)
     vllm: bool = True
     vllm_modes: tuple[str, ...] = VLLM_MODES
+    vllm_bench: bool = True  # `vllm bench serve` as a second client against each server
     peers_dir: Path = DEFAULT_PEERS_DIR
     engines: int = 1  # prefill and decode instances of dsi serve (each)
 
@@ -174,6 +179,9 @@ class ServedResult:
     served_vllm_mode: str | None  # the row the served_vllm_* fields hold: vLLM's default where it ran
     vllm_rows: list[VllmRow]
     settings: dict[str, dict]
+    # `vllm bench serve` by system (figures, or why none) and dsi's ratios to each vLLM mode
+    vllm_bench: dict[str, Any] = field(default_factory=dict)
+    vllm_bench_ratios: dict[str, dict[str, float | None]] = field(default_factory=dict)
     eos: str = "ignored (ignore_eos: true in every request, both systems)"
 
 
@@ -217,8 +225,30 @@ def vllm_row(mode: str, dsi: ServedFigures | str, vllm: ServedFigures | str) -> 
     )
 
 
+def bench_ratios(second: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """dsi's ``vllm bench serve`` figures over each vLLM mode's: tok/s (above 1: dsi faster) and
+    TTFT p50 / p99 (below 1: dsi faster); None where a side has no figures."""
+    from dsi.bench.peers_served_vllm_bench import VllmBenchFigures
+
+    d = second.get("dsi")
+    out = {}
+    for label, v in second.items():
+        if label == "dsi":
+            continue
+        both = isinstance(d, VllmBenchFigures) and isinstance(v, VllmBenchFigures)
+        out[label] = {
+            "dsi_vs_vllm": _ratio(d.tok_s, v.tok_s) if both else None,
+            "ttft_p50_ratio": _ratio(d.ttft_p50_ms, v.ttft_p50_ms) if both else None,
+            "ttft_p99_ratio": _ratio(d.ttft_p99_ms, v.ttft_p99_ms) if both else None,
+        }
+    return out
+
+
 def summarise(
-    config: ServedConfig, dsi: ServedFigures | str, vllm: ServedFigures | str | dict[str, ServedFigures | str]
+    config: ServedConfig,
+    dsi: ServedFigures | str,
+    vllm: ServedFigures | str | dict[str, ServedFigures | str],
+    second: dict[str, Any] | None = None,
 ) -> ServedResult:
     """Both systems' figures (or why one has none) side by side with their ratios: ``vllm`` by
     mode (one figure alone is the first of ``config.vllm_modes``). The ``served_vllm_*`` fields hold
@@ -253,6 +283,8 @@ def summarise(
         served_vllm_mode=chosen,
         vllm_rows=rows,
         settings=config.settings(),
+        vllm_bench={k: v if isinstance(v, str) else asdict(v) for k, v in (second or {}).items()},
+        vllm_bench_ratios=bench_ratios(second or {}),
     )
 
 
@@ -298,14 +330,47 @@ def bodies(config: ServedConfig, model: str) -> list[dict]:
     ]
 
 
-def _measure(config: ServedConfig, url: str, model: str) -> ServedFigures:
+@dataclass(slots=True)
+class SecondClient:
+    """``vllm bench serve`` (:mod:`dsi.bench.peers_served_vllm_bench`) after dsi's client against
+    each server: its figures by system (``dsi``, ``vllm-compile``, ``vllm-eager``), or why none."""
+
+    python: Path | None  # the peers venv's Python (None: not run, ``why`` says so)
+    tokenizer: Path
+    workdir: Path
+    why: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def measure(self, config: ServedConfig, url: str, model: str, label: str) -> None:
+        from dsi.bench import peers_served_vllm_bench as second
+        from dsi.bench.peers_vllm import child_env
+
+        if self.python is None:
+            self.figures[label] = self.why
+            return
+        env = child_env(config.threads, cores=spell(config.cpus))
+        self.figures[label] = second.run(
+            self.python,
+            url,
+            model,
+            self.tokenizer,
+            config.streams,
+            config.max_tokens,
+            self.workdir,
+            label,
+            env,
+        )
+
+
+def _measure(config: ServedConfig, url: str, model: str, label: str, client: SecondClient) -> ServedFigures:
     warm = [chat_body(model, "Say hello.", 4, {})]
     asyncio.run(drive(url, warm))
     runs = [asyncio.run(drive(url, bodies(config, model))) for _ in range(config.repeats)]
+    client.measure(config, url, model, label)
     return figures(runs)
 
 
-def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | str:
+def _dsi(config: ServedConfig, workdir: Path, model: Path, client: SecondClient) -> ServedFigures | str:
     from dsi.bench.soak_cluster import ServedCluster, private_config
 
     path = private_config(paths.config(_CONFIG), workdir)
@@ -315,14 +380,16 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path) -> ServedFigures | st
     cluster = ServedCluster(path, workdir)
     try:
         cluster.start(ready_timeout_s=600.0, preexec=pinned(config.cpus))
-        return _measure(config, cluster.gateway, model_name(text))
+        return _measure(config, cluster.gateway, model_name(text), "dsi", client)
     except Exception as exc:  # reported as data beside the other figures
         return f"{type(exc).__name__}: {exc}"
     finally:
         cluster.stop()
 
 
-def _vllm(config: ServedConfig, model: Path, name: str, mode: str) -> ServedFigures | str:
+def _vllm(
+    config: ServedConfig, model: Path, name: str, mode: str, client: SecondClient
+) -> ServedFigures | str:
     from dsi.bench.peers_served_vllm import VllmServer, server_argv
     from dsi.bench.peers_vllm import child_env, install_vllm
     from dsi.transport.ports import free_port
@@ -343,7 +410,7 @@ def _vllm(config: ServedConfig, model: Path, name: str, mode: str) -> ServedFigu
         if not asyncio.run(wait_ready(url, 900.0, server.alive)):
             state = "exited" if not server.alive() else "not ready after 900 s"
             return f"vLLM server {state}; see {log}: {server.log_tail()}"
-        return _measure(config, url, name)
+        return _measure(config, url, name, f"vllm-{mode}", client)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -359,10 +426,16 @@ def run(config: ServedConfig) -> ServedResult:
     workdir = (config.peers_dir / "peers-served").resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    dsi = _dsi(config, workdir, model)
+    client = SecondClient(None, model, workdir, why="not run (--no-vllm-bench)")
+    if config.vllm_bench:
+        from dsi.bench.peers_vllm import install_vllm
+
+        python, why = install_vllm(config.peers_dir)
+        client = SecondClient(python, model, workdir, why=why)
+    dsi = _dsi(config, workdir, model, client)
     name = model_name(paths.config(_CONFIG).read_text())
-    vllm = {mode: _vllm(config, model, name, mode) for mode in config.vllm_modes}
-    return summarise(config, dsi, vllm)
+    vllm = {mode: _vllm(config, model, name, mode, client) for mode in config.vllm_modes}
+    return summarise(config, dsi, vllm, client.figures)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -374,6 +447,7 @@ def _main(args: argparse.Namespace) -> int:
             cores=tuple(cores_of(args.cores)),
             vllm=not args.no_vllm,
             vllm_modes=tuple(m for m in args.vllm_modes.split(",") if m),
+            vllm_bench=not args.no_vllm_bench,
             peers_dir=Path(args.peers_dir),
             engines=args.engines,
         )
@@ -406,6 +480,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--vllm-modes", default=",".join(VLLM_MODES), help="vLLM's modes, each a row: compile, eager"
+    )
+    parser.add_argument(
+        "--no-vllm-bench", action="store_true", help="skip `vllm bench serve`, the second client"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
