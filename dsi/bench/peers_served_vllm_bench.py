@@ -5,7 +5,7 @@ gateway or vLLM's server) with the same arguments for both: Chat Completions at
 ``/v1/chat/completions``, ``--streams`` requests all at once (``--max-concurrency`` as many, request
 rate infinite), vLLM's ``random`` dataset (seed 0: the same prompts of ``input_len`` tokens for both
 systems, tokenized by the model directory's tokenizer), ``--max-tokens`` output tokens each with EOS
-ignored, TTFT percentiles 50 and 99. Its figures come from the JSON it saves
+ignored, greedy, TTFT percentiles 50 and 99. Its figures come from the JSON it saves
 (``output_throughput`` in tok/s, ``median_ttft_ms``, ``p99_ttft_ms``); a run that cannot start or
 finish is reported as data (why), never raised.
 """
@@ -52,7 +52,7 @@ def bench_argv(
         "--random-output-len", str(max_tokens), "--num-prompts", str(streams),
         "--max-concurrency", str(streams), "--request-rate", "inf", "--ignore-eos",
         "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99",
-        "--seed", "0", "--disable-tqdm",
+        "--temperature", "0", "--seed", "0", "--disable-tqdm",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", filename,
     ]  # fmt: skip
 

@@ -30,7 +30,7 @@ def test_the_same_chat_load_for_every_server():
         "128",
     )
     assert (flag("--request-rate"), flag("--seed"), flag("--metric-percentiles")) == ("inf", "0", "50,99")
-    assert "--ignore-eos" in argv and "ttft" in flag("--percentile-metrics")
+    assert "--ignore-eos" in argv and "ttft" in flag("--percentile-metrics") and flag("--temperature") == "0"
 
 
 def test_figures_come_from_the_saved_json():
