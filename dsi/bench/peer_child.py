@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -61,8 +62,16 @@ def parse_answer(line: str) -> dict | str:
 class PeerChild:
     """A child process that speaks the protocol above; :meth:`run_once` is one timed run."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log: Path,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
         self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.preexec = preexec  # runs in the child first (dsi.bench.pinning.pinned: its cores)
         self.run = PeerRun()
         self._proc: subprocess.Popen | None = None
         self._reader = ThreadPoolExecutor(1)
@@ -79,6 +88,7 @@ class PeerChild:
                     env=self.env,
                     text=True,
                     start_new_session=True,
+                    preexec_fn=self.preexec,
                 )
         except OSError as exc:
             return f"cannot run {self.name}: {exc}"

