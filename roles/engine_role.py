@@ -248,6 +248,7 @@ class EngineRole(RoleActor):
             speculative=spec,
             num_drafts=s.compute.num_drafts,
             device=s.compute.device,
+            layered_hit_load=s.compute.layered_hit_load,
             step_curve=load_curve(s.compute.step_curve)
             if spec == "dspark" and s.compute.step_curve is not None
             else None,

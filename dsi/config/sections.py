@@ -266,6 +266,14 @@ class EngineSection:
             checks=(at_least(0),),
         ),
     )
+    layered_hit_load: bool = field(
+        default=True,
+        metadata=spec(
+            doc="A prefix hit's pages load layer by layer beside the request's first forward (each "
+            "layer's attention waits for its own pages); false: every page is copied at admission, "
+            "before the forward (see dsi.engine.hit_load)."
+        ),
+    )
     step_curve: Path | None = field(
         default=None,
         metadata=spec(

@@ -181,6 +181,9 @@ def test_the_engine_section_is_read(tmp_path: Path) -> None:
     assert cfg.engine == EngineSection(batch_invariant=False, scheduling="async")
     cfg = parse_config({**MINIMAL, "engine": {"speculative": "dspark", "num_drafts": 3}}, tmp_path / "s.toml")
     assert (cfg.engine.speculative, cfg.engine.num_drafts) == ("dspark", 3)
+    assert cfg.engine.layered_hit_load  # on unless a config turns it off
+    cfg = parse_config({**MINIMAL, "engine": {"layered_hit_load": False}}, tmp_path / "h.toml")
+    assert not cfg.engine.layered_hit_load
     assert load_config(REPO / "configs" / "local.toml").engine == EngineSection()
 
 
