@@ -43,6 +43,14 @@ class _Instance:
     peer: Peer
     sent: int = 0  # requests this gateway has in flight there
     missing_since: float | None = None  # monotonic seconds since when the table does not list it
+    connecting: asyncio.Task | None = None  # the first connect(), in the background
+
+    async def drop(self) -> None:
+        """Stop connecting and close the connection."""
+        if self.connecting is not None and not self.connecting.done():
+            self.connecting.cancel()
+            await asyncio.gather(self.connecting, return_exceptions=True)
+        await self.peer.close()
 
     @property
     def key(self) -> tuple[str, float]:
@@ -85,7 +93,7 @@ class InstancePool:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for inst in self._instances.values():
-            await inst.peer.close()
+            await inst.drop()
         await self._controller.close()
 
     async def ask_controller(self, msg: Message, timeout: float = 2.0) -> object:
@@ -105,9 +113,12 @@ class InstancePool:
         for info in table.instances:
             seen.add(info.instance_id)
             inst = self._instances.get(info.instance_id)
-            if inst is None or inst.info.address != info.address:
+            # A new address, or a new run of the instance at the same address (restarted, with its
+            # id and port): a fresh connection. The old one may be stuck away for good, its Hello
+            # after the reconnect having timed out while the new process was still loading.
+            if inst is None or inst.info.address != info.address or inst.info.started_at != info.started_at:
                 if inst is not None:
-                    await inst.peer.close()
+                    await inst.drop()
                 peer = Peer(
                     info.address,
                     self._ctx,
@@ -117,9 +128,11 @@ class InstancePool:
                     keys=self._keys,
                     timeout=60.0,
                 )
-                peer_task = asyncio.get_running_loop().create_task(peer.connect())
-                peer_task.add_done_callback(lambda t: t.exception())  # failures surface on use
-                inst = self._instances[info.instance_id] = _Instance(info, peer)
+                connecting = asyncio.get_running_loop().create_task(peer.connect())
+                connecting.add_done_callback(
+                    lambda t: t.cancelled() or t.exception()
+                )  # failures surface on use
+                inst = self._instances[info.instance_id] = _Instance(info, peer, connecting=connecting)
             if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
                 inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))
             inst.info, inst.missing_since = info, None
@@ -129,7 +142,7 @@ class InstancePool:
             if inst.missing_since is None:
                 inst.missing_since = now
             if not self._takes_work(inst) and not inst.sent:
-                await self._instances.pop(gone).peer.close()
+                await self._instances.pop(gone).drop()
         self._refreshed = now
 
     def _takes_work(self, inst: _Instance) -> bool:

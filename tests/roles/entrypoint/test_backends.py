@@ -72,6 +72,18 @@ async def test_a_reroute_waits_a_bounded_time_for_a_decode_and_a_restarted_one_c
     assert (await pool._pick_decode(dead, wait=True)).info.started_at == 2.0
 
 
+async def test_a_restarted_instance_at_the_same_address_gets_a_fresh_connection(pool):
+    pool, tables = pool
+    address = f"tcp://127.0.0.1:{free_port()}"
+    tables += [InstanceTable([info("serving", 1.0, address)]), InstanceTable([info("serving", 2.0, address)])]
+    await pool.decode.refresh()
+    old = pool.pick().peer
+    await pool.decode.refresh()  # the same id and address, started again
+    new = pool.pick()
+    assert new.peer is not old and new.info.started_at == 2.0
+    assert old._closed  # the old run's connection, which may never come back, is closed
+
+
 async def test_a_draining_instance_gets_no_new_work_and_its_running_streams_go_on(pool):
     pool, tables = pool
     address = f"tcp://127.0.0.1:{free_port()}"
