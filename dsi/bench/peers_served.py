@@ -403,7 +403,10 @@ def _vllm(
     log = config.peers_dir / f"peers-served-vllm-{mode}.log"
     argv = server_argv(python, model, name, port, config.streams, eager=mode == "eager")
     env = child_env(config.threads, cores=spell(config.cpus))
-    server = VllmServer(argv, log, config.threads, env=env, preexec=pinned(config.cpus))
+    # from a directory of its own: `-m` puts the working directory first on sys.path, and a
+    # checkout's folders there (kernels/) would shadow packages vLLM imports
+    cwd = (config.peers_dir / "peers-served").resolve()
+    server = VllmServer(argv, log, config.threads, env=env, preexec=pinned(config.cpus), cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         server.start()
@@ -431,7 +434,7 @@ def run(config: ServedConfig) -> ServedResult:
         from dsi.bench.peers_vllm import install_vllm
 
         python, why = install_vllm(config.peers_dir)
-        client = SecondClient(python, model, workdir, why=why)
+        client = SecondClient(python.absolute() if python is not None else None, model, workdir, why=why)
     dsi = _dsi(config, workdir, model, client)
     name = model_name(paths.config(_CONFIG).read_text())
     vllm = {mode: _vllm(config, model, name, mode, client) for mode in config.vllm_modes}
