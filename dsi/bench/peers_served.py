@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import shutil
@@ -424,6 +425,8 @@ def run(config: ServedConfig) -> ServedResult:
     """dsi serve, stopped, then vLLM's server in each mode, stopped: never two at once."""
     from dsi.bench.peers_local import model_dir
 
+    # absolute: vLLM's server and `vllm bench serve` run from the bench's own directory
+    config = dataclasses.replace(config, peers_dir=config.peers_dir.absolute())
     config.peers_dir.mkdir(parents=True, exist_ok=True)
     model = model_dir(config.peers_dir).resolve()
     workdir = (config.peers_dir / "peers-served").resolve()
