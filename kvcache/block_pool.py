@@ -29,7 +29,11 @@ class BlockPool:
     """``pages``: [num_blocks, elems] storage; ids index its first dimension."""
 
     def __init__(
-        self, num_blocks: int, elems: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+        self,
+        num_blocks: int,
+        elems: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
     ) -> None:
         if num_blocks < 2:
             raise ValueError("a block pool needs the null block and at least one more")
