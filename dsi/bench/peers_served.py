@@ -43,7 +43,13 @@ from typing import Any
 
 from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
-from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
+from dsi.bench.peers_served_client import (
+    ServedRun,
+    chat_body,
+    drive,
+    percentile,
+    wait_ready,
+)
 from dsi.bench.pinning import cores_of, pinned, spell
 
 _CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
@@ -121,7 +127,12 @@ class ServedConfig:
     def settings(self) -> dict[str, dict]:
         """How each system runs, stated in the result."""
         cores = spell(self.cpus)
-        common = {"cores": cores, "dtype": "float32", "detokenize": True, "prefix_caching": False}
+        common = {
+            "cores": cores,
+            "dtype": "float32",
+            "detokenize": True,
+            "prefix_caching": False,
+        }
         return {
             "dsi": {**common, "torch_threads_per_engine": self.threads,
                     "engines": f"{self.engines} prefill + {self.engines} decode",
@@ -256,7 +267,10 @@ def summarise(
     the first mode that has figures (vLLM's default mode first), else the first mode."""
     by_mode = vllm if isinstance(vllm, dict) else {config.vllm_modes[0]: vllm}
     rows = [vllm_row(mode, dsi, figs) for mode, figs in by_mode.items()]
-    chosen = next((m for m, f in by_mode.items() if isinstance(f, ServedFigures)), next(iter(by_mode)))
+    chosen = next(
+        (m for m, f in by_mode.items() if isinstance(f, ServedFigures)),
+        next(iter(by_mode)),
+    )
     vllm = by_mode[chosen]
     d = dsi if isinstance(dsi, ServedFigures) else None
     v = vllm if isinstance(vllm, ServedFigures) else None
@@ -326,7 +340,12 @@ def model_name(config_text: str) -> str:
 
 def bodies(config: ServedConfig, model: str) -> list[dict]:
     return [
-        chat_body(model, LONG_QUESTIONS[i % len(LONG_QUESTIONS)], config.max_tokens, {"ignore_eos": True})
+        chat_body(
+            model,
+            LONG_QUESTIONS[i % len(LONG_QUESTIONS)],
+            config.max_tokens,
+            {"ignore_eos": True},
+        )
         for i in range(config.streams)
     ]
 
@@ -350,17 +369,11 @@ class SecondClient:
             self.figures[label] = self.why
             return
         env = child_env(config.threads, cores=spell(config.cpus))
-        self.figures[label] = second.run(
-            self.python,
-            url,
-            model,
-            self.tokenizer,
-            config.streams,
-            config.max_tokens,
-            self.workdir,
-            label,
-            env,
-        )
+        argv = second.bench_argv(
+            self.python, url, model, self.tokenizer, config.streams, config.max_tokens,
+            self.workdir, f"vllm-bench-{label}.json",
+        )  # fmt: skip
+        self.figures[label] = second.run(argv, self.workdir, label, env)
 
 
 def _measure(config: ServedConfig, url: str, model: str, label: str, client: SecondClient) -> ServedFigures:
@@ -485,14 +498,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help='CPUs both systems run on, one compute thread each: "all", ids "0-1" or positions "@0"',
     )
     parser.add_argument(
-        "--vllm-modes", default=",".join(VLLM_MODES), help="vLLM's modes, each a row: compile, eager"
+        "--vllm-modes",
+        default=",".join(VLLM_MODES),
+        help="vLLM's modes, each a row: compile, eager",
     )
     parser.add_argument(
-        "--no-vllm-bench", action="store_true", help="skip `vllm bench serve`, the second client"
+        "--no-vllm-bench",
+        action="store_true",
+        help="skip `vllm bench serve`, the second client",
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
-        "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"
+        "--engines",
+        type=int,
+        default=1,
+        help="prefill and decode instances of dsi serve, each (config: 2)",
     )
     parser.add_argument(
         "--peers-dir",

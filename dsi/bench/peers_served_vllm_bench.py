@@ -76,28 +76,27 @@ def parse(result: dict[str, Any]) -> VllmBenchFigures:
 
 
 def run(
-    python: Path,
-    url: str,
-    name: str,
-    tokenizer: Path,
-    streams: int,
-    max_tokens: int,
+    argv: list[str],
     workdir: Path,
     label: str,
     env: dict[str, str],
     timeout_s: float = 1800.0,
 ) -> VllmBenchFigures | str:
-    """One run against the server at ``url``; its figures, or why there are none (its log is
-    ``workdir/vllm-bench-<label>.log``)."""
+    """One run of ``argv`` (:func:`bench_argv` with ``workdir`` and ``vllm-bench-<label>.json``);
+    its figures, or why there are none (its log is ``workdir/vllm-bench-<label>.log``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     filename = f"vllm-bench-{label}.json"
     (workdir / filename).unlink(missing_ok=True)
     log = workdir / f"vllm-bench-{label}.log"
-    argv = bench_argv(python, url, name, tokenizer, streams, max_tokens, workdir, filename)
     try:
         with open(log, "wb") as out:
             done = subprocess.run(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, timeout=timeout_s
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=workdir,
+                timeout=timeout_s,
             )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"vllm bench serve: {type(exc).__name__}: {exc}"
