@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dsi.bench.peer_child import PeerChild, answer, answer_channel
+from dsi.bench.pinning import first_cores
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -194,7 +195,7 @@ def local_child(
 def _serve(args: argparse.Namespace, channel) -> None:
     torch.set_num_threads(args.threads)
     if hasattr(os, "sched_setaffinity"):  # cores 0 .. threads - 1, as vLLM binds its OpenMP threads
-        os.sched_setaffinity(0, range(min(args.threads, os.cpu_count() or 1)))
+        os.sched_setaffinity(0, first_cores(args.threads))
     model = Path(args.model)
     prompts = json.loads(Path(args.prompts).read_text())
     start = time.perf_counter()

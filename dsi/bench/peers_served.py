@@ -43,13 +43,7 @@ from typing import Any
 
 from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
-from dsi.bench.peers_served_client import (
-    ServedRun,
-    chat_body,
-    drive,
-    percentile,
-    wait_ready,
-)
+from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
 from dsi.bench.pinning import cores_of, pinned, spell
 
 _CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
@@ -123,6 +117,12 @@ class ServedConfig:
     def threads(self) -> int:
         """Compute threads of each engine process: one per core."""
         return len(self.cpus)
+
+    def vllm_env(self) -> dict[str, str]:
+        """The environment of vLLM's processes: one OpenMP thread bound to each of the cores."""
+        from dsi.bench.peers_vllm import child_env
+
+        return child_env(self.threads, cores=spell(self.cpus))
 
     def settings(self) -> dict[str, dict]:
         """How each system runs, stated in the result."""
@@ -340,12 +340,7 @@ def model_name(config_text: str) -> str:
 
 def bodies(config: ServedConfig, model: str) -> list[dict]:
     return [
-        chat_body(
-            model,
-            LONG_QUESTIONS[i % len(LONG_QUESTIONS)],
-            config.max_tokens,
-            {"ignore_eos": True},
-        )
+        chat_body(model, LONG_QUESTIONS[i % len(LONG_QUESTIONS)], config.max_tokens, {"ignore_eos": True})
         for i in range(config.streams)
     ]
 
@@ -363,17 +358,15 @@ class SecondClient:
 
     def measure(self, config: ServedConfig, url: str, model: str, label: str) -> None:
         from dsi.bench import peers_served_vllm_bench as second
-        from dsi.bench.peers_vllm import child_env
 
         if self.python is None:
             self.figures[label] = self.why
             return
-        env = child_env(config.threads, cores=spell(config.cpus))
         argv = second.bench_argv(
             self.python, url, model, self.tokenizer, config.streams, config.max_tokens,
             self.workdir, f"vllm-bench-{label}.json",
         )  # fmt: skip
-        self.figures[label] = second.run(argv, self.workdir, label, env)
+        self.figures[label] = second.run(argv, self.workdir, label, config.vllm_env())
 
 
 def _measure(config: ServedConfig, url: str, model: str, label: str, client: SecondClient) -> ServedFigures:
@@ -402,10 +395,10 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path, client: SecondClient)
 
 
 def _vllm(
-    config: ServedConfig, model: Path, name: str, mode: str, client: SecondClient
+    config: ServedConfig, workdir: Path, model: Path, name: str, mode: str, client: SecondClient
 ) -> ServedFigures | str:
     from dsi.bench.peers_served_vllm import VllmServer, server_argv
-    from dsi.bench.peers_vllm import child_env, install_vllm
+    from dsi.bench.peers_vllm import install_vllm
     from dsi.transport.ports import free_port
 
     if not config.vllm:
@@ -416,11 +409,10 @@ def _vllm(
     port = free_port()
     log = config.peers_dir / f"peers-served-vllm-{mode}.log"
     argv = server_argv(python, model, name, port, config.streams, eager=mode == "eager")
-    env = child_env(config.threads, cores=spell(config.cpus))
-    # from a directory of its own: `-m` puts the working directory first on sys.path, and a
+    # from the bench's directory: `-m` puts the working directory first on sys.path, and a
     # checkout's folders there (kernels/) would shadow packages vLLM imports
-    cwd = (config.peers_dir / "peers-served").resolve()
-    server = VllmServer(argv, log, config.threads, env=env, preexec=pinned(config.cpus), cwd=cwd)
+    env, pin = config.vllm_env(), pinned(config.cpus)
+    server = VllmServer(argv, log, config.threads, env=env, preexec=pin, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
     try:
         server.start()
@@ -450,10 +442,10 @@ def run(config: ServedConfig) -> ServedResult:
         from dsi.bench.peers_vllm import install_vllm
 
         python, why = install_vllm(config.peers_dir)
-        client = SecondClient(python.absolute() if python is not None else None, model, workdir, why=why)
+        client = SecondClient(python, model, workdir, why=why)
     dsi = _dsi(config, workdir, model, client)
     name = model_name(paths.config(_CONFIG).read_text())
-    vllm = {mode: _vllm(config, model, name, mode, client) for mode in config.vllm_modes}
+    vllm = {mode: _vllm(config, workdir, model, name, mode, client) for mode in config.vllm_modes}
     return summarise(config, dsi, vllm, client.figures)
 
 
@@ -509,10 +501,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
-        "--engines",
-        type=int,
-        default=1,
-        help="prefill and decode instances of dsi serve, each (config: 2)",
+        "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"
     )
     parser.add_argument(
         "--peers-dir",

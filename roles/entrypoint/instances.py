@@ -129,9 +129,8 @@ class InstancePool:
                     timeout=60.0,
                 )
                 connecting = asyncio.get_running_loop().create_task(peer.connect())
-                connecting.add_done_callback(
-                    lambda t: t.cancelled() or t.exception()
-                )  # failures surface on use
+                # failures surface on use; reading them here keeps asyncio from logging them
+                connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
                 inst = self._instances[info.instance_id] = _Instance(info, peer, connecting=connecting)
             if info.state == DEAD and inst.info.state != DEAD:  # missed heartbeats: its calls are dead
                 inst.peer.fail_pending(PeerLost(f"{info.instance_id} is dead (missed heartbeats)"))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dsi.bench.pinning import CoresUnavailable, cores_of, pinned, spell
+from dsi.bench.pinning import CoresUnavailable, cores_of, first_cores, pinned, spell
 
 
 def test_all_ids_and_positions_name_allowed_cpus():
@@ -29,6 +29,11 @@ def test_cpus_off_the_allowed_set_and_bad_spellings_are_errors():
 
 def test_spelling_is_one_id_per_thread():
     assert spell([3, 1, 2, 1]) == "1,2,3"
+
+
+def test_first_cores_stop_at_the_machines_count():
+    assert list(first_cores(1)) == [0]
+    assert len(first_cores(10_000)) == os.cpu_count()
 
 
 def test_a_pinned_child_and_its_children_run_on_those_cpus_only():

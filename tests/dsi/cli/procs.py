@@ -192,19 +192,17 @@ def instances(*args: str, prefix: Sequence[str] = ()) -> dict[str, dict[str, Any
     """The controller's instances by id, as ``dsi status --json`` lists them: read in this process
     (in a thread of its own, so callers may be inside an event loop) unless ``prefix`` runs the
     command elsewhere. Tests poll this often; a process of its own costs a second of CPU a call."""
-    if prefix:
-        done = dsi_status("--json", *args, prefix=prefix)
-        code, out, err = done.returncode, done.stdout, done.stderr
-    else:
-        code, out, err = _status_here(["status", "--json", *args])
-    if code != 0:
-        raise AssertionError(f"dsi status exited {code}: {err}")
-    return {info["instance_id"]: info for info in json.loads(out)["instances"]}
+    if not prefix:
+        return {info["instance_id"]: info for info in _instances_here(args)}
+    done = dsi_status("--json", *args, prefix=prefix)
+    if done.returncode != 0:
+        raise AssertionError(f"dsi status exited {done.returncode}: {done.stderr}")
+    return {info["instance_id"]: info for info in json.loads(done.stdout)["instances"]}
 
 
-def _status_here(argv: list[str]) -> tuple[int, str, str]:
-    """``dsi status ARGV`` (``--json``), its table read by dsi's own client in a thread of this
-    process: (exit code, the JSON's instances, why it failed)."""
+def _instances_here(args: Sequence[str]) -> list[dict[str, Any]]:
+    """The instances ``dsi status --json ARGS`` prints, read by its own client in a thread of this
+    process (AssertionError when the controller cannot be reached)."""
     from dsi.cli.status import (
         ControllerUnreachable,
         add_controller_args,
@@ -215,14 +213,14 @@ def _status_here(argv: list[str]) -> tuple[int, str, str]:
 
     parser = argparse.ArgumentParser()
     add_controller_args(parser)
-    args = parser.parse_args(argv[1:])
-    address, keys = controller_target(args.config, args.controller)
+    parsed = parser.parse_args(list(args))
+    address, keys = controller_target(parsed.config, parsed.controller)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:
-            table = pool.submit(asyncio.run, fetch_instances(address, keys, args.timeout)).result()
+            table = pool.submit(asyncio.run, fetch_instances(address, keys, parsed.timeout)).result()
         except ControllerUnreachable as exc:
-            return 1, "", str(exc)
-    return 0, json.dumps(table_json(table)), ""
+            raise AssertionError(f"dsi status: {exc}") from None
+    return json.loads(json.dumps(table_json(table)))["instances"]  # as the command prints them
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 30.0, every: float = 0.3) -> Any:

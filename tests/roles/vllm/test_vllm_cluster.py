@@ -129,12 +129,7 @@ class Served:
 
     def store_blocks(self) -> int:
         """How many blocks the kvstore holds."""
-        with ThreadPoolExecutor(1) as pool:
-            return (
-                pool.submit(asyncio.run, self._ask_all(("kvstore-0",), GetStats()))
-                .result()["kvstore-0"]
-                .blocks
-            )
+        return self.ask(GetStats(), "kvstore-0")["kvstore-0"].blocks
 
     def wait_stored(self, before: int, new: int) -> None:
         """Until the kvstore holds ``new`` blocks more than ``before`` (puts queue in the background)."""
@@ -149,9 +144,13 @@ class Served:
         return self.server.log_path.read_text(errors="replace")
 
     def stats(self, *role_ids: str) -> dict[str, EngineStats]:
-        """Each role's EngineStats (from a thread of its own: callers may be inside an event loop)."""
+        """Each role's EngineStats."""
+        return self.ask(GetEngineStats(), *role_ids)
+
+    def ask(self, msg, *role_ids: str) -> dict:
+        """Each role's answer to ``msg`` (from a thread of its own: callers may be inside an event loop)."""
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, self._ask_all(role_ids, GetEngineStats())).result()
+            return pool.submit(asyncio.run, self._ask_all(role_ids, msg)).result()
 
     async def _ask_all(self, role_ids, msg) -> dict:
         ctx = zmq.asyncio.Context()
