@@ -163,11 +163,17 @@ class DecodePool:
         await self.decode.refresh()
         await self.prefill.refresh()
 
+    async def _know_instances(self) -> None:
+        """Read the controller's table now unless both pools know it: without a decode a request
+        cannot run, and a pool that has not read the prefills yet would prefill on the decode
+        although a prefill instance serves (the two refresh loops run on their own)."""
+        if not self.decode._instances or not self.prefill.refreshed:
+            await self.refresh()
+
     async def generate(self, msg: Generate, placement: Placement | None = None) -> AsyncIterator[TokenChunk]:
         """Stream a request, retried on other instances as the module docstring says; each
         attempt writes where it runs into ``placement``."""
-        if not self.decode._instances:
-            await self.refresh()
+        await self._know_instances()
         if msg.sampling.seed is None:  # a retry must reproduce the tokens already delivered
             sampling = msgspec.structs.replace(msg.sampling, seed=random.getrandbits(63))
             msg = msgspec.structs.replace(msg, sampling=sampling)

@@ -102,6 +102,11 @@ class InstancePool:
         return await self._controller.ask(msg, timeout=timeout)
 
     @property
+    def refreshed(self) -> bool:
+        """Whether the controller's table has been read at least once."""
+        return self._refreshed > 0
+
+    @property
     def ready(self) -> list[str]:
         """The ids of the instances that take new work (``serving``)."""
         return [i for i, inst in self._instances.items() if self._takes_work(inst)]

@@ -96,7 +96,8 @@ async def chat(http: str, body: dict) -> str:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         for _ in range(300):  # until the gateway knows a prefill and a decode
             async with session.get(f"http://{http}/health") as resp:
-                if resp.status == 200:
+                # 200 needs a decode only: without a prefill yet, the decode would prefill itself
+                if resp.status == 200 and (await resp.json())["prefill_instances"] >= 1:
                     break
             await asyncio.sleep(0.1)
         async with session.post(f"http://{http}/v1/chat/completions", json=body) as resp:

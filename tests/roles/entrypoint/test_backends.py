@@ -84,6 +84,29 @@ async def test_a_restarted_instance_at_the_same_address_gets_a_fresh_connection(
     assert old._closed  # the old run's connection, which may never come back, is closed
 
 
+async def test_a_request_reads_the_prefills_first_when_only_the_decodes_are_known():
+    ctx = zmq.asyncio.Context()
+    pool = DecodePool(f"tcp://127.0.0.1:{free_port()}", ctx)
+    prefill = InstanceInfo(
+        "prefill-0", "prefill", "127.0.0.1", 4243, "tcp://127.0.0.1:1", "serving", Load(), 0.0, 1.0
+    )
+
+    async def ask(msg, timeout=None):  # the controller lists a serving decode and a serving prefill
+        return InstanceTable(
+            [info("serving", address="tcp://127.0.0.1:2") if msg.role == "decode" else prefill]
+        )
+
+    pool.decode._controller.ask = pool.prefill._controller.ask = ask  # type: ignore[method-assign]
+    try:
+        await pool.decode.refresh()  # the decode pool's loop came first
+        assert pool.decode.ready == ["decode-0"] and not pool.prefill.refreshed
+        await pool._know_instances()  # what a request does first
+        assert pool.prefill.refreshed and pool.prefill.ready == ["prefill-0"]
+    finally:
+        await pool.close()
+        ctx.destroy(linger=0)
+
+
 async def test_a_draining_instance_gets_no_new_work_and_its_running_streams_go_on(pool):
     pool, tables = pool
     address = f"tcp://127.0.0.1:{free_port()}"
