@@ -230,7 +230,10 @@ def served(tmp_path_factory, smollm2_dir, vllm_bin):
                             env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
                                  "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0)),
                                  # its engine in this one process: two fewer vLLM imports (same tokens)
-                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # fmt: skip
+                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                 # vLLM's own subprocesses (its model inspection) must not find
+                                 # the checkout's folders by their bare names either
+                                 "PYTHONSAFEPATH": "1"})  # fmt: skip
         server = procs.start("serve", argv)
         try:
             assert server.read_line(timeout=READY_TIMEOUT_S + 30).startswith("dsi serve: gateway")
