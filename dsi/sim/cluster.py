@@ -11,7 +11,9 @@
                 The prefill fetches what the store holds (hit_policy.fetch_limit), pulls the SWA
                 state at the exact boundary if a host holds it, and takes its hit
                 (hit_policy.choose_hit).
-    prefilled   after its queue and CostModel.prefill_s(prompt - hit, hit)
+    prefilled   after its queue and CostModel.prefill_s(prompt - hit, hit) (of work: on a shared
+                host, ``SimConfig.shared_cores``, every computing instance runs at the pace
+                dsi.sim.host gives for how many compute at once, re-timed whenever that changes)
     handoff     CostModel.handoff_s later the first token reaches the client; the decode
                 persists the prompt's pages ``persist_delay_s`` later (global store)
     step        continuous batching to the last token; then the answer's pages are persisted and
@@ -46,6 +48,7 @@ from dsi.sim.config import SimConfig
 from dsi.sim.cost import CostModel
 from dsi.sim.decode import DecodeInstance, decode_router
 from dsi.sim.fleet import Fleet
+from dsi.sim.host import HostShare
 from dsi.sim.prefill import PrefillInstance, PrefillJob, prefill_router
 from dsi.sim.profiles import HardwareProfile
 from dsi.sim.records import Records
@@ -71,6 +74,7 @@ class Cluster:
         self.states = RingSnapshots(cfg.state_snapshots)
         self.route_prefill = prefill_router(cfg.prefill_lb, self.cost.model_flops, self.edges)
         self.route_decode = decode_router(cfg.decode_lb)
+        self.host = HostShare(cfg.shared_cores, cfg.engine_threads)
         self.prefills, self.decodes = self._fleets()
         self.scaler = self._scaler()
         self.rec = Records(len(requests))
@@ -131,11 +135,27 @@ class Cluster:
             self._tick,
             self._reserved,
         )
+        shared = self.host.shared
         while self.events:
             now, _, kind, a, b = heapq.heappop(self.events)
             self.clock.t = now
             handlers[kind](now, a, b)
+            if shared:
+                self._retime(now)
         return self
+
+    def _retime(self, now: float) -> None:
+        """Every instance to the pace of the host as it computes now; moved ends re-scheduled."""
+        engines = [m.engine for m in (*self.prefills.members, *self.decodes.members)]
+        pace = self.host.pace(sum(e.computing for e in engines))
+        for e in engines:
+            if isinstance(e, PrefillInstance):
+                if e.retime(now, pace):
+                    assert e.running is not None
+                    self._push(e.done_at, PREFILLED, e.running.request, (e, e.version))
+            else:
+                assert isinstance(e, DecodeInstance)
+                self._next_step(e, e.retime(now, pace))
 
     def _push(self, at: float, kind: int, a: object = None, b: object = None) -> None:
         self._seq += 1
@@ -182,7 +202,7 @@ class Cluster:
     def _reserved(self, now: float, prefill: PrefillInstance, job: PrefillJob) -> None:
         """The decode holds the request's pages: the prefill is asked."""
         if prefill.add(job, now):
-            self._push(prefill.done_at, PREFILLED, job.request, prefill)
+            self._push(prefill.done_at, PREFILLED, job.request, (prefill, prefill.version))
 
     def _route_prefill(self, req: SimRequest, loads: list[InstanceLoad], now: float) -> tuple[str, int, int]:
         """(prefill id, bucket, predicted hit tokens)."""
@@ -222,11 +242,14 @@ class Cluster:
         return PrefillJob(i, uncached, hit, self.cost.prefill_s(uncached, hit.tokens), flops)
 
     # ---- prefill, handoff, decode ----------------------------------------------------------------
-    def _prefilled(self, now: float, i: int, prefill: PrefillInstance) -> None:
+    def _prefilled(self, now: float, i: int, at: tuple[PrefillInstance, int]) -> None:
+        prefill, version = at
+        if version != prefill.version:
+            return  # the running prompt's end moved since (a shared host's pace changed)
         prefill.finish()
         if prefill.start(now):
             assert prefill.running is not None
-            self._push(prefill.done_at, PREFILLED, prefill.running.request, prefill)
+            self._push(prefill.done_at, PREFILLED, prefill.running.request, (prefill, prefill.version))
         req = self.requests[i]
         if self.cfg.cache != "global" and not self.unshared[i]:
             self.caches.put(prefill.id, req.keys, req.traffic_class)

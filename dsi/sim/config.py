@@ -16,6 +16,9 @@ reserve_at_step the decode reserves a request's pages at the end of its step in 
                 dsi's engine does (True), or at once (False, the experiments of docs/simulation.md)
 scaling         None: ``prefills`` and ``decodes`` serve all the time; else the autoscaler
                 (dsi.autoscale) decides every ``scaling.interval_s``
+shared_cores    0: every instance computes on a device of its own; > 0: all prefill and decode
+                instances share one host of this many cores, each computing one with
+                ``engine_threads`` threads (processor sharing, dsi.sim.host)
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class SimConfig:
     persist_delay_s: float = 0.5  # from the handoff (or a request's end) until its pages are in the store
     reserve_at_step: bool = False  # the decode reserves between two steps: the prefill waits for it
     time_scale: float = 1.0  # arrivals divided by this (> 1: the same requests at a higher rate)
+    shared_cores: float = 0.0  # the cores all instances share; 0 = a device each
+    engine_threads: float = 1.0  # compute threads of each instance on a shared host
     sample_s: float = 60.0  # instance counts sampled this often (at least 1/500 of the run)
 
     def __post_init__(self) -> None:
@@ -80,6 +85,8 @@ class SimConfig:
             problems.append("TTLs, SLOs and sample_s must be > 0")
         if min(self.prefill_capacity, self.decode_capacity, self.persist_delay_s) < 0 or self.time_scale <= 0:
             problems.append("capacities and persist_delay_s must be >= 0, time_scale > 0")
+        if self.shared_cores < 0 or self.engine_threads <= 0:
+            problems.append("shared_cores must be >= 0 and engine_threads > 0")
         if problems:
             raise ValueError("sim config: " + "; ".join(problems))
 

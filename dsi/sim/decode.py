@@ -12,6 +12,10 @@ take ``StepTimeModel.steps_s`` seconds (KV grows by one token per request per st
 instance has one pending event, the next boundary at which a request leaves or joiners enter.
 Events carry the step count, so boundaries are exact and never rounded from times.
 
+Those seconds are work seconds on the instance's :class:`~dsi.sim.host.WorkClock`: with a host
+to itself they are wall seconds; on a shared host (:mod:`dsi.sim.host`) ``retime`` changes the
+pace and moves the next event's wall time.
+
 Routers (``route(kv_tokens, loads) -> instance``), over serving instances with room:
 
     bands          the real dsi.balance.DecodeBalancer (long/short bands by KV length)
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 
 from dsi.balance import DecodeBalancer, DecodeBalancerConfig, InstanceLoad, NoInstance
 from dsi.balance.decode import DecodeBands, choose, fits
+from dsi.sim.host import WorkClock
 from dsi.sim.step_time import StepTimeModel
 
 DECODE_ROUTERS = ("bands", "least-loaded", "round-robin")
@@ -44,18 +49,22 @@ class DecodeInstance:
     pending_kv: int = 0
     batch: int = 0
     kv: int = 0  # KV tokens of the batch at the last boundary
-    t0: float = 0.0  # the last boundary, seconds
+    t0: float = 0.0  # the last boundary, work seconds (``clock``)
+    wall_t0: float = 0.0  # the same, wall seconds
     steps: int = 0  # steps done at t0
     leaving: list[tuple[int, int]] = field(default_factory=list)  # heap of (last step, request)
     version: int = 0  # bumps when the next event moves; older events are stale
-    next_s: float | None = None  # when the next event is due
+    next_s: float | None = None  # when the next event is due, wall seconds
+    next_work: float = 0.0  # the same, work seconds
+    next_steps: int = 0  # steps from t0 to the next event
+    clock: WorkClock = field(default_factory=WorkClock)
     busy_s: float = 0.0  # seconds stepping a non-empty batch
     used_s: float = 0.0  # those seconds weighted by batch / max_requests (slot occupancy)
     tokens: int = 0  # output tokens emitted by steps
     _members: dict[int, tuple[int, int]] = field(default_factory=dict)  # request -> (step, KV) at entry
 
     def load(self, now: float) -> InstanceLoad:
-        kv = self.kv + self.batch * self._steps_until(now) if self.batch else 0
+        kv = self.kv + self.batch * self._steps_until(self.clock.work(now)) if self.batch else 0
         return InstanceLoad(
             id=self.id,
             role="decode",
@@ -74,9 +83,12 @@ class DecodeInstance:
         reservation between two steps, so a reserve waits for it."""
         if not self.batch:
             return now
-        m = self._steps_until(now)
+        work = self.clock.work(now)
+        m = self._steps_until(work)
         at = self.t0 + self.model.steps_s(self.batch, self.kv, m)
-        return at if at >= now else self.t0 + self.model.steps_s(self.batch, self.kv, m + 1)
+        if at < work:
+            at = self.t0 + self.model.steps_s(self.batch, self.kv, m + 1)
+        return max(now, self.clock.wall(at))
 
     def reserve(self, kv: int) -> None:
         self.reserved += 1
@@ -93,24 +105,25 @@ class DecodeInstance:
         self.pending.append((request, kv, steps))
         self.pending_kv += kv
         if not self.batch:  # idle: the batch starts now
-            return self._move(now, 0) if self.next_s is None or now < self.next_s else None
-        m = self._steps_until(now)
+            return self._move(self.clock.work(now), 0) if self.next_s is None or now < self.next_s else None
+        work = self.clock.work(now)
+        m = self._steps_until(work)
         at = self.t0 + self.model.steps_s(self.batch, self.kv, m)
-        if at < now:  # a step is in progress: the joiner waits for its end
+        if at < work:  # a step is in progress: the joiner waits for its end
             m += 1
             at = self.t0 + self.model.steps_s(self.batch, self.kv, m)
-        return self._move(at, m) if self.next_s is None or at < self.next_s else None
+        return self._move(at, m) if self.next_s is None or at < self.next_work else None
 
     def boundary(self, now: float, steps: int) -> tuple[list[int], tuple[float, int] | None]:
         """The event at ``now``, ``steps`` after the last boundary: (requests that left, the next
         event or None)."""
         if self.batch:
-            self.busy_s += now - self.t0
-            self.used_s += (now - self.t0) * self.batch / self.max_requests
+            self.busy_s += now - self.wall_t0
+            self.used_s += (now - self.wall_t0) * self.batch / self.max_requests
             self.tokens += self.batch * steps
         self.kv += self.batch * steps
         self.steps += steps
-        self.t0, self.next_s = now, None
+        self.t0, self.wall_t0, self.next_s = self.clock.work(now), now, None
         left = []
         while self.leaving and self.leaving[0][0] <= self.steps:
             _, request = heapq.heappop(self.leaving)
@@ -125,9 +138,24 @@ class DecodeInstance:
         if not self.leaving:
             return left, None
         return left, self._move(
-            now + self.model.steps_s(self.batch, self.kv, self.leaving[0][0] - self.steps),
+            self.t0 + self.model.steps_s(self.batch, self.kv, self.leaving[0][0] - self.steps),
             self.leaving[0][0] - self.steps,
         )
+
+    @property
+    def computing(self) -> bool:
+        """Stepping a batch (what shares a host's cores)."""
+        return self.batch > 0
+
+    def retime(self, now: float, pace: float) -> tuple[float, int] | None:
+        """Run at ``pace`` (wall seconds per work second) from ``now`` on; the next event at its
+        new wall time (None when none is due or the pace is unchanged)."""
+        if pace == self.clock.pace:
+            return None
+        self.clock.set_pace(now, pace)
+        if self.next_s is None:
+            return None
+        return self._move(self.next_work, self.next_steps)
 
     def _drop(self, left: list[int]) -> None:
         for request in left:
@@ -135,13 +163,15 @@ class DecodeInstance:
             self.batch -= 1
             self.kv -= kv + (self.steps - entered)  # what it brought, one token per step since
 
-    def _steps_until(self, now: float) -> int:
-        return self.model.steps_within(self.batch, self.kv, now - self.t0)
+    def _steps_until(self, work: float) -> int:
+        return self.model.steps_within(self.batch, self.kv, work - self.t0)
 
-    def _move(self, at: float, steps: int) -> tuple[float, int]:
+    def _move(self, work: float, steps: int) -> tuple[float, int]:
+        """The next event at work time ``work``: (its wall time, steps from t0)."""
         self.version += 1
-        self.next_s = at
-        return at, steps
+        self.next_work, self.next_steps = work, steps
+        self.next_s = self.clock.wall(work)
+        return self.next_s, steps
 
 
 Router = Callable[[int, Sequence[InstanceLoad]], str]

@@ -1,8 +1,10 @@
 """Prefill instances and the ways a request is routed to one.
 
 An instance serves its queue first come first served, one prompt at a time, each for
-``CostModel.prefill_s`` seconds. Batching prompts at the same FLOP rate finishes the same work
-by the same time; what a batch of similar lengths saves (less padding) is not modelled.
+``CostModel.prefill_s`` seconds of work (wall seconds with a host to itself; on a shared host,
+:mod:`dsi.sim.host`, ``retime`` stretches what is left of the running one). Batching prompts at
+the same FLOP rate finishes the same work by the same time; what a batch of similar lengths
+saves (less padding) is not modelled.
 
 Routers (``route(uncached, cached, loads, now) -> (instance, bucket)``):
 
@@ -41,8 +43,11 @@ class PrefillInstance:
     id: str
     queue: deque[PrefillJob] = field(default_factory=deque)
     running: PrefillJob | None = None
-    done_at: float = 0.0  # when the running job finishes
+    done_at: float = 0.0  # when the running job finishes, wall seconds
+    started_at: float = 0.0  # when it started
     busy_s: float = 0.0
+    pace: float = 1.0  # wall seconds per second of work
+    version: int = 0  # bumps when done_at moves; an older end event is stale
 
     @property
     def used_s(self) -> float:
@@ -53,7 +58,7 @@ class PrefillInstance:
         """Queued un-cached tokens (the running job's pro rata), requests held."""
         queued = sum(j.uncached for j in self.queue)
         if self.running is not None and self.running.service_s > 0:
-            left = max(0.0, self.done_at - now) / self.running.service_s
+            left = max(0.0, self.done_at - now) / self.pace / self.running.service_s
             queued += round(self.running.uncached * left)
         held = len(self.queue) + (self.running is not None)
         return InstanceLoad(id=self.id, role="prefill", queued_tokens=queued, running_requests=held)
@@ -72,14 +77,32 @@ class PrefillInstance:
         if self.running is not None or not self.queue:
             return False
         self.running = self.queue.popleft()
-        self.done_at = now + self.running.service_s
-        self.busy_s += self.running.service_s
+        self.started_at = now
+        self.done_at = now + self.running.service_s * self.pace
+        self.version += 1
         return True
 
     def finish(self) -> PrefillJob:
         job, self.running = self.running, None
         assert job is not None
+        self.busy_s += self.done_at - self.started_at
         return job
+
+    @property
+    def computing(self) -> bool:
+        """Running a prompt (what shares a host's cores)."""
+        return self.running is not None
+
+    def retime(self, now: float, pace: float) -> bool:
+        """Run at ``pace`` from ``now`` on: True when the running job's end moved (``done_at``)."""
+        if pace == self.pace:
+            return False
+        old, self.pace = self.pace, pace
+        if self.running is None:
+            return False
+        self.done_at = now + (self.done_at - now) / old * pace
+        self.version += 1
+        return True
 
 
 Router = Callable[[int, int, Sequence[InstanceLoad], float], tuple[str, int]]

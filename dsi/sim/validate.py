@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -137,15 +138,20 @@ def text(result: Mapping) -> str:
     return "\n".join(lines)
 
 
-def sim_config(layout: Layout, config: Path) -> SimConfig:
+def sim_config(layout: Layout, config: Path, cores: int | None = None) -> SimConfig:
     """The served cluster as the simulator builds it (arrivals are already scaled; the decode
-    reserves between two steps, as dsi's engine does)."""
+    reserves between two steps, as dsi's engine does): every engine instance on this host's
+    ``cores`` (default: the CPUs this process may use), each computing with ``[engine] threads``
+    (0: one per core, as torch gives the bench that measured the profile)."""
     node = load_config(config)
+    cores = cores or len(os.sched_getaffinity(0))
     return SimConfig(
         prefills=layout.prefills,
         decodes=layout.decodes,
         hit_policy=node.kvcache.hit_policy,
         reserve_at_step=True,
+        shared_cores=cores,
+        engine_threads=node.engine.threads or cores,
     )
 
 
@@ -173,7 +179,8 @@ def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path |
     layout, results = served.layout, served.results
     overhead = request_overhead_s(bench_profile, served.probes)
     profile = dataclasses.replace(bench_profile, prefill_fixed_s=bench_profile.prefill_fixed_s + overhead)
-    cluster = Cluster(sim_config(layout, config), profile, [r.sim for r in part.requests]).run()
+    cfg = sim_config(layout, config)
+    cluster = Cluster(cfg, profile, [r.sim for r in part.requests]).run()
     summary = summarize(cluster)
     comparison = Comparison(measured_figures(results), simulated_figures(summary))
     mismatched = sum(
@@ -190,6 +197,8 @@ def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path |
             "probe_ttft_s": [m.ttft_s and round(m.ttft_s, 4) for m in served.probes],
             "prefill_fixed_s": profile.prefill_fixed_s,
             "decode_step": asdict(profile.decode),
+            "shared_cores": cfg.shared_cores,
+            "engine_threads": cfg.engine_threads,
         },
         "comparison": comparison.describe(),
         "prompt_tokens_mismatched": mismatched,

@@ -121,3 +121,18 @@ def test_a_reserve_waits_for_the_step_in_progress():
     assert inst.step_end(one / 2) == pytest.approx(one)
     assert inst.step_end(one) == pytest.approx(one)  # a boundary: nothing to wait for
     assert inst.step_end(one + 1e-6) == pytest.approx(two)
+
+
+def test_a_pace_change_mid_run_moves_the_next_boundary_by_the_work_left():
+    inst = DecodeInstance("d0", MODEL, 8, 1_000)
+    inst.reserve(100)
+    inst.join(0, 100, 10, 0.0)
+    _, (at, steps) = inst.boundary(0.0, 0)
+    assert steps == 10 and at == pytest.approx(MODEL.steps_s(1, 100, 10))
+    half = at / 2
+    at2, steps2 = inst.retime(half, 2.0)  # the rest at half speed
+    assert steps2 == 10 and at2 == pytest.approx(half + 2 * (at - half))
+    assert inst.retime(half, 2.0) is None  # unchanged
+    assert inst.load(half + 1e-9).kv_tokens == 100 + inst.model.steps_within(1, 100, half)
+    left, moved = inst.boundary(at2, steps2)
+    assert left == [0] and moved is None and inst.busy_s == pytest.approx(at2)

@@ -15,7 +15,23 @@ def test_jobs_run_one_at_a_time_and_the_load_counts_what_is_left():
     assert not p.add(PrefillJob(1, 500, NO_HIT, 1.0, 1.0), now=0.5)
     load = p.load(1.0)  # half of the first job left
     assert (load.queued_tokens, load.running_requests) == (1_000, 2)
-    assert p.finish().request == 0 and p.start(2.0) and p.done_at == 3.0 and p.busy_s == 3.0
+    assert p.finish().request == 0 and p.start(2.0) and p.done_at == 3.0 and p.busy_s == 2.0
+    assert p.finish().request == 1 and p.busy_s == 3.0 and p.idle
+
+
+def test_a_slower_pace_stretches_what_is_left_of_the_running_job():
+    p = PrefillInstance("p0")
+    p.add(PrefillJob(0, 1_000, NO_HIT, 2.0, 1.0), now=0.0)
+    version = p.version
+    assert p.retime(1.0, 3.0) and p.version > version  # half left: 1 s of work, 3 s of wall
+    assert p.done_at == pytest.approx(4.0)
+    assert p.load(2.5).queued_tokens == 250  # a quarter of the work left
+    assert not p.retime(2.0, 3.0)  # the same pace: nothing moves
+    assert p.retime(2.5, 1.0) and p.done_at == pytest.approx(3.0)
+    p.finish()
+    assert p.busy_s == pytest.approx(3.0)  # wall seconds computing
+    p.add(PrefillJob(1, 100, NO_HIT, 1.0, 1.0), now=5.0)
+    assert p.done_at == 6.0
 
 
 def _loads(queued: list[int]) -> list[InstanceLoad]:

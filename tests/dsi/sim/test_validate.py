@@ -11,10 +11,11 @@ from dsi.sim.validate import (
     Figures,
     measured_figures,
     request_overhead_s,
+    sim_config,
     simulated_figures,
     text,
 )
-from dsi.sim.validate_serve import Measured
+from dsi.sim.validate_serve import Layout, Measured
 from dsi.sim.validate_slice import SliceConfig, time_scale
 
 
@@ -105,3 +106,15 @@ def test_the_request_overhead_is_what_probes_take_beyond_the_cost_model():
     assert request_overhead_s(profile, probes) == pytest.approx(0.03, abs=1e-4)
     assert request_overhead_s(profile, [Measured(forward / 2, prompt_tokens=40)]) == 0.0
     assert request_overhead_s(profile, [Measured(None, error="x")]) == 0.0
+
+
+def test_the_simulated_cluster_shares_the_hosts_cores_as_dsi_serve_does(tmp_path):
+    from dsi import paths
+
+    local = paths.config("local.toml")  # [engine] threads unset: one per core
+    cfg = sim_config(Layout(2, 2, "m"), local, cores=2)
+    assert (cfg.prefills, cfg.decodes, cfg.shared_cores, cfg.engine_threads) == (2, 2, 2, 2)
+    assert cfg.reserve_at_step
+    one_thread = tmp_path / "one.toml"
+    one_thread.write_text(local.read_text().replace("[engine]\n", "[engine]\nthreads = 1\n", 1))
+    assert sim_config(Layout(2, 2, "m"), one_thread, cores=2).engine_threads == 1
