@@ -11,10 +11,12 @@
                 The prefill fetches what the store holds (hit_policy.fetch_limit), pulls the SWA
                 state at the exact boundary if a host holds it, and takes its hit
                 (hit_policy.choose_hit).
-    prefilled   after its queue and CostModel.prefill_s(prompt - hit, hit) (of work: on a shared
+    prefilled   after its queue and CostModel.prefill_s(prompt - hit, hit), alone or in a batch
+                (``prefill_batch_tokens``: the batch's prompts all end with it) (of work: on a shared
                 host, ``SimConfig.shared_cores``, every computing instance runs at the pace
                 dsi.sim.host gives for how many compute at once, re-timed whenever that changes)
-    handoff     CostModel.handoff_s later the first token reaches the client; the decode
+    handoff     CostModel.handoff_s later the first token reaches the client (``path_s`` later:
+                the request's way outside the instances, kept in Records.path_s); the decode
                 persists the prompt's pages ``persist_delay_s`` later (global store)
     step        continuous batching to the last token; then the answer's pages are persisted and
                 the SWA state at its last boundary is announced
@@ -101,11 +103,13 @@ class Cluster:
             return DecodeInstance(name, p.decode, p.decode_max_requests, p.decode_kv_tokens)
 
         s = self.cfg.scaling
+
+        def prefill(name: str) -> PrefillInstance:
+            return PrefillInstance(name, self.cfg.prefill_batch_tokens)
+
         if s is None:
-            return Fleet.fixed("p", PrefillInstance, self.cfg.prefills), Fleet.fixed(
-                "d", decode, self.cfg.decodes
-            )
-        return Fleet.scaled("p", PrefillInstance, s.prefill), Fleet.scaled("d", decode, s.decode)
+            return Fleet.fixed("p", prefill, self.cfg.prefills), Fleet.fixed("d", decode, self.cfg.decodes)
+        return Fleet.scaled("p", prefill, s.prefill), Fleet.scaled("d", decode, s.decode)
 
     def _scaler(self) -> SimScaler | None:
         cfg = self.cfg
@@ -151,8 +155,7 @@ class Cluster:
         for e in engines:
             if isinstance(e, PrefillInstance):
                 if e.retime(now, pace):
-                    assert e.running is not None
-                    self._push(e.done_at, PREFILLED, e.running.request, (e, e.version))
+                    self._push(e.done_at, PREFILLED, None, (e, e.version))
             else:
                 assert isinstance(e, DecodeInstance)
                 self._next_step(e, e.retime(now, pace))
@@ -202,7 +205,7 @@ class Cluster:
     def _reserved(self, now: float, prefill: PrefillInstance, job: PrefillJob) -> None:
         """The decode holds the request's pages: the prefill is asked."""
         if prefill.add(job, now):
-            self._push(prefill.done_at, PREFILLED, job.request, (prefill, prefill.version))
+            self._push(prefill.done_at, PREFILLED, None, (prefill, prefill.version))
 
     def _route_prefill(self, req: SimRequest, loads: list[InstanceLoad], now: float) -> tuple[str, int, int]:
         """(prefill id, bucket, predicted hit tokens)."""
@@ -242,23 +245,24 @@ class Cluster:
         return PrefillJob(i, uncached, hit, self.cost.prefill_s(uncached, hit.tokens), flops)
 
     # ---- prefill, handoff, decode ----------------------------------------------------------------
-    def _prefilled(self, now: float, i: int, at: tuple[PrefillInstance, int]) -> None:
+    def _prefilled(self, now: float, _: object, at: tuple[PrefillInstance, int]) -> None:
         prefill, version = at
         if version != prefill.version:
-            return  # the running prompt's end moved since (a shared host's pace changed)
-        prefill.finish()
+            return  # the running batch's end moved since (a shared host's pace changed)
+        jobs = prefill.finish()
         if prefill.start(now):
-            assert prefill.running is not None
-            self._push(prefill.done_at, PREFILLED, prefill.running.request, (prefill, prefill.version))
-        req = self.requests[i]
-        if self.cfg.cache != "global" and not self.unshared[i]:
-            self.caches.put(prefill.id, req.keys, req.traffic_class)
-        self._push(now + self.cost.handoff_s(req.prompt_tokens), HANDOFF, i)
+            self._push(prefill.done_at, PREFILLED, None, (prefill, prefill.version))
+        for job in jobs:
+            i, req = job.request, self.requests[job.request]
+            if self.cfg.cache != "global" and not self.unshared[i]:
+                self.caches.put(prefill.id, req.keys, req.traffic_class)
+            self._push(now + self.cost.handoff_s(req.prompt_tokens), HANDOFF, i)
         self.prefills.settle(now)
 
     def _handoff(self, now: float, i: int, _: object) -> None:
         req, decode = self.requests[i], self.decode_of[i]
         self.rec.first_token_s[i] = now
+        self.rec.path_s[i] = self.cfg.path_s + self.cfg.path_s_per_token * req.prompt_tokens
         self._persist_later(i, req.keys, now)
         if req.output_tokens == 1:
             decode.release(req.prompt_tokens)

@@ -16,6 +16,10 @@ reserve_at_step the decode reserves a request's pages at the end of its step in 
                 dsi's engine does (True), or at once (False, the experiments of docs/simulation.md)
 scaling         None: ``prefills`` and ``decodes`` serve all the time; else the autoscaler
                 (dsi.autoscale) decides every ``scaling.interval_s``
+prefill_batch_tokens  0: a prefill instance runs one prompt at a time; > 0: it runs what waits
+                in one batch of up to this many un-cached tokens (dsi's engine: max_batch_tokens)
+path_s          seconds each request's first token spends outside the instances (gateway,
+                routing, the calls between roles), plus ``path_s_per_token`` per prompt token
 shared_cores    0: every instance computes on a device of its own; > 0: all prefill and decode
                 instances share one host of this many cores, each computing one with
                 ``engine_threads`` threads (processor sharing, dsi.sim.host)
@@ -57,6 +61,9 @@ class SimConfig:
     persist_delay_s: float = 0.5  # from the handoff (or a request's end) until its pages are in the store
     reserve_at_step: bool = False  # the decode reserves between two steps: the prefill waits for it
     time_scale: float = 1.0  # arrivals divided by this (> 1: the same requests at a higher rate)
+    prefill_batch_tokens: int = 0  # 0 = one prompt at a time
+    path_s: float = 0.0
+    path_s_per_token: float = 0.0
     shared_cores: float = 0.0  # the cores all instances share; 0 = a device each
     engine_threads: float = 1.0  # compute threads of each instance on a shared host
     sample_s: float = 60.0  # instance counts sampled this often (at least 1/500 of the run)
@@ -87,6 +94,8 @@ class SimConfig:
             problems.append("capacities and persist_delay_s must be >= 0, time_scale > 0")
         if self.shared_cores < 0 or self.engine_threads <= 0:
             problems.append("shared_cores must be >= 0 and engine_threads > 0")
+        if min(self.prefill_batch_tokens, self.path_s, self.path_s_per_token) < 0:
+            problems.append("prefill_batch_tokens, path_s and path_s_per_token must be >= 0")
         if problems:
             raise ValueError("sim config: " + "; ".join(problems))
 

@@ -1,10 +1,11 @@
 """Prefill instances and the ways a request is routed to one.
 
-An instance serves its queue first come first served, one prompt at a time, each for
-``CostModel.prefill_s`` seconds of work (wall seconds with a host to itself; on a shared host,
-:mod:`dsi.sim.host`, ``retime`` stretches what is left of the running one). Batching prompts at
-the same FLOP rate finishes the same work by the same time; what a batch of similar lengths
-saves (less padding) is not modelled.
+An instance serves its queue first come first served, one prompt at a time or in batches
+(``batch_tokens``), each prompt for ``CostModel.prefill_s`` seconds of work (wall seconds with a
+host to itself; on a shared host, :mod:`dsi.sim.host`, ``retime`` stretches what is left of the
+running batch). A batch runs at the same FLOP rate: it ends when its prompts one after another
+would, for all of them at once; what a batch of similar lengths saves (less padding) is not
+modelled.
 
 Routers (``route(uncached, cached, loads, now) -> (instance, bucket)``):
 
@@ -40,10 +41,16 @@ class PrefillJob:
 
 @dataclass(slots=True)
 class PrefillInstance:
+    """``batch_tokens`` 0: one prompt at a time; > 0: every queued prompt whose un-cached tokens
+    fit that many (at least one prompt) runs in one batch, which ends for all of them together
+    (dsi's engine puts what waits at a step's start into the step, up to its max_batch_tokens)."""
+
     id: str
+    batch_tokens: int = 0
     queue: deque[PrefillJob] = field(default_factory=deque)
-    running: PrefillJob | None = None
-    done_at: float = 0.0  # when the running job finishes, wall seconds
+    batch: list[PrefillJob] = field(default_factory=list)  # running
+    work_s: float = 0.0  # the running batch's seconds of work
+    done_at: float = 0.0  # when the running batch ends, wall seconds
     started_at: float = 0.0  # when it started
     busy_s: float = 0.0
     pace: float = 1.0  # wall seconds per second of work
@@ -55,50 +62,56 @@ class PrefillInstance:
         return self.busy_s
 
     def load(self, now: float) -> InstanceLoad:
-        """Queued un-cached tokens (the running job's pro rata), requests held."""
+        """Queued un-cached tokens (the running batch's pro rata), requests held."""
         queued = sum(j.uncached for j in self.queue)
-        if self.running is not None and self.running.service_s > 0:
-            left = max(0.0, self.done_at - now) / self.pace / self.running.service_s
-            queued += round(self.running.uncached * left)
-        held = len(self.queue) + (self.running is not None)
+        if self.batch and self.work_s > 0:
+            left = max(0.0, self.done_at - now) / self.pace / self.work_s
+            queued += round(sum(j.uncached for j in self.batch) * left)
+        held = len(self.queue) + len(self.batch)
         return InstanceLoad(id=self.id, role="prefill", queued_tokens=queued, running_requests=held)
 
     @property
     def idle(self) -> bool:
-        return self.running is None and not self.queue
+        return not self.batch and not self.queue
 
     def add(self, job: PrefillJob, now: float) -> bool:
         """Queue ``job``; True when it starts at once (the caller schedules its end)."""
         self.queue.append(job)
-        return self.running is None and self.start(now)
+        return not self.batch and self.start(now)
 
     def start(self, now: float) -> bool:
-        """Start the next queued job, if any."""
-        if self.running is not None or not self.queue:
+        """Start the next batch from the queue, if any."""
+        if self.batch or not self.queue:
             return False
-        self.running = self.queue.popleft()
+        self.batch = [self.queue.popleft()]
+        tokens = self.batch[0].uncached
+        while self.batch_tokens and self.queue and tokens + self.queue[0].uncached <= self.batch_tokens:
+            tokens += self.queue[0].uncached
+            self.batch.append(self.queue.popleft())
+        self.work_s = sum(j.service_s for j in self.batch)
         self.started_at = now
-        self.done_at = now + self.running.service_s * self.pace
+        self.done_at = now + self.work_s * self.pace
         self.version += 1
         return True
 
-    def finish(self) -> PrefillJob:
-        job, self.running = self.running, None
-        assert job is not None
+    def finish(self) -> list[PrefillJob]:
+        """The jobs of the batch that ends now."""
+        jobs, self.batch = self.batch, []
+        assert jobs
         self.busy_s += self.done_at - self.started_at
-        return job
+        return jobs
 
     @property
     def computing(self) -> bool:
-        """Running a prompt (what shares a host's cores)."""
-        return self.running is not None
+        """Running a batch (what shares a host's cores)."""
+        return bool(self.batch)
 
     def retime(self, now: float, pace: float) -> bool:
-        """Run at ``pace`` from ``now`` on: True when the running job's end moved (``done_at``)."""
+        """Run at ``pace`` from ``now`` on: True when the running batch's end moved (``done_at``)."""
         if pace == self.pace:
             return False
         old, self.pace = self.pace, pace
-        if self.running is None:
+        if not self.batch:
             return False
         self.done_at = now + (self.done_at - now) / old * pace
         self.version += 1

@@ -35,7 +35,8 @@ line through the (batch, seconds per step) points ``batch / decode_tok_s_b{1,16,
 default scheduling mode, with no KV-length term (the bench decodes 32-token prompts). Its
 ``prefill_fixed_s`` is 0: the path around the forward (gateway, balancer, decode reservation,
 data plane) is not in the bench's figures; ``dsi sim validate`` measures it on a served cluster
-and adds it (:func:`dsi.sim.validate.request_overhead_s`).
+and adds it to each request's TTFT as a path outside the instances
+(:func:`dsi.sim.validate.request_path`, ``SimConfig.path_s``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What happened to each request, in columns indexed by request (seconds, tokens, FLOPs).
 
 TTFT = the first token at the client - arrival: waiting for room, prefill queue and forward,
-and the KV handoff (the first token travels with the handoff). TBT of a request = (its last
+the KV handoff (the first token travels with the handoff) and the request's ``path_s`` (what its
+way through gateway and roles adds, outside any instance's queue). TBT of a request = (its last
 token - its first) / (output tokens - 1): the mean gap between its tokens; requests of one
 output token have none (NaN).
 """
@@ -28,6 +29,7 @@ class Records:
     flops: np.ndarray = field(init=False)
     bucket: np.ndarray = field(init=False)
     waited: np.ndarray = field(init=False)  # arrived when no decode had room
+    path_s: np.ndarray = field(init=False)  # latency outside the instances (SimConfig.path_s)
 
     def __post_init__(self) -> None:
         nan = np.full(self.n, np.nan)
@@ -36,12 +38,13 @@ class Records:
         for name in ints:
             setattr(self, name, np.zeros(self.n, dtype=np.int64))
         self.flops = np.zeros(self.n)
+        self.path_s = np.zeros(self.n)
         self.exact = np.zeros(self.n, dtype=bool)
         self.waited = np.zeros(self.n, dtype=bool)
 
     @property
     def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s
+        return self.first_token_s + self.path_s - self.arrival_s
 
     @property
     def tbt_s(self) -> np.ndarray:

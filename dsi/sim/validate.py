@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -138,34 +137,63 @@ def text(result: Mapping) -> str:
     return "\n".join(lines)
 
 
-def sim_config(layout: Layout, config: Path, cores: int | None = None) -> SimConfig:
+def sim_config(
+    layout: Layout, config: Path, cores: int | None = None, path: RequestPath | None = None
+) -> SimConfig:
     """The served cluster as the simulator builds it (arrivals are already scaled; the decode
-    reserves between two steps, as dsi's engine does): every engine instance on this host's
-    ``cores`` (default: the CPUs this process may use), each computing with ``[engine] threads``
-    (0: one per core, as torch gives the bench that measured the profile)."""
+    reserves between two steps, as dsi's engine does; a prefill batches what waits up to its
+    ``max_batch_tokens``): every engine instance on this host's ``cores`` (default: the CPUs
+    this process may use), each computing with ``[engine] threads`` (0: one per core, as torch
+    gives the bench that measured the profile); ``path``: what the probes measured outside the
+    instances."""
     node = load_config(config)
     cores = cores or len(os.sched_getaffinity(0))
+    path = path or RequestPath()
+    budgets = [r.options.max_batch_tokens for r in node.roles if r.kind == "prefill"]
     return SimConfig(
         prefills=layout.prefills,
         decodes=layout.decodes,
         hit_policy=node.kvcache.hit_policy,
         reserve_at_step=True,
+        prefill_batch_tokens=min(budgets) if budgets else 0,
+        path_s=path.fixed_s,
+        path_s_per_token=path.per_token_s,
         shared_cores=cores,
         engine_threads=node.engine.threads or cores,
     )
 
 
-def request_overhead_s(profile: HardwareProfile, probes: Sequence[Measured]) -> float:
-    """The median over ``probes`` (requests sent alone to an idle cluster) of TTFT less the cost
-    model's prefill forward and handoff of their prompts: seconds per request that the path adds
-    (0 when the model already covers it)."""
+@dataclass(slots=True, frozen=True)
+class RequestPath:
+    """What a request's way outside the instances adds to its TTFT: ``fixed_s`` + ``per_token_s``
+    * prompt tokens (gateway rendering and tokenizing, routing, the calls between roles, the
+    store's lookups and puts, the first chunk back), seconds."""
+
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+
+
+def request_path(profile: HardwareProfile, probes: Sequence[Measured]) -> RequestPath:
+    """From ``probes`` (requests sent alone to an idle cluster, short and long ones): per probe,
+    TTFT less the cost model's prefill forward and handoff of its prompt; the line through the
+    median of the shorter half and the median of the longer half (one length: a constant).
+    Neither term is below 0."""
     cost = CostModel.of(profile)
-    left = [
-        m.ttft_s - cost.prefill_s(m.prompt_tokens, 0) - cost.handoff_s(m.prompt_tokens)
+    points = sorted(
+        (m.prompt_tokens, m.ttft_s - cost.prefill_s(m.prompt_tokens, 0) - cost.handoff_s(m.prompt_tokens))
         for m in probes
         if m.ttft_s is not None and m.prompt_tokens > 0
-    ]
-    return round(max(0.0, statistics.median(left)), 4) if left else 0.0
+    )
+    if not points:
+        return RequestPath()
+    half = len(points) // 2
+    if points[0][0] == points[-1][0] or half == 0:
+        return RequestPath(round(max(0.0, statistics.median(p[1] for p in points)), 4))
+    short, long = points[:half], points[half:]
+    x0, y0 = statistics.median(p[0] for p in short), statistics.median(p[1] for p in short)
+    x1, y1 = statistics.median(p[0] for p in long), statistics.median(p[1] for p in long)
+    slope = max(0.0, (y1 - y0) / (x1 - x0)) if x1 > x0 else 0.0
+    return RequestPath(round(max(0.0, y0 - slope * x0), 4), round(slope, 9))
 
 
 def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path | None = None) -> dict:
@@ -177,9 +205,9 @@ def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path |
     part = build_slice(slice_cfg, model)
     served = measure(part.requests, config)
     layout, results = served.layout, served.results
-    overhead = request_overhead_s(bench_profile, served.probes)
-    profile = dataclasses.replace(bench_profile, prefill_fixed_s=bench_profile.prefill_fixed_s + overhead)
-    cfg = sim_config(layout, config)
+    path = request_path(bench_profile, served.probes)
+    profile = bench_profile
+    cfg = sim_config(layout, config, path=path)
     cluster = Cluster(cfg, profile, [r.sim for r in part.requests]).run()
     summary = summarize(cluster)
     comparison = Comparison(measured_figures(results), simulated_figures(summary))
@@ -193,7 +221,9 @@ def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path |
         "layout": asdict(layout),
         "profile": {
             "prefill_tok_s": bench.get("prefill_tok_s"),
-            "request_overhead_s": overhead,
+            "path_s": path.fixed_s,
+            "path_s_per_token": path.per_token_s,
+            "prefill_batch_tokens": cfg.prefill_batch_tokens,
             "probe_ttft_s": [m.ttft_s and round(m.ttft_s, 4) for m in served.probes],
             "prefill_fixed_s": profile.prefill_fixed_s,
             "decode_step": asdict(profile.decode),

@@ -8,10 +8,11 @@ request per engine instance (prompts that share nothing with the slice) warms ev
 no figure holds a first request's one-off costs. Then each request of the slice is posted at its
 arrival time (seconds from the replay's start), whatever the others are doing.
 
-Then ``probes`` short prompts go one at a time to the idle cluster: their TTFT less what the
-cost model gives their forward is the per-request overhead of the path (gateway, balancer,
-decode reservation, prefill call, data plane, first chunk back), which the cpu profile's
-``dsi bench engine`` figures do not hold (see dsi.sim.validate).
+Then ``probes`` prompts, short (24 words) and long (the slice's longest) in turn, go one at a
+time to the idle cluster: their TTFT less what the cost model gives their forward and handoff is
+what the path adds (gateway, balancer, decode reservation, prefill call, store, data plane,
+first chunk back), a constant and a part that grows with the prompt, which the cpu profile's
+``dsi bench engine`` figures do not hold (see dsi.sim.validate.request_path).
 
 Per request (:class:`Measured`), at the client: TTFT = the first SSE chunk that carries a token
 (content or reasoning) minus the moment the request was posted, seconds; TBT = from that chunk
@@ -128,8 +129,8 @@ async def sequential(url: str, model: str, texts: list[str], max_tokens: int) ->
 
 @dataclass(slots=True, frozen=True)
 class ServedRun:
-    """What one served replay measured: the layout, the probes (short prompts sent one at a time
-    to the idle, warm cluster) and the slice's requests."""
+    """What one served replay measured: the layout, the probes (short and long prompts sent one
+    at a time to the idle, warm cluster) and the slice's requests."""
 
     layout: Layout
     probes: list[Measured]
@@ -143,7 +144,8 @@ def measure(
     ready_timeout_s: float = 180.0,
 ) -> ServedRun:
     """Start a private ``dsi serve`` of ``config``; warm it (two long prompts per engine
-    instance), send ``probes`` short prompts one at a time, replay ``requests``; stop it."""
+    instance), send ``probes`` short and long prompts one at a time, replay ``requests``; stop
+    it."""
     with tempfile.TemporaryDirectory(prefix="dsi-sim-validate-") as tmp:
         cluster = ServedCluster(private_config(config, Path(tmp)), Path(tmp))
         layout = layout_of(cluster)
@@ -154,11 +156,12 @@ def measure(
             max_tokens = max(r.sim.output_tokens for r in requests)
             warm = [probe_text(1000 + i, longest) for i in range(2 * (layout.prefills + layout.decodes))]
             warmed = asyncio.run(sequential(url, layout.model, warm, max_tokens))
-            short = asyncio.run(sequential(url, layout.model, [probe_text(i, 24) for i in range(probes)], 1))
-            failed = [m.error for m in warmed + short if m.error]
+            texts = [probe_text(i, longest if i % 2 else 24) for i in range(probes)]
+            probed = asyncio.run(sequential(url, layout.model, texts, 1))
+            failed = [m.error for m in warmed + probed if m.error]
             if failed:
                 raise RuntimeError(f"warm-up failed: {failed[0]}")
-            return ServedRun(layout, short, asyncio.run(replay(url, requests)))
+            return ServedRun(layout, probed, asyncio.run(replay(url, requests)))
         except RuntimeError as exc:
             tail = cluster.log_path.read_text(errors="replace")[-2000:] if cluster.log_path.exists() else ""
             raise RuntimeError(f"{exc}\n--- serve.log (tail) ---\n{tail}") from None

@@ -15,8 +15,20 @@ def test_jobs_run_one_at_a_time_and_the_load_counts_what_is_left():
     assert not p.add(PrefillJob(1, 500, NO_HIT, 1.0, 1.0), now=0.5)
     load = p.load(1.0)  # half of the first job left
     assert (load.queued_tokens, load.running_requests) == (1_000, 2)
-    assert p.finish().request == 0 and p.start(2.0) and p.done_at == 3.0 and p.busy_s == 2.0
-    assert p.finish().request == 1 and p.busy_s == 3.0 and p.idle
+    assert [j.request for j in p.finish()] == [0] and p.start(2.0) and p.done_at == 3.0
+    assert p.busy_s == 2.0
+    assert [j.request for j in p.finish()] == [1] and p.busy_s == 3.0 and p.idle
+
+
+def test_a_batch_takes_what_waits_up_to_its_tokens_and_ends_for_all_at_once():
+    p = PrefillInstance("p0", batch_tokens=1_500)
+    assert p.add(PrefillJob(0, 2_000, NO_HIT, 2.0, 1.0), now=0.0)  # alone over the budget: runs
+    for i, tokens in enumerate((600, 700, 300), start=1):
+        assert not p.add(PrefillJob(i, tokens, NO_HIT, tokens / 1_000, 1.0), now=0.5)
+    assert [j.request for j in p.finish()] == [0] and p.start(2.0)
+    assert [j.request for j in p.batch] == [1, 2] and p.done_at == pytest.approx(3.3)  # 600 + 700
+    assert p.load(2.0).queued_tokens == 1_600 and p.load(2.0).running_requests == 3
+    assert [j.request for j in p.finish()] == [1, 2] and p.start(3.3) and len(p.batch) == 1
 
 
 def test_a_slower_pace_stretches_what_is_left_of_the_running_job():

@@ -9,8 +9,9 @@ from dsi.sim.profiles import get_profile
 from dsi.sim.validate import (
     Comparison,
     Figures,
+    RequestPath,
     measured_figures,
-    request_overhead_s,
+    request_path,
     sim_config,
     simulated_figures,
     text,
@@ -98,14 +99,20 @@ def test_measured_late_posts_do_not_change_figures():
     assert f.ttft_p50_s == pytest.approx(float(np.percentile([0.1, 0.3], 50)))
 
 
-def test_the_request_overhead_is_what_probes_take_beyond_the_cost_model():
+def test_the_request_path_is_what_probes_take_beyond_the_cost_model():
     profile = get_profile("cpu")
     cost = CostModel.of(profile)
-    forward = cost.prefill_s(40, 0) + cost.handoff_s(40)
-    probes = [Measured(forward + d, prompt_tokens=40) for d in (0.02, 0.05, 0.03)]
-    assert request_overhead_s(profile, probes) == pytest.approx(0.03, abs=1e-4)
-    assert request_overhead_s(profile, [Measured(forward / 2, prompt_tokens=40)]) == 0.0
-    assert request_overhead_s(profile, [Measured(None, error="x")]) == 0.0
+
+    def forward(n: int) -> float:
+        return cost.prefill_s(n, 0) + cost.handoff_s(n)
+
+    short = [Measured(forward(40) + d, prompt_tokens=40) for d in (0.02, 0.05, 0.03)]
+    assert request_path(profile, short) == RequestPath(0.03, 0.0)  # one length: a constant
+    long = [Measured(forward(1_040) + d, prompt_tokens=1_040) for d in (0.13, 0.14, 0.12)]
+    path = request_path(profile, short + long)  # 0.03 at 40 tokens, 0.13 at 1,040
+    assert path.per_token_s == pytest.approx(1e-4) and path.fixed_s == pytest.approx(0.026)
+    assert request_path(profile, [Measured(forward(40) / 2, prompt_tokens=40)]) == RequestPath()
+    assert request_path(profile, [Measured(None, error="x")]) == RequestPath()
 
 
 def test_the_simulated_cluster_shares_the_hosts_cores_as_dsi_serve_does(tmp_path):
@@ -114,7 +121,7 @@ def test_the_simulated_cluster_shares_the_hosts_cores_as_dsi_serve_does(tmp_path
     local = paths.config("local.toml")  # [engine] threads unset: one per core
     cfg = sim_config(Layout(2, 2, "m"), local, cores=2)
     assert (cfg.prefills, cfg.decodes, cfg.shared_cores, cfg.engine_threads) == (2, 2, 2, 2)
-    assert cfg.reserve_at_step
+    assert cfg.reserve_at_step and cfg.prefill_batch_tokens == 8192  # the prefills' max_batch_tokens
     one_thread = tmp_path / "one.toml"
     one_thread.write_text(local.read_text().replace("[engine]\n", "[engine]\nthreads = 1\n", 1))
     assert sim_config(Layout(2, 2, "m"), one_thread, cores=2).engine_threads == 1
