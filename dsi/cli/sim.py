@@ -67,6 +67,11 @@ def config_of(args: argparse.Namespace) -> SimConfig:
         slo_tbt_s=args.slo_tbt_s,
         time_scale=args.time_scale,
         reserve_at_step=args.reserve_at_step,
+        prefill_batch_tokens=args.prefill_batch_tokens,
+        path_s=args.path_s,
+        path_s_per_token=args.path_s_per_token,
+        shared_cores=args.shared_cores,
+        engine_threads=args.engine_threads,
     )
 
 
@@ -194,6 +199,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--reserve-at-step",
         action="store_true",
         help="a decode reserves a request's pages between two steps (as dsi's engine does)",
+    )
+    parser.add_argument(
+        "--prefill-batch-tokens",
+        type=int,
+        default=0,
+        help="a prefill runs what waits in batches of up to this many tokens (0: one prompt at a time)",
+    )
+    parser.add_argument(
+        "--path-s", type=float, default=0.0, help="TTFT each request spends outside the instances"
+    )
+    parser.add_argument("--path-s-per-token", type=float, default=0.0, help="the same, per prompt token")
+    parser.add_argument(
+        "--shared-cores",
+        type=float,
+        default=0.0,
+        help="all instances share one host of this many cores (0: a device each)",
+    )
+    parser.add_argument(
+        "--engine-threads", type=float, default=1.0, help="compute threads of each instance (--shared-cores)"
     )
     parser.set_defaults(func=_run)
     experiments = parser.add_subparsers(dest="sim_command")

@@ -30,3 +30,17 @@ def test_a_trace_run_prints_text_and_an_unplottable_run_says_why(capsys, tmp_pat
 def test_a_bad_value_is_an_error_not_a_trace(capsys):
     assert main(["sim", "--limit", "10", "--time-scale", "0"]) == 2
     assert "time_scale" in capsys.readouterr().err
+
+
+def test_a_one_host_cluster_shares_its_cores_and_its_first_tokens_come_later(capsys):
+    argv = ["sim", "--profile", "cpu", "--limit", "200", "--time-scale", "4", "--prefills", "2",
+            "--decodes", "2", "--reserve-at-step", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    apart = json.loads(capsys.readouterr().out)
+    shared = [*argv, "--shared-cores", "2", "--engine-threads", "2", "--prefill-batch-tokens", "8192",
+              "--path-s", "0.05", "--path-s-per-token", "1e-4"]  # fmt: skip
+    assert main(shared) == 0
+    one_host = json.loads(capsys.readouterr().out)
+    assert one_host["config"]["shared_cores"] == 2 and one_host["config"]["prefill_batch_tokens"] == 8192
+    assert one_host["ttft_s"]["p50"] > apart["ttft_s"]["p50"] + 0.05  # the path and the shared cores
+    assert one_host["workload"]["requests"] == apart["workload"]["requests"] == 200
