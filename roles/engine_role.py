@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
@@ -37,6 +38,7 @@ from dsi.engine import (
     unpacked_images,
 )
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
+from dsi.engine.service import step_thread
 from dsi.eplb import EpSize, policy_for, resize
 from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
 from dsi.errors import DsiError, InvalidRequest
@@ -180,7 +182,8 @@ class EngineRole(RoleActor):
 
     async def on_start(self) -> None:
         self.ctx = peers_context()  # kept Peers to the other engine instances (kept_peer)
-        self.service = await asyncio.get_running_loop().run_in_executor(None, self._build_service)
+        thread = step_thread()  # builds the engine, then steps it (see step_thread)
+        self.service = await asyncio.get_running_loop().run_in_executor(thread, self._build_service, thread)
         self.service.start()
         self.data = await start_data_plane(
             self.settings.data_backend, self.settings.addresses, keys=self.settings.keys
@@ -223,7 +226,7 @@ class EngineRole(RoleActor):
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
 
-    def _build_service(self) -> EngineService:
+    def _build_service(self, thread: ThreadPoolExecutor) -> EngineService:
         from dsi.engine import load_curve
         from dsi.model.draft import load_draft
         from dsi.model.family import load_model_dir
@@ -255,7 +258,7 @@ class EngineRole(RoleActor):
         )
         experts = self.experts = self._start_experts(model, weights)
         try:
-            service = EngineService.create(model, weights, cfg, experts, draft)
+            service = EngineService.create(model, weights, cfg, experts, draft, thread)
         except BaseException:
             if experts is not None:
                 experts.close()

@@ -1,11 +1,12 @@
 import asyncio
+import threading
 import time
 
 import pytest
 
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
-from dsi.engine.service import EngineService, RequestMoved
+from dsi.engine.service import EngineService, RequestMoved, step_thread
 from dsi.errors import InvalidRequest
 from tests.dsi.engine.conftest import random_prompts
 
@@ -219,3 +220,30 @@ async def test_calls_that_wait_on_the_step_in_flight_leave_the_event_loop_free(t
         await svc.close()
     assert pages.shape[0] == 0 and state.num_computed >= 4
     assert waited >= 0.3 and worst[0] < 0.15, (waited, worst[0])
+
+
+async def test_an_engine_built_in_its_step_thread_is_stepped_there(tiny):
+    """What engine roles do (one OpenMP team per process, see step_thread)."""
+    cfg, w = tiny
+    thread = step_thread()
+    built: list[int] = []
+
+    def build() -> EngineService:
+        built.append(threading.get_ident())
+        return EngineService.create(cfg, w, EngineConfig(), thread=thread)
+
+    svc = await asyncio.get_running_loop().run_in_executor(thread, build)
+    stepped: set[int] = set()
+    step = svc._engine.step
+
+    def recorded():
+        stepped.add(threading.get_ident())
+        return step()
+
+    svc._engine.step = recorded  # type: ignore[method-assign]
+    svc.start()
+    try:
+        await _collect(svc, "r", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0))
+    finally:
+        await svc.close()
+    assert stepped == set(built) and threading.get_ident() not in stepped
