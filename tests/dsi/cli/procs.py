@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dsi.kvcache.shm import remove_files_of
+from dsi.provision.process import role_environment
 from dsi.transport.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -31,10 +32,11 @@ LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
 # The tiny model the test clusters load; the first role that needs it generates it (under a lock).
 SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 # The role processes a test starts share the machine's cores with each other and with the test's
-# own reference engine: their torch OpenMP threads sleep while they wait instead of spinning (as
-# under `dsi serve`, see dsi.provision.process). The test process keeps torch's default, which is
-# faster for an engine running alone. Thread counts, and so every result bit, are unchanged.
-CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+# own reference engine: their torch OpenMP threads spin only briefly before they sleep, as under
+# `dsi serve` (dsi.provision.process.role_environment). The test process keeps torch's default,
+# which is faster for an engine running alone. Thread counts, and so every result bit, are
+# unchanged.
+CHILD_ENV = role_environment(os.environ)
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
 
 # "KeyError: ...", "vllm.x.SomeError: ...", with or without a log prefix before it

@@ -9,7 +9,7 @@ import pytest
 
 from dsi.provision.process import RoleProcess
 
-SAY_POLICY = "import os; print('READY', os.environ.get('OMP_WAIT_POLICY'), flush=True)"
+SAY_POLICY = "import os; print('READY', os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), flush=True)"
 
 
 async def _policy_seen_by_child() -> str:
@@ -21,12 +21,16 @@ async def _policy_seen_by_child() -> str:
         await child.close()
 
 
-@pytest.mark.parametrize(("ours", "theirs"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_wait_passively_unless_the_environment_says(monkeypatch, ours, theirs):
-    """Roles sharing a host's cores: a child's OpenMP threads sleep while they wait, unless the
-    operator's environment chose a policy."""
-    if ours is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", ours)
-    assert asyncio.run(_policy_seen_by_child()).strip() == theirs
+@pytest.mark.parametrize(
+    ("policy", "spins", "seen"),
+    [(None, None, "None 10000"), ("ACTIVE", None, "ACTIVE None"), (None, "300000", "None 300000")],
+)
+def test_openmp_threads_spin_briefly_unless_the_environment_says(monkeypatch, policy, spins, seen):
+    """Roles sharing a host's cores: a child's OpenMP threads spin a little at a barrier, then
+    sleep, unless the operator's environment chose a policy or a spin count."""
+    for name, value in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spins)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert asyncio.run(_policy_seen_by_child()).strip() == seen
