@@ -5,13 +5,15 @@ stops the children in order. It asks the kernel for SIGTERM when the parent dies
 (PR_SET_PDEATHSIG), so not even a SIGKILLed parent leaves orphans. Stopping sends SIGTERM to the
 child's process group, waits `grace_s`, then sends SIGKILL.
 
-The roles of one host share its cores, so a child's OpenMP threads (torch's, libgomp) spin only
-briefly at a barrier before they sleep (``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT`, unless the
-environment sets it or ``OMP_WAIT_POLICY``): libgomp's default spins 30 times longer, taking the
-cores from another engine's working threads, while sleeping at once (``OMP_WAIT_POLICY=PASSIVE``)
-wakes the workers through the kernel at every operator, which made the tiny model's forward
-twice as slow (a 2,060-token prefill on 2 cores: 0.25 s with the default, 0.50 s passive, 0.27 s
-with 10,000 spins).
+The roles of one host share its cores, so a child's OpenMP threads (torch's, libgomp) sleep at
+once at a barrier (``OMP_WAIT_POLICY=PASSIVE``) unless the environment sets a policy or a spin
+count (``GOMP_SPINCOUNT``). Measured on 2 cores with configs/local.toml's four engines of two
+threads each: an engine alone computes twice as fast when its threads spin (a 2,060-token
+prompt's TTFT 0.28 s with ``GOMP_SPINCOUNT=10000`` against 0.48 s passive), but when requests
+come in bursts the spinning threads of the busy engines take the cores from each other (in
+``dsi sim validate``'s slice, TTFT p90 1.33 s against 0.53-0.56 s passive). Sleeping is the
+default that holds under load; where each engine has cores of its own (the sum of the engines'
+``[engine] threads`` within the host's cores), set ``GOMP_SPINCOUNT=10000`` in the environment.
 """
 
 from __future__ import annotations
@@ -117,15 +119,12 @@ class RoleProcess:
                 os.killpg(self.pid, sig)
 
 
-SPIN_COUNT = 10_000  # libgomp's default: 300,000 (OMP_WAIT_POLICY unset)
-
-
 def role_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` for a role process: with ``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` unless it
-    chose an OpenMP wait policy or spin count itself."""
+    """``environ`` for a role process: with ``OMP_WAIT_POLICY=PASSIVE`` unless it chose an
+    OpenMP wait policy or a spin count itself (see the module docstring)."""
     env = dict(environ)
     if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 
 

@@ -32,10 +32,10 @@ LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
 # The tiny model the test clusters load; the first role that needs it generates it (under a lock).
 SHARED_MODEL_DIR = REPO_ROOT / "run" / "models" / "tiny"
 # The role processes a test starts share the machine's cores with each other and with the test's
-# own reference engine: their torch OpenMP threads spin only briefly before they sleep, as under
-# `dsi serve` (dsi.provision.process.role_environment). The test process keeps torch's default,
-# which is faster for an engine running alone. Thread counts, and so every result bit, are
-# unchanged.
+# own reference engine: their torch OpenMP threads sleep while they wait instead of spinning, as
+# under `dsi serve` (dsi.provision.process.role_environment). The test process keeps torch's
+# default, which is faster for an engine running alone. Thread counts, and so every result bit,
+# are unchanged.
 CHILD_ENV = role_environment(os.environ)
 READY_TIMEOUT_S = 60.0  # generous: the machine is shared and python imports are slow there
 

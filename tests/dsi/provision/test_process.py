@@ -23,11 +23,11 @@ async def _policy_seen_by_child() -> str:
 
 @pytest.mark.parametrize(
     ("policy", "spins", "seen"),
-    [(None, None, "None 10000"), ("ACTIVE", None, "ACTIVE None"), (None, "300000", "None 300000")],
+    [(None, None, "PASSIVE None"), ("ACTIVE", None, "ACTIVE None"), (None, "10000", "None 10000")],
 )
-def test_openmp_threads_spin_briefly_unless_the_environment_says(monkeypatch, policy, spins, seen):
-    """Roles sharing a host's cores: a child's OpenMP threads spin a little at a barrier, then
-    sleep, unless the operator's environment chose a policy or a spin count."""
+def test_openmp_threads_wait_passively_unless_the_environment_says(monkeypatch, policy, spins, seen):
+    """Roles sharing a host's cores: a child's OpenMP threads sleep while they wait, unless the
+    operator's environment chose a policy or a spin count."""
     for name, value in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spins)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
