@@ -10,8 +10,10 @@ vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory,
 
 Equal terms (:mod:`dsi.bench.pinning`): each system runs on the same ``--cores`` (default: every
 CPU the bench may use), all its processes pinned there, with one compute thread per core: every
-dsi engine process gets that many torch threads (``[engine] threads``), vLLM that many OpenMP
-threads, one bound to each core. Both detokenize (Chat Completions streams text). The result's
+dsi engine process gets that many torch threads (``[engine] threads``; ``--dsi-threads`` sets
+another count), vLLM that many OpenMP threads, one bound to each core. dsi's roles wait at an
+OpenMP barrier as ``dsi serve`` makes them (passively, unless the environment sets
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; ``settings`` says which). Both detokenize (Chat Completions streams text). The result's
 ``settings`` says how each system ran. After dsi's client, ``vllm bench serve`` (vLLM's own load
 generator, from the peers venv; :mod:`dsi.bench.peers_served_vllm_bench`) runs against each
 server as a second, independent client (``vllm_bench``, ``vllm_bench_ratios``; ``--no-vllm-bench``
@@ -34,9 +36,11 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import shutil
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,7 @@ from dsi import paths
 from dsi.bench.peers import DEFAULT_PEERS_DIR, require_at_least_one
 from dsi.bench.peers_served_client import ServedRun, chat_body, drive, percentile, wait_ready
 from dsi.bench.pinning import cores_of, pinned, spell
+from dsi.provision.process import role_environment
 
 _CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
 
@@ -102,9 +107,12 @@ class ServedConfig:
     vllm_bench: bool = True  # `vllm bench serve` as a second client against each server
     peers_dir: Path = DEFAULT_PEERS_DIR
     engines: int = 1  # prefill and decode instances of dsi serve (each)
+    dsi_threads: int = 0  # torch threads of each dsi engine process (0: one per core, as vLLM's)
 
     def __post_init__(self) -> None:
         require_at_least_one(self, ("streams", "max_tokens", "repeats", "engines"))
+        if self.dsi_threads < 0:
+            raise ValueError(f"--dsi-threads must be >= 0, got {self.dsi_threads}")
         bad = [m for m in self.vllm_modes if m not in VLLM_MODES]
         if bad or not self.vllm_modes:
             raise ValueError(f"--vllm-modes: expected some of {','.join(VLLM_MODES)}, got {self.vllm_modes}")
@@ -117,6 +125,11 @@ class ServedConfig:
     def threads(self) -> int:
         """Compute threads of each engine process: one per core."""
         return len(self.cpus)
+
+    @property
+    def engine_threads(self) -> int:
+        """Torch threads of each dsi engine process."""
+        return self.dsi_threads or self.threads
 
     def vllm_env(self) -> dict[str, str]:
         """The environment of vLLM's processes: one OpenMP thread bound to each of the cores."""
@@ -134,12 +147,22 @@ class ServedConfig:
             "prefix_caching": False,
         }
         return {
-            "dsi": {**common, "torch_threads_per_engine": self.threads,
+            "dsi": {**common, "torch_threads_per_engine": self.engine_threads,
                     "engines": f"{self.engines} prefill + {self.engines} decode",
+                    "openmp_wait": openmp_wait(os.environ),
                     "prefix_caching": "kvstore (no page shared by these prompts)"},
             "vllm": {**common, "omp_threads": self.threads, "omp_bind": cores,
                      "modes": list(self.vllm_modes)},
         }  # fmt: skip
+
+
+def openmp_wait(environ: Mapping[str, str]) -> str:
+    """How dsi's role processes wait at an OpenMP barrier, as dsi.provision.process gives them
+    ``environ``."""
+    env = role_environment(environ)
+    if "GOMP_SPINCOUNT" in env:
+        return f"GOMP_SPINCOUNT={env['GOMP_SPINCOUNT']}"
+    return f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}"
 
 
 @dataclass(slots=True)
@@ -382,7 +405,7 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path, client: SecondClient)
 
     path = private_config(paths.config(_CONFIG), workdir)
     text = with_engines(with_model_dir(path.read_text(), model), config.engines)
-    text = with_engine_threads(text, config.threads)
+    text = with_engine_threads(text, config.engine_threads)
     path.write_text(text)
     cluster = ServedCluster(path, workdir)
     try:
@@ -461,6 +484,7 @@ def _main(args: argparse.Namespace) -> int:
             vllm_bench=not args.no_vllm_bench,
             peers_dir=Path(args.peers_dir),
             engines=args.engines,
+            dsi_threads=args.dsi_threads,
         )
     except ValueError as exc:
         print(f"dsi bench peers-served: {exc}")
@@ -502,6 +526,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
         "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"
+    )
+    parser.add_argument(
+        "--dsi-threads",
+        type=int,
+        default=0,
+        help="torch threads of each dsi engine process (default 0: one per core, as vLLM gets)",
     )
     parser.add_argument(
         "--peers-dir",

@@ -165,3 +165,19 @@ def test_dsis_engines_get_a_torch_thread_per_core(tmp_path):
 def test_vllm_compile_mode_drops_enforce_eager():
     argv = server_argv(Path("/v/bin/python"), Path("/m"), "name", 1234, 32, eager=False)
     assert "--enforce-eager" not in argv and "--no-enable-prefix-caching" in argv
+
+
+def test_dsi_engines_may_get_their_own_thread_count_and_the_result_says_how_they_wait(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    config = ServedConfig(cores=(0, 1), dsi_threads=1)
+    r = summarise(config, figures([_run(1.0, (0.05, 50))]), "x")
+    assert r.settings["dsi"]["torch_threads_per_engine"] == 1 and r.settings["vllm"]["omp_threads"] == 2
+    assert r.settings["dsi"]["openmp_wait"] == "OMP_WAIT_POLICY=PASSIVE"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    assert summarise(config, figures([_run(1.0, (0.05, 50))]), "x").settings["dsi"]["openmp_wait"] == (
+        "GOMP_SPINCOUNT=10000"
+    )
+    assert ServedConfig(cores=(0, 1)).engine_threads == 2
+    with pytest.raises(ValueError, match="--dsi-threads"):
+        ServedConfig(dsi_threads=-1)
