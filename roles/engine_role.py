@@ -35,10 +35,10 @@ from dsi.engine import (
     EngineShape,
     ImageEmbeds,
     machine_fingerprint,
+    step_thread,
     unpacked_images,
 )
 from dsi.engine.hit_policy import DEFAULT_HIT_POLICY, HitPolicy
-from dsi.engine.service import step_thread
 from dsi.eplb import EpSize, policy_for, resize
 from dsi.eplb.group import EpOptions, ExpertGroup, healthy_ranks
 from dsi.errors import DsiError, InvalidRequest

@@ -38,6 +38,7 @@ _HOMES = {
     "exact_hit_limit": "prefix",
     "load_curve": "step_curve",
     "machine_fingerprint": "fingerprint",
+    "step_thread": "service",
     "unpacked_images": "images",
 }
 __all__ = sorted(_HOMES)
