@@ -118,10 +118,16 @@ async def test_long_prompts_go_to_the_prefill_that_serves_the_long_bucket(procs,
                 [short],
                 [long],
             ]  # the plan held
-            async with session.get(f"{base}/metrics") as resp:
-                metrics = await resp.text()
+            # The gateway fetches the balancer's view every second: the split shows within a few.
+            split = 'dsi_balancer_bucket_engines{balancer="balancer-0",bucket="1"} 1'
+            for _ in range(50):
+                async with session.get(f"{base}/metrics") as resp:
+                    metrics = await resp.text()
+                if split in metrics:
+                    break
+                await asyncio.sleep(0.1)
             assert 'dsi_route_total{role="prefill",source="table"}' in metrics  # the default route_mode
-            assert 'dsi_balancer_bucket_engines{balancer="balancer-0",bucket="1"} 1' in metrics
+            assert split in metrics, [line for line in metrics.splitlines() if "dsi_balancer" in line]
     finally:
         for p in peers.values():
             await p.close()
