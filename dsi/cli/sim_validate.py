@@ -4,7 +4,8 @@ dsi.sim.validate).
     dsi sim validate [--requests 40] [--rate 0.5] [--bench-json FILE] [--config FILE] [--json]
 
 Without ``--bench-json`` the cpu profile is measured first with ``dsi bench engine``'s code
-(``--bench-repeats`` runs of each setting; about a minute per repeat on an idle 2-core machine).
+(``--bench-repeats`` runs of each setting; about a minute per repeat on an idle 2-core machine),
+with the torch threads the config gives each engine (``[engine] threads``; 0: torch's default).
 The table (``--json``: the whole result) goes to stdout, progress and the seconds taken to stderr.
 """
 
@@ -21,7 +22,7 @@ from dsi.sim.validate_slice import SliceConfig
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from dsi.sim.validate import text, validate  # starts nothing until asked
+    from dsi.sim.validate import engine_threads, text, validate  # starts nothing until asked
 
     start = time.perf_counter()
     try:
@@ -36,10 +37,15 @@ def _validate(args: argparse.Namespace) -> int:
         if args.bench_json is not None:
             bench = json.loads(args.bench_json.read_text())
         else:
+            import torch
+
             from dsi.bench.engine import run as bench_engine
 
             print("dsi sim validate: measuring the cpu profile (dsi bench engine)", file=sys.stderr)
-            bench = bench_engine(repeats=args.bench_repeats)
+            threads = engine_threads(args.config or paths.config("local.toml"))
+            if threads:  # the profile of an engine as the config runs it
+                torch.set_num_threads(threads)
+            bench = {**bench_engine(repeats=args.bench_repeats), "threads": torch.get_num_threads()}
         print("dsi sim validate: replaying against dsi serve, then simulating", file=sys.stderr)
         result = validate(bench, slice_cfg, args.config)
     except (ValueError, OSError, RuntimeError) as exc:

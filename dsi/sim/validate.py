@@ -137,6 +137,11 @@ def text(result: Mapping) -> str:
     return "\n".join(lines)
 
 
+def engine_threads(config: Path) -> int:
+    """The torch threads ``config`` gives each engine process (0: torch's default)."""
+    return load_config(config).engine.threads
+
+
 def sim_config(
     layout: Layout, config: Path, cores: int | None = None, path: RequestPath | None = None
 ) -> SimConfig:

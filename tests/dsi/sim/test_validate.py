@@ -10,6 +10,7 @@ from dsi.sim.validate import (
     Comparison,
     Figures,
     RequestPath,
+    engine_threads,
     measured_figures,
     request_path,
     sim_config,
@@ -125,3 +126,4 @@ def test_the_simulated_cluster_shares_the_hosts_cores_as_dsi_serve_does(tmp_path
     one_thread = tmp_path / "one.toml"
     one_thread.write_text(local.read_text().replace("[engine]\n", "[engine]\nthreads = 1\n", 1))
     assert sim_config(Layout(2, 2, "m"), one_thread, cores=2).engine_threads == 1
+    assert (engine_threads(local), engine_threads(one_thread)) == (0, 1)  # the profile's threads too
