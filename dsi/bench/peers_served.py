@@ -13,8 +13,8 @@ CPU the bench may use), all its processes pinned there, with one compute thread 
 dsi engine process gets that many torch threads (``[engine] threads``; ``--dsi-threads`` sets
 another count), vLLM that many OpenMP threads, one bound to each core. dsi's roles wait at an
 OpenMP barrier as ``dsi serve`` makes them (passively, unless the environment sets
-``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; ``settings`` says which). Both detokenize (Chat Completions streams text). The result's
-``settings`` says how each system ran. After dsi's client, ``vllm bench serve`` (vLLM's own load
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; ``settings`` says which). Both detokenize (Chat
+Completions streams text). The result's ``settings`` says how each system ran. After dsi's client, ``vllm bench serve`` (vLLM's own load
 generator, from the peers venv; :mod:`dsi.bench.peers_served_vllm_bench`) runs against each
 server as a second, independent client (``vllm_bench``, ``vllm_bench_ratios``; ``--no-vllm-bench``
 skips it). Each gets one

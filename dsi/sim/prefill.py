@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from dsi.balance import InstanceLoad, PrefillBalancer, PrefillBalancerConfig
 from dsi.balance.prefill import least_queued
 from dsi.engine.hit_policy import HitChoice
+from dsi.sim.host import WorkClock
 
 PREFILL_ROUTERS = ("bucketed", "least-loaded", "round-robin")
 
@@ -50,11 +51,16 @@ class PrefillInstance:
     queue: deque[PrefillJob] = field(default_factory=deque)
     batch: list[PrefillJob] = field(default_factory=list)  # running
     work_s: float = 0.0  # the running batch's seconds of work
-    done_at: float = 0.0  # when the running batch ends, wall seconds
-    started_at: float = 0.0  # when it started
+    done_work: float = 0.0  # when the running batch ends, work seconds (``clock``)
+    started_at: float = 0.0  # when it started, wall seconds
     busy_s: float = 0.0
-    pace: float = 1.0  # wall seconds per second of work
+    clock: WorkClock = field(default_factory=WorkClock)
     version: int = 0  # bumps when done_at moves; an older end event is stale
+
+    @property
+    def done_at(self) -> float:
+        """When the running batch ends, wall seconds."""
+        return self.clock.wall(self.done_work)
 
     @property
     def used_s(self) -> float:
@@ -65,7 +71,7 @@ class PrefillInstance:
         """Queued un-cached tokens (the running batch's pro rata), requests held."""
         queued = sum(j.uncached for j in self.queue)
         if self.batch and self.work_s > 0:
-            left = max(0.0, self.done_at - now) / self.pace / self.work_s
+            left = max(0.0, self.done_work - self.clock.work(now)) / self.work_s
             queued += round(sum(j.uncached for j in self.batch) * left)
         held = len(self.queue) + len(self.batch)
         return InstanceLoad(id=self.id, role="prefill", queued_tokens=queued, running_requests=held)
@@ -90,7 +96,7 @@ class PrefillInstance:
             self.batch.append(self.queue.popleft())
         self.work_s = sum(j.service_s for j in self.batch)
         self.started_at = now
-        self.done_at = now + self.work_s * self.pace
+        self.done_work = self.clock.work(now) + self.work_s
         self.version += 1
         return True
 
@@ -108,12 +114,11 @@ class PrefillInstance:
 
     def retime(self, now: float, pace: float) -> bool:
         """Run at ``pace`` from ``now`` on: True when the running batch's end moved (``done_at``)."""
-        if pace == self.pace:
+        if pace == self.clock.pace:
             return False
-        old, self.pace = self.pace, pace
+        self.clock.set_pace(now, pace)
         if not self.batch:
             return False
-        self.done_at = now + (self.done_at - now) / old * pace
         self.version += 1
         return True
 

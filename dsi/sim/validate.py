@@ -205,13 +205,12 @@ def validate(bench: Mapping[str, object], slice_cfg: SliceConfig, config: Path |
     """Measure, simulate and compare on ``config`` (default dsi's configs/local.toml); ``bench``:
     the object ``dsi bench engine --json`` prints."""
     config = config or paths.config("local.toml")
-    bench_profile = cpu_profile(bench)
+    profile = cpu_profile(bench)
     model = load_config(config).model.name
     part = build_slice(slice_cfg, model)
     served = measure(part.requests, config)
     layout, results = served.layout, served.results
-    path = request_path(bench_profile, served.probes)
-    profile = bench_profile
+    path = request_path(profile, served.probes)
     cfg = sim_config(layout, config, path=path)
     cluster = Cluster(cfg, profile, [r.sim for r in part.requests]).run()
     summary = summarize(cluster)
