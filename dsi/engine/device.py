@@ -18,11 +18,41 @@ plain host work on the copier's thread.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 KEY = "[engine] device"
+# torch's own device types (c10's DeviceType names): a config naming one of these is checked
+# without importing torch, so roles that never compute (controller, gateway, kvstore,
+# balancer) read their config without the second or so of CPU that importing torch costs.
+# Any other name (an out-of-tree backend's renamed privateuse1, e.g. "npu") is asked of torch.
+_TORCH_TYPES = frozenset(
+    [
+        "cpu",
+        "cuda",
+        "ipu",
+        "xpu",
+        "mkldnn",
+        "opengl",
+        "opencl",
+        "ideep",
+        "hip",
+        "ve",
+        "fpga",
+        "maia",
+        "xla",
+        "lazy",
+        "vulkan",
+        "mps",
+        "meta",
+        "hpu",
+        "mtia",
+        "privateuseone",
+    ]
+)
+_SYNTAX = re.compile(r"([a-z_][a-z0-9_]*)(?::(0|[1-9][0-9]*))?")
 
 
 def parse_device(text: str) -> Any:
@@ -38,6 +68,9 @@ def parse_device(text: str) -> Any:
 def device_problem(text: str) -> str | None:
     """Why ``text`` names no device this config could use, or None (a config check: syntax only,
     a config is read on machines other than the one that runs it)."""
+    found = _SYNTAX.fullmatch(text)
+    if found is not None and found.group(1) in _TORCH_TYPES:
+        return None
     try:
         parse_device(text)
     except ValueError:

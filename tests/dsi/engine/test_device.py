@@ -69,3 +69,17 @@ def test_the_runner_places_weights_pages_and_state_on_its_device(tiny):
 def test_the_kernels_are_picked_on_cuda_only():
     assert decode_kernels(torch.device("cpu")) is None
     assert decode_kernels(torch.device("meta")) is None
+
+
+def test_the_config_check_agrees_with_torch_on_device_strings():
+    """dsi.engine.device.device_problem checks torch's own device types without torch."""
+    from dsi.engine.device import device_problem
+
+    for text in ("cpu", "cuda", "cuda:0", "cuda:12", "cpu:0", "meta", "xpu:1", "privateuseone", "Cuda", "cuda:01",
+                 "cuda:-1", "gpu0", "cuda:x", "cuda:", ":0", " cpu", "tpu9"):  # fmt: skip
+        try:
+            torch.device(text)
+            ok = True
+        except (RuntimeError, TypeError, ValueError):
+            ok = False
+        assert (device_problem(text) is None) == ok, text
