@@ -31,6 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsi.errors import InvalidRequest
 from dsi.recipe.conversation import (
@@ -97,6 +98,7 @@ class ChatTemplate:
     plain: object = field(default=None, repr=False)  # the tokenizer without its added vocabulary
     byte_level: bool = True  # the tokenizer decodes byte-level (what dsi.recipe.detok streams)
     _control: ControlIds | None = field(default=None, init=False, repr=False)
+    _compiled: object = field(default=None, init=False, repr=False)  # jinja2 Template of `source`
 
     @classmethod
     def load(cls, directory: Path) -> ChatTemplate:
@@ -123,14 +125,20 @@ class ChatTemplate:
         """The rendered prompt, ending with the assistant turn's opening."""
         return self._render(plain_messages(conv))
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def _template(self) -> Any:  # a jinja2 Template (jinja2 is imported on first use)
+        """The template compiled once (a request renders it twice; compiling is most of that)."""
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise
-        return env.from_string(self.source).render(
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.globals["raise_exception"] = _raise
+            self._compiled = env.from_string(self.source)
+        return self._compiled
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self._template().render(
             messages=messages,
             add_generation_prompt=True,
             bos_token=self.bos_token,
