@@ -87,17 +87,32 @@ def _check_rows(q: torch.Tensor, kv_layer: torch.Tensor, tables, seq, pos) -> No
 
 
 def paged_attention(
-    q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    tables: torch.Tensor,
+    seq: torch.Tensor,
+    pos: torch.Tensor,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [rows, Hq, D] over pages kv_layer [num_blocks, 2, block, Hkv, D]; tables [seqs, W] (int64),
-    seq [rows], pos [rows] (a row with pos < 0 gets zeros). -> [rows, Hq * D]. The C kernel where it
-    is built and has a variant for the shape, else the reference."""
+    seq [rows], pos [rows] (a row with pos < 0 gets zeros). -> [rows, Hq * D] (written into ``out``
+    when given: fp32 with contiguous rows, such as a row range of a larger result). The C kernel
+    where it is built and has a variant for the shape, else the reference."""
     _check_rows(q, kv_layer, tables, seq, pos)
     rows, hq, d = q.shape
+    if out is not None and (
+        out.shape != (rows, hq * d)
+        or out.dtype != torch.float32
+        or out.stride(1) != 1
+        or out.stride(0) != hq * d
+    ):
+        raise ValueError(f"out must be fp32 [{rows}, {hq * d}] with contiguous rows")
     if not supports(hq // kv_layer.shape[3], d):
-        return paged_attention_reference(q, kv_layer, tables, seq, pos)
+        result = paged_attention_reference(q, kv_layer, tables, seq, pos)
+        return result if out is None else out.copy_(result)
     lib = _lib()
-    out = torch.empty(rows, hq * d)
+    if out is None:
+        out = torch.empty(rows, hq * d)
     st = kv_layer.stride()
     rc = lib.dsi_paged_attention(
         q.data_ptr(), q.stride(0), rows, hq, kv_layer.shape[3], d,

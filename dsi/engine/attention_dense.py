@@ -24,6 +24,7 @@ import torch
 
 from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
+from dsi.engine.tile_workers import tile_workers
 from dsi.kernels import paged_attention as native
 from dsi.kvcache.block_pool import NULL_BLOCK
 from dsi.model.llama import causal_attend
@@ -66,8 +67,15 @@ def step_rows(batch: list[StepSlice], block_size: int, rows: int) -> StepRows:
     )
 
 
+SHARED_ROWS = 8  # rows below which a thread's share of the attention is not worth a hand-off
+
+
 class PagedRows:
-    """The C kernel's attention: write the rows' K/V, then attend every row in one call."""
+    """The C kernel's attention: write the rows' K/V, then attend the rows, shared out among the
+    engine's threads (dsi.engine.tile_workers) when there are at least 2 x SHARED_ROWS of them."""
+
+    def __init__(self) -> None:
+        self.workers = tile_workers()
 
     def prepare(self, batch: list[StepSlice], rows: StepRows) -> StepRows:
         return rows
@@ -77,7 +85,23 @@ class PagedRows:
     ) -> torch.Tensor:
         """kv_layer [num_blocks, 2, block, Hkv, D]; q [T, Hq, D]; k, v [T, Hkv * D] -> [T, Hq * D]."""
         native.write_kv(kv_layer, k, v, plan.page, plan.off)
-        return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos)
+        rows = q.shape[0]
+        parts = min(self.workers.threads(), rows // SHARED_ROWS)
+        if parts < 2:
+            return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos)
+        # a row's result depends on its own query, pages and position only: the rows are shared
+        # out among the engine's threads (a run each), every bit as in one call
+        out = q.new_empty(rows, q.shape[1] * q.shape[2])
+        bounds = [rows * i // parts for i in range(parts + 1)]
+
+        def part(i: int) -> None:
+            a, b = bounds[i], bounds[i + 1]
+            native.paged_attention(q[a:b], kv_layer, plan.tables, plan.seq[a:b], plan.pos[a:b], out=out[a:b])
+
+        if not self.workers.run(part, parts):
+            for i in range(parts):
+                part(i)
+        return out
 
     @staticmethod
     def supports(n_heads: int, n_kv_heads: int, head_dim: int) -> bool:

@@ -8,6 +8,7 @@ and runs the packed product, or falls back to ``@`` for a weight it has not pack
 everywhere when torch has no oneDNN)::
 
     batch-invariant: x [M, K] -> tiles of exactly ROW_TILE rows -> oneDNN(tile, packed w) each -> [M, N]
+                     (the tiles shared out among the engine's threads: dsi.engine.tile_workers)
     otherwise:       x [M, K] -> oneDNN(x, packed w) -> [M, N]
 
 With ``batch_invariant`` every product oneDNN sees has ROW_TILE rows, the shape the weights are
@@ -23,6 +24,7 @@ import torch
 
 from dsi.engine import invariant
 from dsi.engine.invariant import ROW_TILE
+from dsi.engine.tile_workers import tile_workers
 
 _Key = tuple[int, tuple[int, ...], tuple[int, ...]]
 PACK_ROWS = 32  # the row count oneDNN picks the weights' blocked layout for outside invariant mode
@@ -47,6 +49,7 @@ class PackedGemm:
 
     def __init__(self, weights: list[torch.Tensor], batch_invariant: bool = True) -> None:
         self.invariant = batch_invariant
+        self._workers = tile_workers()
         self._packed: dict[_Key, tuple[torch.Tensor, torch.Tensor]] = {}
         if not onednn_available():
             return
@@ -71,6 +74,13 @@ class PackedGemm:
         if t == 1:
             return _LINEAR(x, hit[1], None, "none", [], "")[:m]
         out = x.new_empty(t * ROW_TILE, w.shape[1])
-        for a in range(0, t * ROW_TILE, ROW_TILE):
-            out[a : a + ROW_TILE] = _LINEAR(x[a : a + ROW_TILE], hit[1], None, "none", [], "")
+        packed = hit[1]
+
+        def tile(i: int) -> None:
+            a = i * ROW_TILE
+            out[a : a + ROW_TILE] = _LINEAR(x[a : a + ROW_TILE], packed, None, "none", [], "")
+
+        if not self._workers.run(tile, t):  # one OpenMP region per tile instead
+            for i in range(t):
+                tile(i)
         return out[:m]

@@ -72,3 +72,15 @@ def test_without_a_compiler_there_is_no_library_and_it_says_why(monkeypatch, tmp
         assert "paged_attention.c" in native.why_not("paged_attention")
     finally:
         native._build.cache_clear()
+
+
+def test_rows_written_into_a_range_of_a_larger_result_are_the_batchs():
+    kv = _pages(3, 64)
+    q, tables, seq, pos = _rows(9, 64, [200, 13, 255, 256, 40, 383])
+    batch = pa.paged_attention(q, kv, tables, seq, pos)
+    out = torch.full((8, 9 * 64), 7.0)
+    got = pa.paged_attention(q[2:5], kv, tables, seq[2:5], pos[2:5], out=out[3:6])
+    assert got.data_ptr() == out[3:6].data_ptr() and torch.equal(out[3:6], batch[2:5])
+    assert torch.equal(out[:3], torch.full((3, 576), 7.0)) and torch.equal(out[6:], torch.full((2, 576), 7.0))
+    with pytest.raises(ValueError, match="out must be"):
+        pa.paged_attention(q, kv, tables, seq, pos, out=torch.empty(6, 575))
