@@ -36,6 +36,9 @@ _END = object()
 _TIMER_SLACK_S = 0.001  # loop timers have millisecond resolution and may fire that much early
 
 
+REHELLO_PAUSE_S = 0.5  # between Hellos on one connection that were refused rather than unanswered
+
+
 class Peer:
     """Client side of the control plane towards one address.
 
@@ -85,6 +88,8 @@ class Peer:
         self._tasks: list[asyncio.Task] = []
         self._rehellos: set[asyncio.Task] = set()
         self._hellos = 0  # Hello calls in flight
+        self._live = False  # the current connection finished its ZeroMQ handshake
+        self._connections = 0  # ZeroMQ handshakes seen (a reconnect is a new one)
         self._closed = False
 
     async def connect(self, timeout: float | None = None) -> Welcome:
@@ -301,30 +306,46 @@ class Peer:
 
     async def _watch(self) -> None:
         seen_connection = False
-        live = False  # the current connection finished its handshake
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._connected.clear()
                 # A connection whose handshake failed (wrong CURVE keys, not a dsi peer) never
                 # took a call off the queue: those calls wait for the next connection instead.
-                if live:
+                if self._live:
                     self._fail_all(PeerLost(f"{self.address} went away"))
-                live = False
+                self._live = False
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connections += 1
                 # A reconnect, or a first connection whose Hello already timed out in connect().
                 if seen_connection or (self.welcome is None and not self._hellos):
                     task = asyncio.get_running_loop().create_task(self._rehello())
                     self._rehellos.add(task)
                     task.add_done_callback(self._rehellos.discard)
-                seen_connection = live = True
+                seen_connection = self._live = True
 
     async def _rehello(self) -> None:
-        try:
-            await self._hello(self.timeout)
-            log.info("peer %s: reconnected", self.address)
-        except DsiError as exc:
-            log.warning("peer %s: handshake after reconnect failed: %s", self.address, exc)
+        """The Hello on a new connection, asked again while that connection stays up and
+        unanswered (a process that restarted at the same address may bind long before its
+        actors answer: a vLLM role loads for a minute). A Hello that times out once would
+        otherwise leave the peer ``away`` for good."""
+        connection = self._connections
+        while not self._closed:
+            try:
+                await self._hello(self.timeout)
+                log.info("peer %s: reconnected", self.address)
+                return
+            except VersionMismatch as exc:
+                log.warning("peer %s: handshake after reconnect failed: %s", self.address, exc)
+                return
+            except DsiError as exc:
+                if self._connections != connection or not self._live or self._connected.is_set():
+                    return  # dropped or replaced meanwhile: its own handshake asks again
+                log.info("peer %s: no answer to the Hello yet (%s); asking again", self.address, exc)
+                if not isinstance(exc, AskTimeout):
+                    await asyncio.sleep(
+                        REHELLO_PAUSE_S
+                    )  # refused at once (a stopping actor): not in a tight loop
 
     def _fail_all(self, err: DsiError) -> None:
         for future in list(self._calls.values()):
