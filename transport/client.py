@@ -88,8 +88,7 @@ class Peer:
         self._tasks: list[asyncio.Task] = []
         self._rehellos: set[asyncio.Task] = set()
         self._hellos = 0  # Hello calls in flight
-        self._live = False  # the current connection finished its ZeroMQ handshake
-        self._connections = 0  # ZeroMQ handshakes seen (a reconnect is a new one)
+        self._epoch = 0  # connection events seen (a handshake or a drop each starts a new epoch)
         self._closed = False
 
     async def connect(self, timeout: float | None = None) -> Welcome:
@@ -306,30 +305,31 @@ class Peer:
 
     async def _watch(self) -> None:
         seen_connection = False
+        live = False  # the current connection finished its handshake
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._epoch += 1
                 self._connected.clear()
                 # A connection whose handshake failed (wrong CURVE keys, not a dsi peer) never
                 # took a call off the queue: those calls wait for the next connection instead.
-                if self._live:
+                if live:
                     self._fail_all(PeerLost(f"{self.address} went away"))
-                self._live = False
+                live = False
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connections += 1
+                self._epoch += 1
                 # A reconnect, or a first connection whose Hello already timed out in connect().
                 if seen_connection or (self.welcome is None and not self._hellos):
-                    task = asyncio.get_running_loop().create_task(self._rehello())
+                    task = asyncio.get_running_loop().create_task(self._rehello(self._epoch))
                     self._rehellos.add(task)
                     task.add_done_callback(self._rehellos.discard)
-                seen_connection = self._live = True
+                seen_connection = live = True
 
-    async def _rehello(self) -> None:
+    async def _rehello(self, epoch: int) -> None:
         """The Hello on a new connection, asked again while that connection stays up and
         unanswered (a process that restarted at the same address may bind long before its
         actors answer: a vLLM role loads for a minute). A Hello that times out once would
-        otherwise leave the peer ``away`` for good."""
-        connection = self._connections
+        otherwise leave the peer ``away`` for good. ``epoch``: the connection's, when it came up."""
         while not self._closed:
             try:
                 await self._hello(self.timeout)
@@ -339,13 +339,11 @@ class Peer:
                 log.warning("peer %s: handshake after reconnect failed: %s", self.address, exc)
                 return
             except DsiError as exc:
-                if self._connections != connection or not self._live or self._connected.is_set():
-                    return  # dropped or replaced meanwhile: its own handshake asks again
+                if self._epoch != epoch or self._connected.is_set():
+                    return  # dropped or replaced meanwhile: the next handshake asks again
                 log.info("peer %s: no answer to the Hello yet (%s); asking again", self.address, exc)
-                if not isinstance(exc, AskTimeout):
-                    await asyncio.sleep(
-                        REHELLO_PAUSE_S
-                    )  # refused at once (a stopping actor): not in a tight loop
+                if not isinstance(exc, AskTimeout):  # refused at once (a stopping actor): no tight loop
+                    await asyncio.sleep(REHELLO_PAUSE_S)
 
     def _fail_all(self, err: DsiError) -> None:
         for future in list(self._calls.values()):
