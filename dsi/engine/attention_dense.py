@@ -98,10 +98,9 @@ class PagedRows:
             a, b = bounds[i], bounds[i + 1]
             native.paged_attention(q[a:b], kv_layer, plan.tables, plan.seq[a:b], plan.pos[a:b], out=out[a:b])
 
-        if not self.workers.run(part, parts):
-            for i in range(parts):
-                part(i)
-        return out
+        if self.workers.run(part, parts):
+            return out
+        return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos)  # workers busy
 
     @staticmethod
     def supports(n_heads: int, n_kv_heads: int, head_dim: int) -> bool:

@@ -150,7 +150,7 @@ class TileWorkers:
         try:
             n = min(threads, tiles)
             while len(self._workers) < n - 1:
-                self._workers.append(_Worker(gomp, f"dsi-gemm-tiles-{len(self._workers)}"))
+                self._workers.append(_Worker(gomp, f"dsi-tile-worker-{len(self._workers)}"))
             bounds = [tiles * k // n for k in range(n + 1)]
             workers = self._workers[: n - 1]
             modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
