@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import re
 import stat
-import time
 
 from dsi.cli.main import main
 from dsi.config import load_config
-from tests.dsi.cli.procs import Procs, local_config, python_module
+from tests.dsi.cli.procs import Procs, instances, local_config, python_module, wait_until
 
 
 def _section(out: str) -> str:
@@ -68,14 +67,9 @@ def test_a_live_controller_serves_the_sets_holders_only(tmp_path, capsys):
     with Procs(tmp_path) as procs:
         assert procs.start("controller", python_module("dsi.cli.role", "--config", str(node))).wait_ready()
         # READY comes before the controller's first heartbeat to itself lists it in its table
-        deadline = time.monotonic() + 10.0
-        while True:
-            assert main(["status", "--config", str(configs["operator"]), "--json"]) == 0
-            instances = json.loads(capsys.readouterr().out)["instances"]
-            if instances or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        [info] = instances
+        wait_until(lambda: instances("--config", str(configs["operator"])), timeout=10.0)
+        assert main(["status", "--config", str(configs["operator"]), "--json"]) == 0
+        [info] = json.loads(capsys.readouterr().out)["instances"]
         assert (info["instance_id"], info["state"]) == ("controller-0", "serving")
         address = re.search(r'controller = "([^"]+)"', base).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no keys at all

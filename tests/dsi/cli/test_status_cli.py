@@ -2,7 +2,6 @@
 
 import json
 import re
-import time
 
 import msgspec
 
@@ -13,7 +12,7 @@ from dsi.cli.status_spec import format_curves
 from dsi.messages.control import InstanceInfo, InstanceTable, Load, StepCurveView, TransitionCount
 from dsi.messages.fingerprint import MachineFingerprint
 from dsi.transport.security import generate_keys
-from tests.dsi.cli.procs import Procs, free_port, local_config, python_module
+from tests.dsi.cli.procs import Procs, free_port, instances, local_config, python_module, wait_until
 from tests.fingerprints import fingerprint
 
 INFO = InstanceInfo(
@@ -106,15 +105,10 @@ authorized_keys_dir = "{keys["authorized_dir"]}"
     with Procs(tmp_path) as procs:
         role = python_module("dsi.cli.role", "--config", str(config))
         assert procs.start("controller", role).wait_ready() == "READY controller-0"
-        # READY comes before the controller's first heartbeat to itself: ask until it is listed
-        deadline = time.monotonic() + 10.0
-        while True:
-            assert main(["status", "--config", str(config), "--json"]) == 0
-            instances = json.loads(capsys.readouterr().out)["instances"]
-            if instances or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        [info] = instances
+        # READY comes before the controller's first heartbeat to itself: wait until it is listed
+        wait_until(lambda: instances("--config", str(config)), timeout=10.0)
+        assert main(["status", "--config", str(config), "--json"]) == 0
+        [info] = json.loads(capsys.readouterr().out)["instances"]
         assert (info["instance_id"], info["state"]) == ("controller-0", "serving")
         address = re.search(r'controller = "([^"]+)"', config.read_text()).group(1)
         assert main(["status", "--controller", address, "--timeout", "0.5"]) == 1  # no client key
