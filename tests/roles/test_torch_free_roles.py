@@ -25,36 +25,31 @@ print(sorted(name for name in ("torch", "triton", "transformers") if name in sys
 """
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
-def test_roles_without_an_engine_read_their_config_and_build_without_torch(tmp_path, device):
+def probe(tmp_path, kinds: str, device: str | None = None, timeout: float = 120) -> str:
+    """The heavy modules PROBE finds loaded after building the roles of ``kinds`` (comma-separated)
+    from configs/local.toml, with ``[engine] device`` set when given."""
     text = (REPO / "configs" / "local.toml").read_text().replace('"../run/', f'"{tmp_path}/run/')
-    text = text.replace("[engine]\n", f'[engine]\ndevice = "{device}"\n', 1)
-    assert f'device = "{device}"' in text
+    if device is not None:
+        text = text.replace("[engine]\n", f'[engine]\ndevice = "{device}"\n', 1)
+        assert f'device = "{device}"' in text
     config = tmp_path / "node.toml"
     config.write_text(text)
-    kinds = "controller,entrypoint,kvstore,balancer"
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(config), kinds],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+def test_roles_without_an_engine_read_their_config_and_build_without_torch(tmp_path, device):
+    assert probe(tmp_path, "controller,entrypoint,kvstore,balancer", device, timeout=60) == "[]"
 
 
 def test_the_probe_sees_torch_where_an_engine_role_is_built(tmp_path):
     """The same probe on a prefill does report torch: the check above can fail."""
-    text = (REPO / "configs" / "local.toml").read_text().replace('"../run/', f'"{tmp_path}/run/')
-    config = tmp_path / "node.toml"
-    config.write_text(text)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(config), "prefill"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "torch" in out.stdout, out.stdout
+    assert "torch" in probe(tmp_path, "prefill")
