@@ -1,5 +1,18 @@
 """Fixtures shared across the test tree."""
 
+import os
+
+# Under pytest-xdist (``-n``) each worker picks its free ports, and so do the processes it starts,
+# from a range of its own below the kernel's ephemeral range: two workers never hand out one port.
+# Set before tests.dsi.cli.procs copies the environment its role processes get.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and "DSI_PORT_RANGE" not in os.environ:
+    _worker, _workers = (
+        int(os.environ["PYTEST_XDIST_WORKER"][2:]),
+        int(os.environ["PYTEST_XDIST_WORKER_COUNT"]),
+    )
+    _size = (32_767 - 10_000 + 1) // _workers
+    os.environ["DSI_PORT_RANGE"] = f"{10_000 + _worker * _size}-{10_000 + (_worker + 1) * _size - 1}"
+
 import pytest
 
 from tests.dsi.cli.procs import Procs

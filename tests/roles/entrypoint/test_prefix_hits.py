@@ -5,6 +5,7 @@ gateway serves with hit 0; the request's hit policy (metadata, else the cluster'
 Generate and shapes the prediction."""
 
 import asyncio
+import re
 
 import pytest
 import zmq.asyncio
@@ -123,7 +124,9 @@ async def test_blocks_in_the_kvstore_are_reported_as_cached_tokens(recipe, kvsto
         assert f"dsi_prefix_lookup_tokens_total {lookups}" in text
         assert "dsi_prefix_hit_tokens_total 1024" in text  # 3 protocols + the stream, 256 each
         assert "dsi_kv_replica_blocks 6" in text and "dsi_kv_replica_synced 1" in text
-        assert "dsi_kv_replica_resyncs_total 1" in text
+        # the first snapshot; a loaded host can lose a delta to the subscription's start and resync
+        resyncs = int(re.search(r"(?m)^dsi_kv_replica_resyncs_total (\d+)$", text).group(1))  # type: ignore[union-attr]
+        assert 1 <= resyncs <= prefix.replica.state.resyncs
     finally:
         await server.close()
         await prefix.close()
