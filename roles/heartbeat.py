@@ -5,8 +5,10 @@ fingerprint, and the lifecycle state the controller last assigned (its answer to
 heartbeat, an ``Assignment``).
 The Peer's socket queues heartbeats while the controller is away and ZeroMQ reconnects by itself,
 so a restarted controller learns every instance again within one interval, serving ones as
-serving (controller state is soft). A heartbeat's answer is awaited for at most one interval. ``stop`` asks a Goodbye (bounded by
-GOODBYE_TIMEOUT_S), so the controller lists the instance as stopped rather than lost.
+serving (controller state is soft). A heartbeat's answer is awaited for at most one interval;
+``answered`` is set at the first answer (the controller lists the instance from then on). ``stop``
+asks a Goodbye (bounded by GOODBYE_TIMEOUT_S), so the controller lists the instance as stopped
+rather than lost.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class HeartbeatSender:
         self.interval_s = interval_s
         self.sent = 0
         self.assigned = ""  # the lifecycle state the controller answered last
+        self.answered = asyncio.Event()  # set at the controller's first answer: it lists us
         self._started_at = time.time()
         self._peer = Peer(
             controller,
@@ -115,9 +118,16 @@ class HeartbeatSender:
     async def _beat_every_interval(self) -> None:
         while True:
             answer = asyncio.ensure_future(self._peer.ask(self.beat(), timeout=self.interval_s))
+            if not self.answered.is_set():
+                answer.add_done_callback(self._note_answer)
             self.sent += 1
             await asyncio.sleep(self.interval_s)
             await self._take(answer)
+
+    def _note_answer(self, answer: asyncio.Future) -> None:
+        if not answer.cancelled() and answer.exception() is None and isinstance(answer.result(), Assignment):
+            self.assigned = answer.result().state
+            self.answered.set()
 
     async def _take(self, answer: asyncio.Future) -> None:
         """Keep the Assignment of one heartbeat; no answer (controller away) keeps the last one."""

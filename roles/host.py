@@ -17,6 +17,7 @@ heartbeats and last Goodbyes reach it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -147,6 +148,11 @@ class RoleHost:
             actor, identity, self.cfg.cluster.controller, self.cfg.cluster.heartbeat_interval_s, ctx, keys
         )
         await heartbeat.start()
+        if role.kind == "controller":  # READY once it lists itself, so `dsi status` shows it at once
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    heartbeat.answered.wait(), max(1.0, self.cfg.cluster.heartbeat_interval_s)
+                )
         log.info("%s (%s) serving on %s", role.id, role.kind, identity.address)
         run = _Running(role, server, heartbeat, actor)
         self._watchers.append(asyncio.get_running_loop().create_task(self._retire_when_asked(run)))

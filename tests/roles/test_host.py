@@ -106,6 +106,20 @@ async def test_roles_register_serve_and_say_goodbye(controller_peer):
         await control.stop()
 
 
+async def test_a_started_controller_already_lists_itself(controller_peer):
+    """start() (a role process's READY) returns once the controller answered its own first
+    heartbeat, so `dsi status` right after READY lists it."""
+    cfg, peer = controller_peer
+    control = RoleHost(cfg, ["controller-0"])
+    await control.start()
+    try:
+        assert control.heartbeats["controller-0"].answered.is_set()
+        await peer.connect()
+        assert await states(peer) == {"controller-0": "serving"}
+    finally:
+        await control.stop()
+
+
 async def test_heartbeats_reach_a_restarted_controller(controller_peer):
     cfg, peer = controller_peer
     workers = RoleHost(cfg, ["prefill-0"])
