@@ -63,8 +63,10 @@ def write_v41_tokenizer(directory: Path) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=2)
 def v41_encoding(path: Path) -> Any:
-    """deepseek-recipe's V4.1 encoding with the tokenizer file at ``path``."""
+    """deepseek-recipe's V4.1 encoding with the tokenizer file at ``path`` (loaded once a path:
+    0.2 s each)."""
     return dr.DeepseekV41Encoding().with_tokenizer(dr.Tokenizer.from_file(str(path)))
 
 
