@@ -125,13 +125,13 @@ def measure(
     settle_s: float = 1.0,
 ) -> Measured:
     """Start ``side`` (``timeout_s`` to come up), warm it, replay each batch (reading the counters
-    ``settle_s`` after its last stream), stop it (always)."""
+    ``settle_s`` after each warm-up round and after each batch's last stream), stop it (always)."""
     out = Measured()
     start = time.monotonic()
     try:
         side.start(timeout_s)
         out.started, out.startup_s = True, round(time.monotonic() - start, 1)
-        asyncio.run(_warm(side, model))
+        asyncio.run(_warm(side, model, settle_s=settle_s))
         runs, total = [], None
         for batch in batches:
             run, delta = asyncio.run(_drive(side, batch, concurrency, settle_s))

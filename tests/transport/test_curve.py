@@ -17,7 +17,7 @@ from dsi.transport.server import ActorServer
 from tests.transport.echo import ECHO_TYPES, Count, Echo, EchoActor
 from tests.transport.procs import EchoServers, free_address
 
-REFUSED_TIMEOUT_S = 1.5  # how long a refused caller waits for the reply that must never come
+REFUSED_TIMEOUT_S = 0.5  # how long a refused caller waits for the reply that must never come
 
 
 @pytest.fixture

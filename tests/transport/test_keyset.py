@@ -115,7 +115,7 @@ async def test_a_holder_of_the_set_talks_and_no_one_else_gets_a_reply(tmp_path):
         finally:
             await operator.close()
         for keys_of in (None, client_keys(configs["stranger"])):
-            intruder = Peer(server.address, ctx, types=ECHO_TYPES, keys=keys_of, timeout=1.0)
+            intruder = Peer(server.address, ctx, types=ECHO_TYPES, keys=keys_of, timeout=0.5)
             try:
                 with pytest.raises(AskTimeout):
                     await intruder.connect()

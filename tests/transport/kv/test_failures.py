@@ -110,5 +110,5 @@ async def test_closed_receiver_fails_pending_inbounds_and_its_senders(backend):
         assert receiver.stats.regions_live == 0
         started = time.monotonic()
         with pytest.raises((TransferFailed, TransferTimeout)):
-            await sender.send(target, [bytes(SIZE)], 2.0)
-        assert time.monotonic() - started < 4.0
+            await sender.send(target, [bytes(SIZE)], 0.5)
+        assert time.monotonic() - started < 2.5
