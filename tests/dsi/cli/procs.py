@@ -26,6 +26,7 @@ from typing import Any
 from dsi.kvcache.shm import remove_files_of
 from dsi.provision.process import role_environment
 from dsi.transport.ports import free_port
+from tests.dsi.cli.launcher import LaunchedProcess, Launcher
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_TOML = REPO_ROOT / "configs" / "local.toml"
@@ -74,11 +75,46 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def engine_role_args(argv: Sequence[str]) -> list[str] | None:
+    """The ``dsi.cli.role`` arguments of `argv` where it runs only engine roles (prefill, decode)
+    named with --role; None for any other command."""
+    argv = list(argv)
+    if argv[:3] != [sys.executable, "-m", "dsi.cli.role"]:
+        return None
+    args = argv[3:]
+    ids = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--role"]
+    configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    if not ids or len(configs) != 1:
+        return None
+    kinds = {}
+    for block in Path(configs[0]).read_text().split("[[roles]]")[1:]:
+        role_id, kind = re.search(r'(?m)^id = "([^"]+)"', block), re.search(r'(?m)^kind = "([^"]+)"', block)
+        if role_id and kind:
+            kinds[role_id.group(1)] = kind.group(1)
+    return args if all(kinds.get(i) in ("prefill", "decode") for i in ids) else None
+
+
 class Proc:
-    """One child process; stdout is read for READY lines, stderr goes to `log_path`."""
+    """One child process; stdout is read for READY lines, stderr goes to `log_path`. An engine
+    role's ``dsi.cli.role`` process started with the usual environment is forked by the suite's
+    preloaded launcher (tests/dsi/cli/launcher.py) instead of starting a fresh interpreter."""
 
     def __init__(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
+        self._out = b""
+        args = engine_role_args(argv) if env is None else None
+        if args is not None:
+            launcher = Launcher.shared(REPO_ROOT, CHILD_ENV, log_path.with_name("role-launcher.log"))
+            read, write = os.pipe()
+            try:
+                with open(log_path, "ab") as log:
+                    pid = launcher.launch(args, REPO_ROOT, CHILD_ENV, write, log.fileno())
+            finally:
+                os.close(write)
+            self.popen: subprocess.Popen | LaunchedProcess = LaunchedProcess(
+                launcher, pid, os.fdopen(read, "rb", buffering=0), list(argv)
+            )
+            return
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 list(argv),
@@ -89,7 +125,6 @@ class Proc:
                 start_new_session=True,
                 env=CHILD_ENV if env is None else {**CHILD_ENV, **env},
             )
-        self._out = b""
 
     @property
     def pid(self) -> int:
