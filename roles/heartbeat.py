@@ -126,8 +126,7 @@ class HeartbeatSender:
 
     def _note_answer(self, answer: asyncio.Future) -> None:
         if not answer.cancelled() and answer.exception() is None and isinstance(answer.result(), Assignment):
-            self.assigned = answer.result().state
-            self.answered.set()
+            self.answered.set()  # `assigned` is taken when the interval ends, as for every answer
 
     async def _take(self, answer: asyncio.Future) -> None:
         """Keep the Assignment of one heartbeat; no answer (controller away) keeps the last one."""
