@@ -2,27 +2,20 @@
 autoscaler with its ready pool, and with a kubernetes provisioner the StatefulSet scaling that
 follows it.
 
-``ControllerActor`` and ``InstanceRegistry`` load on first use: the engine and gateway roles
-import only ``lifecycle`` from here, without the actor's provisioners (aiohttp, kubernetes)."""
+``ControllerActor`` and ``InstanceRegistry`` load on first use (as ``dsi.engine``'s names do): the
+engine and gateway roles import only ``lifecycle`` from here, without the actor's provisioners
+(aiohttp, kubernetes)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from importlib import import_module
+from typing import Any
 
-if TYPE_CHECKING:
-    from dsi.roles.controller.actor import ControllerActor
-    from dsi.roles.controller.registry import InstanceRegistry
-
-__all__ = ["ControllerActor", "InstanceRegistry"]
+_HOMES = {"ControllerActor": "actor", "InstanceRegistry": "registry"}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ControllerActor":
-        from dsi.roles.controller.actor import ControllerActor
-
-        return ControllerActor
-    if name == "InstanceRegistry":
-        from dsi.roles.controller.registry import InstanceRegistry
-
-        return InstanceRegistry
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'dsi.roles.controller' has no attribute {name!r}")
+    return getattr(import_module(f"dsi.roles.controller.{_HOMES[name]}"), name)
