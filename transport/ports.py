@@ -49,10 +49,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     span = port_range()
     with _LOCK:
         if span is None:
-            while True:
-                port = _probe(host, 0)
-                if port is not None and port not in _HANDED_OUT:
-                    break
+            port = _kernel_pick(host)
+            while port in _HANDED_OUT:
+                port = _kernel_pick(host)
         else:
             port = _free_in(host, *span)
         _HANDED_OUT.add(port)
@@ -66,19 +65,22 @@ def _free_in(host: str, first: int, last: int) -> int:
     start = random.randrange(size)
     for step in range(size):
         port = first + (start + step) % size
-        if port not in _HANDED_OUT and _probe(host, port) is not None:
+        if port not in _HANDED_OUT and _bindable(host, port):
             return port
     raise OSError(f"no free TCP port on {host} in {RANGE_VARIABLE} {first}-{last}")
 
 
-def _probe(host: str, port: int) -> int | None:
-    """The port a socket bound to (host, port) got (the kernel's pick for port 0), or None when
-    that port is taken."""
+def _kernel_pick(host: str) -> int:
+    """The port the kernel gives a socket bound to (host, 0)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as sock:
         try:
             sock.bind((host, port))
         except OSError:
-            if port == 0:
-                raise
-            return None
-        return sock.getsockname()[1]
+            return False
+        return True
