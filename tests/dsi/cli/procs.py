@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,11 +87,7 @@ def engine_role_args(argv: Sequence[str]) -> list[str] | None:
     configs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
     if not ids or len(configs) != 1:
         return None
-    kinds = {}
-    for block in Path(configs[0]).read_text().split("[[roles]]")[1:]:
-        role_id, kind = re.search(r'(?m)^id = "([^"]+)"', block), re.search(r'(?m)^kind = "([^"]+)"', block)
-        if role_id and kind:
-            kinds[role_id.group(1)] = kind.group(1)
+    kinds = {role["id"]: role["kind"] for role in tomllib.loads(Path(configs[0]).read_text())["roles"]}
     return args if all(kinds.get(i) in ("prefill", "decode") for i in ids) else None
 
 
