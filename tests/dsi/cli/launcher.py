@@ -4,10 +4,11 @@ An engine role (prefill, decode) spends about 1.8 of its 1.9 CPU seconds to READ
 and dsi's engine. The suite starts about a hundred of them, on two cores. The launcher imports
 those modules once and forks each role from itself:
 
-    test process --SEQPACKET: {"op": "launch", args, cwd, env} + (stdout, stderr) fds--> launcher
+    test process --SEQPACKET: {"op": "launch", args} + (stdout, stderr) fds-----------> launcher
                  <--{"pid": N}------------------------------------------------------------
     launcher: fork -> child: setsid, stdin /dev/null, the fds as stdout and stderr, the
-              environment, the working directory, ``dsi.cli.role.main(args)``, exit with its code
+              environment the launcher started with (what preloading changed in it undone),
+              ``dsi.cli.role.main(args)``, exit with its code
     test process --{"op": "status", pid}--> launcher (which reaps its children)
                  <--{"code": None while it runs, else as Popen's returncode}---
 
@@ -40,12 +41,13 @@ from pathlib import Path
 from typing import Any
 
 PRELOAD = ("dsi.cli.role", "dsi.roles.prefill", "dsi.roles.decode", "dsi.roles.engine_role")
-_MAX_MESSAGE = 1 << 20  # bytes of one request (its environment included)
+_MAX_MESSAGE = 1 << 16  # bytes of one request or answer
 
 
 # ---- the launcher process ------------------------------------------------------------------------
 def serve(sock: socket.socket) -> None:
     """Preload, then answer requests until the test process closes its end."""
+    environment = dict(os.environ)  # the roles' own, before any import sets a variable
     for module in PRELOAD:
         importlib.import_module(module)
     codes: dict[int, int] = {}  # reaped children: pid -> returncode (negative: the signal)
@@ -59,7 +61,7 @@ def serve(sock: socket.socket) -> None:
         request = json.loads(message)
         try:
             if request["op"] == "launch":
-                reply: dict[str, Any] = {"pid": _fork_role(request, fds, sock)}
+                reply: dict[str, Any] = {"pid": _fork_role(request["args"], environment, fds, sock)}
             else:
                 _reap(codes)
                 reply = {"code": codes.get(request["pid"])}
@@ -80,7 +82,7 @@ def _reap(codes: dict[int, int]) -> None:
         codes[pid] = os.waitstatus_to_exitcode(status)
 
 
-def _fork_role(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
+def _fork_role(args: list[str], environment: dict[str, str], fds: list[int], sock: socket.socket) -> int:
     stdout, stderr = fds
     pid = os.fork()
     if pid:
@@ -96,13 +98,12 @@ def _fork_role(request: dict[str, Any], fds: list[int], sock: socket.socket) -> 
         for fd in (devnull, stdout, stderr):
             if fd > 2:
                 os.close(fd)
-        os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = ["dsi-role", *request["args"]]
+        os.environ.update(environment)
+        sys.argv = ["dsi-role", *args]
         from dsi.cli.role import main
 
-        code = main(request["args"])
+        code = main(args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -157,10 +158,10 @@ class Launcher:
                 cls._shared = cls(cwd, env, log_path)
             return cls._shared
 
-    def launch(self, args: list[str], cwd: Path, env: dict[str, str], stdout: int, stderr: int) -> int:
-        """Fork ``dsi.cli.role.main(args)``; its pid."""
-        request = {"op": "launch", "args": args, "cwd": str(cwd), "env": env}
-        return self._ask(request, [stdout, stderr])["pid"]
+    def launch(self, args: list[str], stdout: int, stderr: int) -> int:
+        """Fork ``dsi.cli.role.main(args)`` in the launcher's working directory and environment;
+        its pid."""
+        return self._ask({"op": "launch", "args": args}, [stdout, stderr])["pid"]
 
     def returncode(self, pid: int) -> int | None:
         return self._ask({"op": "status", "pid": pid}, [])["code"]

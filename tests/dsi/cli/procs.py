@@ -105,7 +105,7 @@ class Proc:
             read, write = os.pipe()
             try:
                 with open(log_path, "ab") as log:
-                    pid = launcher.launch(args, REPO_ROOT, CHILD_ENV, write, log.fileno())
+                    pid = launcher.launch(args, write, log.fileno())
             finally:
                 os.close(write)
             self.popen: subprocess.Popen | LaunchedProcess = LaunchedProcess(
