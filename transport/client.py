@@ -89,6 +89,7 @@ class Peer:
         self._rehellos: set[asyncio.Task] = set()
         self._hellos = 0  # Hello calls in flight
         self._epoch = 0  # connection events seen (a handshake or a drop each starts a new epoch)
+        self._live = False  # the current connection finished its ZMTP handshake
         self._closed = False
 
     async def connect(self, timeout: float | None = None) -> Welcome:
@@ -97,7 +98,14 @@ class Peer:
         if not self._tasks:
             self._pump.start()
             self._tasks = [loop.create_task(self._watch(), name=f"peer {self.address} monitor")]
-        await self._hello(timeout if timeout is not None else self.timeout)
+        try:
+            await self._hello(timeout if timeout is not None else self.timeout)
+        except AskTimeout:
+            # The connection came up while this Hello was on its way, so no handshake event is
+            # left to ask again: keep asking here, or the peer would stay unanswered for good.
+            if self._live and not self._rehellos and not self._connected.is_set():
+                self._ask_again(self._epoch)
+            raise
         return self.welcome  # type: ignore[return-value]
 
     async def close(self) -> None:
@@ -305,7 +313,6 @@ class Peer:
 
     async def _watch(self) -> None:
         seen_connection = False
-        live = False  # the current connection finished its handshake
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
@@ -313,17 +320,20 @@ class Peer:
                 self._connected.clear()
                 # A connection whose handshake failed (wrong CURVE keys, not a dsi peer) never
                 # took a call off the queue: those calls wait for the next connection instead.
-                if live:
+                if self._live:
                     self._fail_all(PeerLost(f"{self.address} went away"))
-                live = False
+                self._live = False
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._epoch += 1
                 # A reconnect, or a first connection whose Hello already timed out in connect().
                 if seen_connection or (self.welcome is None and not self._hellos):
-                    task = asyncio.get_running_loop().create_task(self._rehello(self._epoch))
-                    self._rehellos.add(task)
-                    task.add_done_callback(self._rehellos.discard)
-                seen_connection = live = True
+                    self._ask_again(self._epoch)
+                seen_connection = self._live = True
+
+    def _ask_again(self, epoch: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._rehello(epoch))
+        self._rehellos.add(task)
+        task.add_done_callback(self._rehellos.discard)
 
     async def _rehello(self, epoch: int) -> None:
         """The Hello on a new connection, asked again while that connection stays up and
@@ -355,8 +365,7 @@ class Peer:
 
 async def connect_until_up(peer: Peer, what: str, retry_s: float = 1.0) -> None:
     """Complete ``peer``'s handshake, trying again every ``retry_s`` seconds until it answers (for
-    callers that act only on a connected peer: a Hello that timed out while the connection was
-    already up is not repeated by the peer itself)."""
+    callers that act only on a connected peer and must not go on before it is)."""
     while True:
         try:
             await peer.connect()

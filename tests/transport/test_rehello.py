@@ -8,8 +8,10 @@ import asyncio
 import threading
 import time
 
+import pytest
 import zmq.asyncio
 
+from dsi.errors import AskTimeout
 from dsi.transport.client import Peer
 from dsi.transport.server import ActorServer
 from tests.transport.echo import ECHO_TYPES, Echo, EchoActor
@@ -74,4 +76,28 @@ async def test_a_hello_unanswered_after_a_restart_is_asked_again_until_answered(
         await peer.close()
         if second is not None:
             second.stop()
+        ctx.term()
+
+
+async def test_a_first_hello_that_times_out_on_a_live_connection_is_asked_again():
+    """The connection comes up while the first Hello waits in the socket, and the server's loop
+    is too busy to answer it in time: ``connect`` times out, and the Peer keeps asking on its own
+    (a role's heartbeats, held until the first handshake, would otherwise never be sent)."""
+    address = free_address()
+    ctx = zmq.asyncio.Context()
+    peer = Peer(address, ctx, types=ECHO_TYPES, timeout=TIMEOUT_S)
+    starting = asyncio.ensure_future(asyncio.to_thread(ThreadServer, address, BUSY_S))
+    server = None
+    try:
+        with pytest.raises(AskTimeout):
+            await peer.connect()
+        held = asyncio.ensure_future(peer.ask(Echo("held"), timeout=10.0))  # waits for the handshake
+        server = await starting
+        assert await _until(lambda: peer.connected, 10.0), "the first Hello was never asked again"
+        assert await held == Echo("held")
+    finally:
+        await peer.close()
+        if server is None:
+            server = await starting
+        server.stop()
         ctx.term()
