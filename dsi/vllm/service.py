@@ -96,7 +96,15 @@ def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dic
     role's stdout carries only its READY line, see dsi.provision.process), and no working
     directory on the module path of the Python processes vLLM starts (``python -m ...`` from the
     repository root would otherwise find dsi's source folders, ``kernels/`` among them, as
-    top-level packages: see dsi.folders)."""
+    top-level packages: see dsi.folders).
+
+    An engine of one worker (no tensor or pipeline parallelism, no executor chosen in ``args``)
+    runs its model in vLLM's engine-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the
+    uni-process executor) instead of a worker process beside it, which vLLM's CPU build starts
+    by default. ``AsyncLLM`` keeps its engine core in a process of its own either way, started
+    after vLLM set its own variables (preloaded libgomp and tcmalloc, the core binding), so the
+    model runs with them as in a worker. One process and one vLLM import fewer per role, and no
+    inter-process queue between the scheduler and the model."""
     env = {
         "PYTHONSAFEPATH": "1",
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
@@ -106,10 +114,24 @@ def engine_environment(options: VllmOptions, allowed_cpus: Iterable[int]) -> dic
     }
     if "kv_cache_memory_bytes" not in dict(options.args):
         env[KV_CACHE_VARIABLE] = str(options.kv_cache_gib)
+    if one_worker(options):
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cores = resolve_cores(options.cpu_threads, allowed_cpus)
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     return env
+
+
+def one_worker(options: VllmOptions) -> bool:
+    """True when ``args`` ask for one worker and leave the executor to vLLM (see
+    :func:`engine_environment`)."""
+    args = dict(options.args)
+    parallel = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+    return (
+        parallel == 1
+        and int(args.get("data_parallel_size", 1)) == 1
+        and "distributed_executor_backend" not in args
+    )
 
 
 def apply_engine_environment(

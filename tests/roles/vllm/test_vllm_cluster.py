@@ -261,6 +261,27 @@ def test_the_openai_sdk_answer_names_paris(served):
     assert "Paris" in answer.choices[0].message.content
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc's children lists)."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *_descendants(child)]
+    return found
+
+
+def test_each_vllm_role_is_two_processes_the_role_and_vllms_engine_core(served):
+    """One worker runs in the engine core's process (dsi.vllm.service.engine_environment): no
+    worker process beside it."""
+    table = served.table()
+    for role_id in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        below = _descendants(table[role_id]["pid"])
+        commands = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in below]
+        # multiprocessing's resource tracker (spawn start method) aside
+        engines = [c for c in commands if "resource_tracker" not in c]
+        assert len(engines) == 1 and engines[0].startswith("VLLM::EngineCore"), (role_id, commands)
+
+
 def _reference(served) -> None:
     if not served.reference:
         streams, _ = run_streams(served.port, STREAMS, timeout_s=300)
