@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from dsi.kvcache.shm import remove_files_of
 from dsi.provision.backoff import RestartBackoff, RestartPolicy
 from dsi.provision.base import InstanceState, ProvisionedInstance, StartFailed
+from dsi.provision.forkserver import ForkServerGone, RoleForker
 from dsi.provision.process import RoleProcess, describe_exit
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class LocalProvisioner:
     ready_timeout_s: seconds a process gets to print READY.
     on_change: called with the instance after every transition.
     clock: monotonic seconds (uptime and the restart window).
+    forker: forks the roles it can from a preloaded process (dsi.provision.forkserver); None:
+    every process is started afresh.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class LocalProvisioner:
         ready_timeout_s: float = 60.0,
         on_change: Callable[[ProvisionedInstance], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        forker: RoleForker | None = None,
     ) -> None:
         if grace_s <= 0 or ready_timeout_s <= 0:
             raise ValueError(f"grace_s and ready_timeout_s must be > 0, got {grace_s} and {ready_timeout_s}")
@@ -83,6 +87,7 @@ class LocalProvisioner:
         self._ready_timeout_s = ready_timeout_s
         self._on_change = on_change
         self._clock = clock
+        self._forker = forker
         self._slots: dict[str, _Slot] = {}  # in start order
 
     async def start(self, role_id: str) -> ProvisionedInstance:
@@ -141,13 +146,15 @@ class LocalProvisioner:
     async def close(self) -> None:
         for role_id in reversed(list(self._slots)):
             await self.stop(role_id)
+        if self._forker is not None:
+            await self._forker.close()
 
     # ---- internals ---------------------------------------------------------------------------
     async def _launch(self, slot: _Slot) -> None:
         """Spawn the instance's process and wait for READY; StartFailed (the process stopped)."""
         self._move(slot, "starting", f"restart {slot.restarts}" if slot.restarts else "")
         slot.spawned_at = self._clock()
-        spawning = asyncio.ensure_future(RoleProcess.spawn(slot.role_id, self._command(slot.role_id)))
+        spawning = asyncio.ensure_future(self._start_process(slot.role_id))
         try:
             proc = await asyncio.shield(spawning)
         except asyncio.CancelledError:
@@ -169,6 +176,18 @@ class LocalProvisioner:
             raise
         if not slot.stopping:
             self._move(slot, "ready", f"pid {proc.pid}")
+
+    async def _start_process(self, role_id: str) -> RoleProcess:
+        """Forked by the fork server where it can run the role, else started afresh (also when
+        the fork server is gone: it is started again at the next fork)."""
+        argv = self._command(role_id)
+        args = self._forker.args_of(role_id, argv) if self._forker is not None else None
+        if args is not None and self._forker is not None:
+            try:
+                return await RoleProcess.fork(role_id, self._forker, args)
+            except ForkServerGone as exc:
+                log.warning("%s: %s; starting it afresh", role_id, exc)
+        return await RoleProcess.spawn(role_id, argv)
 
     async def _keep(self, slot: _Slot) -> None:
         """Replace the instance each time it dies, until it is stopped or given up."""

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from dsi.provision.base import StartFailed
+from dsi.provision.forkserver import ForkedProcess, RoleForker
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ _PR_SET_PDEATHSIG = 1
 class RoleProcess:
     """`name` is what log lines call the process (its role id)."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, name: str, proc: asyncio.subprocess.Process | ForkedProcess) -> None:
         self.name = name
         self._proc = proc
         self._copy: asyncio.Task | None = None
@@ -60,6 +61,12 @@ class RoleProcess:
         except OSError as exc:
             raise StartFailed(f"{name}: cannot start {argv[0]}: {exc}") from exc
         return cls(name, proc)
+
+    @classmethod
+    async def fork(cls, name: str, forker: RoleForker, args: Sequence[str]) -> RoleProcess:
+        """``dsi.cli.role.main(args)`` forked by the fork server (dsi.provision.forkserver);
+        ForkServerGone when it cannot."""
+        return cls(name, await forker.fork(args))
 
     @property
     def pid(self) -> int:
