@@ -98,7 +98,7 @@ args = { enforce_eager = true, max_num_seqs = 32 }
 
 
 RESUMED = r"request \S+ resumed after (?:[2-9]|[1-9]\d+) delivered tokens"
-STREAMS = [{**chat_body(prompt(i), 96), "model": MODEL} for i in range(16)]
+STREAMS = [{**chat_body(prompt(i), 64), "model": MODEL} for i in range(16)]
 
 
 class Served:
