@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ class Seen:
     status: int = 0
     body: str = ""  # a refused request's JSON body
     cached_tokens: int | None = None  # from the usage chunk (prompt tokens the engine reused)
+    ended_at: float = 0.0  # time.monotonic() when the response ended (0.0: it has not)
 
     @property
     def outcome(self) -> tuple[str, str, list[str]]:
@@ -63,21 +65,24 @@ def chat_body(
 async def _one(
     http: aiohttp.ClientSession, url: str, body: dict, seen: Seen, progress: asyncio.Event
 ) -> None:
-    async with http.post(url, json=body) as resp:
-        seen.status = resp.status
-        if resp.status != 200:
-            seen.body = await resp.text()
-            progress.set()
-            return
-        seen.opened = True
-        progress.set()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if line == "data: [DONE]":
-                seen.done = True
-            elif line.startswith("data: {"):
-                _event(json.loads(line[6:]), seen)
+    try:
+        async with http.post(url, json=body) as resp:
+            seen.status = resp.status
+            if resp.status != 200:
+                seen.body = await resp.text()
                 progress.set()
+                return
+            seen.opened = True
+            progress.set()
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    seen.done = True
+                elif line.startswith("data: {"):
+                    _event(json.loads(line[6:]), seen)
+                    progress.set()
+    finally:
+        seen.ended_at = time.monotonic()
 
 
 def _event(event: dict, seen: Seen) -> None:
