@@ -46,11 +46,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dsi.provision.process import die_with_parent
+
 PRELOAD = ("dsi.cli.role", "dsi.roles.prefill", "dsi.roles.decode", "dsi.roles.engine_role")
 ENGINE_KINDS = frozenset({"prefill", "decode"})  # the kinds whose roles fork (dsi's own engine)
 _MAX_MESSAGE = 1 << 16  # bytes of one request or answer
 _PR_SET_PDEATHSIG = 1
 _STATUS_WAIT_S = 5.0  # how long an exited child may stay unreaped by the fork server
+_REAP_EVERY_S = 0.5  # the idle fork server's reaping interval
 
 
 class ForkServerGone(RuntimeError):
@@ -68,7 +71,8 @@ def serve(sock: socket.socket, preload: Sequence[str] = PRELOAD) -> None:
     codes: dict[int, int] = {}  # reaped children: pid -> returncode (negative: the signal)
     while True:
         _reap(codes)
-        if not select.select([sock], [], [], 0.02)[0]:
+        # Reaping here only keeps zombies short-lived: a status request reaps before it answers.
+        if not select.select([sock], [], [], _REAP_EVERY_S)[0]:
             continue
         try:
             message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
@@ -187,7 +191,7 @@ class ForkServer:
             start_new_session=True,
             # The kernel ties this to the starting thread: only a client that starts the fork
             # server from a thread that lives as long as the process asks for it.
-            preexec_fn=_die_with(os.getpid()) if die_with_client else None,
+            preexec_fn=die_with_parent(os.getpid()) if die_with_client else None,
         )
         theirs.close()
         self._sock = ours
@@ -339,18 +343,6 @@ def forkable(argv: Sequence[str], kind: str, engine: str | None) -> list[str] | 
         return None
     head = [sys.executable, "-P", "-m", "dsi.cli.role"]
     return list(argv[len(head) :]) if list(argv[: len(head)]) == head else None
-
-
-def _die_with(parent_pid: int) -> Any:
-    """A preexec_fn: the fork server gets SIGTERM when ``parent_pid`` (its client) dies."""
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only calls into it
-
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 if __name__ == "__main__":

@@ -181,10 +181,9 @@ class LocalProvisioner:
         """Forked by the fork server where it can run the role, else started afresh (also when
         the fork server is gone: it is started again at the next fork)."""
         argv = self._command(role_id)
-        args = self._forker.args_of(role_id, argv) if self._forker is not None else None
-        if args is not None and self._forker is not None:
+        if self._forker is not None and (args := self._forker.args_of(role_id, argv)) is not None:
             try:
-                return await RoleProcess.fork(role_id, self._forker, args)
+                return RoleProcess(role_id, await self._forker.fork(args))
             except ForkServerGone as exc:
                 log.warning("%s: %s; starting it afresh", role_id, exc)
         return await RoleProcess.spawn(role_id, argv)

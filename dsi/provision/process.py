@@ -29,9 +29,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dsi.provision.base import StartFailed
-from dsi.provision.forkserver import ForkedProcess, RoleForker
+
+if TYPE_CHECKING:
+    from dsi.provision.forkserver import ForkedProcess
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +59,11 @@ class RoleProcess:
                 stdout=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 env=role_environment(os.environ),
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         except OSError as exc:
             raise StartFailed(f"{name}: cannot start {argv[0]}: {exc}") from exc
         return cls(name, proc)
-
-    @classmethod
-    async def fork(cls, name: str, forker: RoleForker, args: Sequence[str]) -> RoleProcess:
-        """``dsi.cli.role.main(args)`` forked by the fork server (dsi.provision.forkserver);
-        ForkServerGone when it cannot."""
-        return cls(name, await forker.fork(args))
 
     @property
     def pid(self) -> int:
@@ -154,7 +151,7 @@ async def _copy_lines(stream: asyncio.StreamReader) -> None:
         sys.stdout.flush()
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
     """A preexec_fn: the child gets SIGTERM when `parent_pid` dies (Linux; None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None

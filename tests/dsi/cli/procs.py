@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dsi.kvcache.shm import remove_files_of
+from dsi.provision.forkserver import ENGINE_KINDS
 from dsi.provision.process import role_environment
 from dsi.transport.ports import free_port
 from tests.dsi.cli.launcher import LaunchedProcess, Launcher
@@ -88,7 +89,13 @@ def engine_role_args(argv: Sequence[str]) -> list[str] | None:
     if not ids or len(configs) != 1:
         return None
     kinds = {role["id"]: role["kind"] for role in tomllib.loads(Path(configs[0]).read_text())["roles"]}
-    return args if all(kinds.get(i) in ("prefill", "decode") for i in ids) else None
+    return args if all(kinds.get(i) in ENGINE_KINDS for i in ids) else None
+
+
+def parent_pid(pid: int) -> int:
+    """``pid``'s parent process id (/proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
 class Proc:

@@ -14,6 +14,7 @@ from tests.dsi.cli.procs import (
     gone,
     instances,
     local_config,
+    parent_pid,
     python_module,
     wait_until,
 )
@@ -69,20 +70,14 @@ def test_serve_starts_every_role_serving_and_sigint_stops_them_all(procs, tmp_pa
     procs.adopt(pids.values())
     assert len(set(pids.values())) == len(ids) and server.pid not in pids.values()
     # engine roles are forked by serve's fork server, the others started by serve itself
-    [forked_server] = {parent(info["pid"]) for info in engines}
-    assert forked_server != server.pid and parent(forked_server) == server.pid
-    assert {parent(info["pid"]) for info in listed.values() if info not in engines} == {server.pid}
+    [forked_server] = {parent_pid(info["pid"]) for info in engines}
+    assert forked_server != server.pid and parent_pid(forked_server) == server.pid
+    assert {parent_pid(info["pid"]) for info in listed.values() if info not in engines} == {server.pid}
     assert chat(port)["usage"]["completion_tokens"] > 0
 
     server.signal(signal.SIGINT)
     assert server.wait(60) == 0
     wait_until(lambda: all(gone(pid) for pid in [*pids.values(), forked_server]), timeout=10)
-
-
-def parent(pid: int) -> int:
-    """``pid``'s parent process id (/proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
 def test_sigterm_stops_every_role_and_exits_0(procs, tmp_path):
@@ -91,7 +86,7 @@ def test_sigterm_stops_every_role_and_exits_0(procs, tmp_path):
     assert banner.startswith("dsi serve: gateway none") and banner.endswith("(2 instances)")
     pids = [info["pid"] for info in instances("--config", str(config)).values()]
     procs.adopt(pids)
-    assert {parent(pid) for pid in pids} == {server.pid}  # the prefill too: no fork server
+    assert {parent_pid(pid) for pid in pids} == {server.pid}  # the prefill too: no fork server
     server.signal(signal.SIGTERM)
     assert server.wait(60) == 0
     assert all(gone(pid) for pid in pids)
@@ -101,7 +96,7 @@ def test_roles_die_with_a_killed_serve(procs, tmp_path):
     config = local_config(tmp_path, keep=["controller-0", "prefill-0"])
     server, _ = serve(procs, config)
     pids = [info["pid"] for info in instances("--config", str(config)).values()]
-    pids.append(parent(instances("--config", str(config))["prefill-0"]["pid"]))  # the fork server
+    pids.append(parent_pid(instances("--config", str(config))["prefill-0"]["pid"]))  # the fork server
     procs.adopt(pids)
     server.signal(signal.SIGKILL)  # no chance to stop anyone: the kernel tells the children
     server.wait(10)

@@ -12,13 +12,8 @@ from dsi.cli.serve import role_command
 from dsi.provision import LocalProvisioner
 from dsi.provision.forkserver import RoleForker, forkable
 from dsi.provision.process import role_environment
-from tests.dsi.cli.procs import gone, local_config, wait_until
+from tests.dsi.cli.procs import gone, local_config, parent_pid, wait_until
 from tests.dsi.provision.test_local import FAST, Recorder
-
-
-def parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
 def test_only_engine_roles_on_dsis_engine_run_by_this_interpreter_are_forked():
@@ -50,8 +45,8 @@ async def test_a_forked_role_is_replaced_through_a_new_fork_server_when_its_fork
         controller = await prov.start("controller-0")
         first = await prov.start("prefill-0")
         servers.append(forker.server_pid or 0)
-        assert parent(controller.pid) == os.getpid()  # started afresh
-        assert parent(first.pid) == servers[0] != os.getpid()
+        assert parent_pid(controller.pid) == os.getpid()  # started afresh
+        assert parent_pid(first.pid) == servers[0] != os.getpid()
         with open(f"/proc/{first.pid}/comm") as comm:
             assert comm.read().strip() == "dsi:prefill-0"
 
@@ -61,7 +56,7 @@ async def test_a_forked_role_is_replaced_through_a_new_fork_server_when_its_fork
         servers.append(forker.server_pid or 0)
         assert now.pid != first.pid and gone(first.pid)
         assert now.last_exit == -signal.SIGTERM  # not 0: a role that retires is not replaced
-        assert servers[1] not in (0, servers[0]) and parent(now.pid) == servers[1]
+        assert servers[1] not in (0, servers[0]) and parent_pid(now.pid) == servers[1]
 
         await prov.stop("prefill-0")  # SIGTERM: a graceful stop, its status from the fork server
         assert next(i for i in prov.list() if i.role_id == "prefill-0").last_exit == 0
