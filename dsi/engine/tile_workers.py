@@ -78,6 +78,15 @@ def _libgomp() -> ctypes.CDLL | None:
     return lib
 
 
+def _thread_count(gomp: ctypes.CDLL) -> int:
+    """The calling thread's OpenMP count once torch has set it: a thread's count is the
+    environment's (``OMP_NUM_THREADS``) until torch's first call on that thread sets it to
+    torch's own (``torch.set_num_threads``), so a fresh thread (an engine's scheduling thread)
+    reads torch's count, not the environment's."""
+    torch.get_num_threads()
+    return gomp.omp_get_max_threads()
+
+
 class _Worker:
     """One thread that runs tile runs handed to it, with one OpenMP thread."""
 
@@ -135,7 +144,7 @@ class TileWorkers:
         it does not run)."""
         if self._gomp is None or not self.enabled:
             return 1
-        return max(1, self._gomp.omp_get_max_threads())
+        return max(1, _thread_count(self._gomp))
 
     def run(self, tile: Tile, tiles: int) -> bool:
         """True once every tile is computed; False (nothing computed) where the caller should
@@ -144,7 +153,7 @@ class TileWorkers:
         gomp = self._gomp
         if gomp is None or not self.enabled or tiles < 2:
             return False
-        threads = gomp.omp_get_max_threads()
+        threads = _thread_count(gomp)
         if threads < 2 or not self._busy.acquire(blocking=False):
             return False
         try:

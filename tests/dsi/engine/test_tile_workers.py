@@ -1,6 +1,9 @@
 """TileWorkers: a product's tiles shared out among threads that each run one OpenMP thread give
 the bits of one call per tile, restore the caller's thread count and pass errors back."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -127,3 +130,31 @@ def test_attention_rows_shared_among_threads_have_the_bits_of_one_call(threads, 
     threads(2)
     assert attend.workers.threads() == 2
     assert torch.equal(attend(kv, q, k, v, plan), want)
+
+
+def test_a_fresh_thread_shares_among_torchs_threads_not_the_environments():
+    """A thread's OpenMP count starts at OMP_NUM_THREADS; torch sets its own on the thread's first
+    call. Under OMP_NUM_THREADS=1 with torch at two threads, a fresh thread (an engine's scheduling
+    thread) still shares its tiles out in two."""
+    code = """
+import threading, torch
+from dsi.engine.tile_workers import TileWorkers
+torch.set_num_threads(2)
+workers = TileWorkers(enabled=True)
+seen = {}
+def tile(i):
+    seen[i] = threading.get_ident()
+got = []
+thread = threading.Thread(target=lambda: got.append((workers.threads(), workers.run(tile, 4))))
+thread.start(); thread.join()
+print(got[0][0], got[0][1], len(set(seen.values())))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "True", "2"]
