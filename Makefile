@@ -49,12 +49,22 @@ lock:
 serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
 
-# The vLLM tests (marked vllm) run their roles from .venv-vllm.
+# Two passes. The tests that start no cluster run on TEST_WORKERS pytest-xdist workers (a file
+# per worker at a time) with one OpenMP thread each, so two workers fill two cores; tests that
+# need more threads set them. The cluster tests (marked slow; the vLLM ones, marked vllm, run
+# their roles from .venv-vllm) then run one at a time with the host to themselves: their roles'
+# heartbeats and time bounds assume it. Both passes run; either failing fails the target.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: venv venv-vllm
-	$(BIN)/python -m pytest -q --durations=25
+	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" $(XDIST) --durations=15; fast=$$?; \
+	$(BIN)/python -m pytest -q -m slow --durations=15; slow=$$?; \
+	echo "make test: tests without a cluster exited $$fast, cluster tests $$slow"; \
+	test $$fast -eq 0 && test $$slow -eq 0
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 lint: venv
 	$(BIN)/ruff check .
