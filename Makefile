@@ -49,19 +49,20 @@ lock:
 serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
 
-# Two passes. The tests that start no cluster run on TEST_WORKERS pytest-xdist workers (a file
-# per worker at a time) with one OpenMP thread each, so two workers fill two cores; tests that
-# need more threads set them. The cluster tests (marked slow; the vLLM ones, marked vllm, run
-# their roles from .venv-vllm) then run one at a time with the host to themselves: their roles'
-# heartbeats and time bounds assume it. Both passes run; either failing fails the target.
+# Two passes. The tests that start no cluster, and the cluster tests that assert no time bound
+# (marked concurrent), run on TEST_WORKERS pytest-xdist workers (a file per worker at a time)
+# with one OpenMP thread each, so two workers fill two cores; tests that need more threads set
+# them. The other cluster tests (marked slow; the vLLM ones, marked vllm, run their roles from
+# .venv-vllm) then run one at a time with the host to themselves: their heartbeats, failover
+# windows and time bounds assume it. Both passes run; either failing fails the target.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 test: venv venv-vllm
-	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" $(XDIST) --durations=15; fast=$$?; \
-	$(BIN)/python -m pytest -q -m slow --durations=15; slow=$$?; \
-	echo "make test: tests without a cluster exited $$fast, cluster tests $$slow"; \
-	test $$fast -eq 0 && test $$slow -eq 0
+	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow or concurrent" $(XDIST) --durations=15; shared=$$?; \
+	$(BIN)/python -m pytest -q -m "slow and not concurrent" --durations=15; alone=$$?; \
+	echo "make test: tests on $(TEST_WORKERS) workers exited $$shared, cluster tests one at a time $$alone"; \
+	test $$shared -eq 0 && test $$alone -eq 0
 
 test-fast: venv
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" $(XDIST)

@@ -16,7 +16,7 @@ import pytest
 from tests.dsi.cli.procs import Procs
 from tests.roles.cluster import Client, Cluster, cluster_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 ROLES = ("controller-0", "kvstore-0", "prefill-0", "decode-0", "entrypoint-0")
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 600 tokens: 4 full blocks

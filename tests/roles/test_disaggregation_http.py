@@ -18,7 +18,7 @@ from dsi.recipe.emit_stream import OutputStream
 from dsi.roles.entrypoint.prepare import Preparer
 from tests.roles.cluster import Client, Cluster, cluster_config, reference_outputs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 WORDS = (
     "alpha",

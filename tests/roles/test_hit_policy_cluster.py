@@ -12,7 +12,7 @@ import pytest
 from tests.roles.cluster import Client, Cluster, cluster_config
 from tests.roles.test_prefix_cache_cluster import wait_blocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 ROLES = ("controller-0", "kvstore-0", "prefill-0", "prefill-1", "decode-0", "decode-1")
 TOKENS = 12
 

@@ -33,7 +33,7 @@ from dsi.model.draft import init_draft, save_draft
 from tests.dsi.cli.procs import REPO_ROOT, Procs, free_port, gone, local_config, python_module, wait_until
 from tests.smollm2 import GREEDY_TOKENS, PROMPTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 SMOLLM2_TOML = REPO_ROOT / "configs" / "smollm2.toml"
 MODEL = "SmolLM2-135M-Instruct"

@@ -38,7 +38,7 @@ from tests.images import b64, data_url, malformed_urls, png_bytes
 from tests.roles.cluster import Cluster, cluster_config
 from tests.roles.test_prefix_cache_cluster import wait_blocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 ROLES = ("controller-0", "entrypoint-0", "encoder-0", "kvstore-0", "prefill-0", "decode-0")
 MAX_TOKENS = 8

@@ -99,6 +99,7 @@ async def test_refused_peer_gets_no_reply_at_all(who, server, client_ctx, client
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 async def test_echo_server_process_with_curve_dir(tmp_path, key_files, client_keys, client_ctx):
     with EchoServers(tmp_path) as servers:
         proc = servers.start(free_address(), curve_dir=key_files["server_public"].parent)

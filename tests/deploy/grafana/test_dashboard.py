@@ -161,6 +161,7 @@ def _problems(text: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 def test_every_metric_of_the_dashboard_is_on_a_live_gateways_metrics(tmp_path):
     with live_gateway(tmp_path, ROLES) as base:
         chat = {"model": "dsi-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -94,6 +94,7 @@ def test_a_bad_count_is_refused_before_anything_is_asked(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 def test_scale_sets_a_target_within_bounds_and_status_shows_it(procs, tmp_path, capsys):
     config = str(
         local_config(tmp_path, keep=["controller-0"], source=REPO_ROOT / "configs" / "autoscale.toml")

@@ -19,7 +19,7 @@ from tests.dsi.cli.procs import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 def serve(procs: Procs, config, *extra: str):

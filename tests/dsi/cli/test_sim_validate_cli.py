@@ -11,7 +11,7 @@ import pytest
 from dsi.cli.main import main
 from dsi.sim.profiles import CPU_BENCH
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 def test_a_small_validation_reports_measured_and_simulated_sides(capsys, tmp_path):

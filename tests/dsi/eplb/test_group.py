@@ -112,6 +112,7 @@ def _same_logits(runner, expected):
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 @pytest.mark.parametrize("ep_size", [2, 4])
 def test_expert_parallel_matches_single_process(weights, single, ep_size):
     logits, tokens, together = single

@@ -24,6 +24,7 @@ from tests.dsi.cli.procs import SHARED_MODEL_DIR
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 async def test_four_rank_decode_with_three_healthy_ranks(monkeypatch):
     model_dir = ensure_model(SHARED_MODEL_DIR, "tiny")
     monkeypatch.setenv(DEVICES_ENV, "3")

@@ -53,6 +53,7 @@ def test_health_status_rule():
 
 
 @pytest.mark.slow
+@pytest.mark.concurrent
 def test_health_is_503_until_a_decode_instance_registers(tmp_path):
     config = cluster_config(tmp_path, keep=ROLES)
     http = re.search(r'http = "([^"]+)"', config.read_text()).group(1)  # type: ignore[union-attr]

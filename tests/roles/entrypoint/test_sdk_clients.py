@@ -19,7 +19,7 @@ from dsi.recipe.detok import byte_table
 from dsi.tokenizer import load_tokenizer
 from tests.dsi.cli.procs import SHARED_MODEL_DIR
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 WEATHER = {
     "type": "function",

@@ -16,7 +16,7 @@ from dsi.transport.client import Peer
 from tests.dsi.cli.procs import Procs, local_config, python_module
 from tests.roles.kvstore.conftest import block_bytes, chain, put_msg
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 def start_kvstore(procs: Procs, config):
