@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(LOCKS) | sha1s
 PORT ?= 8000
 CONFIG ?= configs/local.toml
 
-.PHONY: venv venv-gemma venv-vllm lock serve test test-fast lint docs bench clean
+.PHONY: venv venv-gemma venv-vllm bytecode lock serve test test-fast lint docs bench clean
 
 venv: $(STAMP)
 
@@ -46,7 +46,13 @@ lock:
 	PYTHON=$(PYTHON) requirements/lock.sh
 
 # A config with vLLM roles (engine = "vllm") needs their venv too.
-serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
+# dsi's own modules compiled ahead: every role process imports a few hundred of them, and where
+# the environment sets PYTHONDONTWRITEBYTECODE each one would compile them again. (Site-packages
+# are compiled when pip installs them; a module edited since is compiled again on import.)
+bytecode: venv
+	@$(BIN)/python -m compileall -q -j 0 dsi roles transport kvcache kernels > /dev/null
+
+serve: venv bytecode $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 	$(BIN)/dsi serve --config $(CONFIG) --port $(PORT)
 
 # Two passes. The tests that start no cluster, and the cluster tests that assert no time bound
@@ -58,13 +64,13 @@ serve: venv $(if $(shell grep -ls '^engine *= *"vllm"' $(CONFIG)),venv-vllm)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-test: venv venv-vllm
+test: venv venv-vllm bytecode
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow or concurrent" $(XDIST) --durations=15; shared=$$?; \
 	$(BIN)/python -m pytest -q -m "slow and not concurrent" --durations=15; alone=$$?; \
 	echo "make test: tests on $(TEST_WORKERS) workers exited $$shared, cluster tests one at a time $$alone"; \
 	test $$shared -eq 0 && test $$alone -eq 0
 
-test-fast: venv
+test-fast: venv bytecode
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 lint: venv
