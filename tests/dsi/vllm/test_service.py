@@ -56,10 +56,14 @@ def test_vllms_own_python_processes_never_see_the_repository_root_as_a_module_pa
     assert shadowed.returncode == 1  # the probe can fail: without the setting the folder is found
 
 
-def test_one_worker_runs_in_the_engine_core_process_and_parallel_engines_keep_vllms_executor():
+def test_one_unbound_worker_runs_in_the_engine_core_and_bound_or_parallel_engines_keep_vllms_executor():
     environ: dict[str, str] = {}
     apply_engine_environment(environ, VllmOptions(cpu_threads="nobind"), {0, 1})
     assert environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    for bound in ("@0", "0-1", "auto"):  # vLLM binds the threads of its workers only
+        environ = {}
+        apply_engine_environment(environ, VllmOptions(cpu_threads=bound), {0, 1})
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in environ, bound
     for args in (
         [("tensor_parallel_size", 2)],
         [("pipeline_parallel_size", 2)],

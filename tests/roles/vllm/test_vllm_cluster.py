@@ -81,7 +81,7 @@ engine = "vllm"
 [roles.vllm]
 dtype = "float32"
 max_model_len = 4096
-cpu_threads = "@1"
+cpu_threads = "nobind"
 args = { enforce_eager = true, max_num_seqs = 16 }
 
 [[roles]]
@@ -92,7 +92,7 @@ engine = "vllm"
 [roles.vllm]
 dtype = "float32"
 max_model_len = 4096
-cpu_threads = "@0"
+cpu_threads = "nobind"
 args = { enforce_eager = true, max_num_seqs = 32 }
 """
 
@@ -229,8 +229,9 @@ def served(tmp_path_factory, smollm2_dir, vllm_bin):
                             "--model", str(smollm2_dir), "--prompts", str(tmp / "prompts.json"), "--max-tokens", "16"],
                             env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
                                  "VLLM_CPU_OMP_THREADS_BIND": resolve_cores("@0", os.sched_getaffinity(0)),
-                                 # its engine in this one process: two fewer vLLM imports (same tokens)
-                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                 # its engine in this one process: two fewer vLLM imports; one
+                                 # thread, as each role's worker (bound to its one core) runs
+                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
                                  # vLLM's own subprocesses (its model inspection) must not find
                                  # the checkout's folders by their bare names either
                                  "PYTHONSAFEPATH": "1"})  # fmt: skip
@@ -270,16 +271,35 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_each_vllm_role_is_two_processes_the_role_and_vllms_engine_core(served):
-    """One worker runs in the engine core's process (dsi.vllm.service.engine_environment): no
-    worker process beside it."""
+def _allowed_cpus(pid: int) -> str:
+    """The CPUs the main thread of ``pid`` may run on (``Cpus_allowed_list``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return re.search(r"(?m)^Cpus_allowed_list:\s*(\S+)$", status).group(1)  # type: ignore[union-attr]
+
+
+def test_a_bound_role_runs_its_model_in_a_bound_worker_an_unbound_one_in_its_engine_core(served):
+    """dsi.vllm.service.engine_environment: a bound engine keeps vLLM's executor, whose one worker
+    vLLM binds to the role's ``cpu_threads`` (the engine core, scheduling and outputs, stays
+    unbound like the role); an unbound one (``"nobind"``) runs its model in the engine core."""
     table = served.table()
-    for role_id in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
-        below = _descendants(table[role_id]["pid"])
-        commands = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in below]
-        # multiprocessing's resource tracker (spawn start method) aside
-        engines = [c for c in commands if "resource_tracker" not in c]
-        assert len(engines) == 1 and engines[0].startswith("VLLM::EngineCore"), (role_id, commands)
+    cores = {"prefill-0": "@0", "decode-0": "@1", "prefill-1": "nobind", "decode-1": "nobind"}  # the config's
+    everywhere = _allowed_cpus(os.getpid())
+    for role_id, spec in cores.items():
+        pid = table[role_id]["pid"]
+        below = {
+            p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            for p in _descendants(pid)
+        }
+        # multiprocessing's resource trackers (spawn start method) aside
+        titles = {p: c.split()[0] for p, c in below.items() if "resource_tracker" not in c}
+        engine = [p for p, t in titles.items() if t == "VLLM::EngineCore"]
+        workers = [p for p, t in titles.items() if t.startswith("VLLM::Worker")]
+        assert len(engine) == 1 and _allowed_cpus(pid) == _allowed_cpus(engine[0]) == everywhere, role_id
+        if spec == "nobind":
+            assert len(titles) == 1, (role_id, below)
+        else:
+            assert len(workers) == 1 and len(titles) == 2, (role_id, below)
+            assert _allowed_cpus(workers[0]) == resolve_cores(spec, os.sched_getaffinity(0)), role_id
 
 
 def _reference(served) -> None:
