@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -170,7 +169,6 @@ class EngineRole(RoleActor):
         self.accepted = 0  # requests accepted since start (load reports carry it)
         self.incoming_requests = 0  # accepted, not yet counted by the engine (see Arrival)
         self.incoming_tokens = 0
-        self.started_at = time.time()
         self.reporter: LoadReporter | None = None
         self.ep: EpSize | None = None  # the expert-parallel group's size, once started
         self.experts: ExpertGroup | None = None  # its rank 0 (the engine owns and closes it)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import zmq.asyncio
@@ -62,7 +61,6 @@ class HeartbeatSender:
         self.sent = 0
         self.assigned = ""  # the lifecycle state the controller answered last
         self.answered = asyncio.Event()  # set at the controller's first answer: it lists us
-        self._started_at = time.time()
         self._peer = Peer(
             controller,
             ctx,
@@ -85,7 +83,7 @@ class HeartbeatSender:
             address=ident.address,
             state=self.actor.state,
             load=self.actor.load(),
-            started_at=self._started_at,
+            started_at=self.actor.started_at,
             http=ident.http,
             assigned=self.assigned,
             fingerprint=self.actor.fingerprint,

@@ -15,6 +15,7 @@ A role whose work is done for good (a drained instance) calls ``retire()``: its 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from dsi.actor import Actor, handles
 from dsi.messages.control import Load
@@ -29,6 +30,9 @@ class RoleActor(Actor):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.state = "starting"
+        # This run of the role, unix seconds: its heartbeats and load reports carry it, and the
+        # requests the gateway sends name it (dsi.roles.run_fence).
+        self.started_at = time.time()
         self.fingerprint: MachineFingerprint | None = None
         self.retired = asyncio.Event()  # set by retire(): the host stops this role
 

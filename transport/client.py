@@ -4,8 +4,13 @@ Each call gets a fresh ``call_id``; the socket's FramePump routes REPLY / ITEM /
 to the waiting future or stream queue. A socket monitor watches the connection: when the peer goes away
 (process killed, host gone, ZMTP heartbeat timeout) every pending call fails at once with
 ``PeerLost``; ZeroMQ reconnects by itself, and the Hello handshake is repeated on the new
-connection before it is marked ready again. Calls made while the peer is away wait in the
-socket queue until it is back or their timeout fires. The handshake also settles the protocol
+connection before it is marked ready again. Calls made while the peer is away wait here, not in
+the socket, until the Hello on the next connection is answered; a call its caller gives up on
+first (its timeout, a cancel, ``fail_pending``) is dropped unsent. In ZeroMQ's queue it would go
+out on the next connection whatever became of its caller, to whichever process then serves the
+address: a restarted role would run work already re-run elsewhere. (A message handed to the
+socket in the instant between a drop and its report can still go out that way: requests name
+the run of the instance they are meant for, see dsi.roles.run_fence.) The handshake also settles the protocol
 version the connection speaks (dsi.messages.version); calls made before the first handshake
 wait here until it has, and then go in that version. Stream items queue without bound on the
 caller's side (the pump serves every call and must never block); the producer is paced
@@ -62,7 +67,8 @@ class Peer:
         self.address = address
         self.protocol = protocol
         self._version: int | None = None  # the version the connection speaks, once a handshake said
-        self._held: list[tuple[Kind, int, list[Any]]] = []  # calls made before the first handshake
+        # calls made while no connection is ready (before the first handshake, or while away)
+        self._held: list[tuple[Kind, int, list[Any]]] = []
         self.peer_id = peer_id
         self.role = role
         self.timeout = timeout
@@ -179,8 +185,8 @@ class Peer:
             self._streams.pop(call_id, None)
             while not finished and not queue.empty():  # the end arrived with the last item read
                 finished = queue.get_nowait() is _END
-            if not finished and not self._closed:
-                self._send(Kind.CANCEL, call_id, [b""])
+            if not finished:
+                self._withdraw(call_id)
 
     async def _call(self, kind: Kind, msg: Any, timeout: float) -> Any:
         call_id = next(self._ids)
@@ -195,8 +201,8 @@ class Peer:
             self._send(kind, call_id, self._codec.encode(msg))
             return await future
         except asyncio.CancelledError:  # the caller went away: so does the call (a concurrent handler stops)
-            if not self._closed and future.cancelled():
-                self._send(Kind.CANCEL, call_id, [b""])
+            if future.cancelled():
+                self._withdraw(call_id)
             raise
         finally:
             self._calls.pop(call_id, None)
@@ -226,11 +232,20 @@ class Peer:
         if future is None or future.done():
             return
         future.set_exception(AskTimeout(f"{self.address}: no reply to {what} in {timeout}s"))
-        if not self._closed:
+        self._withdraw(call_id)
+
+    def _withdraw(self, call_id: int) -> None:
+        """The caller gave up on ``call_id``: drop it unsent if it is still held here, else CANCEL it."""
+        if self._closed:
+            return
+        held = len(self._held)
+        self._held = [h for h in self._held if h[1] != call_id]
+        if len(self._held) == held:
             self._send(Kind.CANCEL, call_id, [b""])
 
     def _send(self, kind: Kind, call_id: int, body: list[Any]) -> None:
-        """Send [header, *body] in the connection's version; held until the first handshake.
+        """Send [header, *body] in the connection's version; held while no connection has
+        answered a Hello (before the first handshake, and while away).
 
         A Hello goes in the oldest version this process speaks: a server of the version before
         accepts it, and a later one accepts a Hello of any version."""
@@ -238,7 +253,7 @@ class Peer:
             raise PeerLost(f"connection to {self.address} is closed")
         if kind is Kind.HELLO:
             version = self.protocol.oldest
-        elif self._version is None:
+        elif self._version is None or not self._connected.is_set():
             self._held.append((kind, call_id, body))
             return
         else:
@@ -250,7 +265,7 @@ class Peer:
         self._version = version
         held, self._held = self._held, []
         for kind, call_id, body in held:
-            self._send(kind, call_id, body)
+            self._pump.send([pack_header(kind, call_id, version), *body])
 
     # ---- background tasks --------------------------------------------------------------------
     async def _hello(self, timeout: float) -> None:
@@ -356,6 +371,9 @@ class Peer:
                     await asyncio.sleep(REHELLO_PAUSE_S)
 
     def _fail_all(self, err: DsiError) -> None:
+        """Fail every pending call and stream with ``err``; the held ones are dropped unsent
+        (tells still wait for the next connection)."""
+        self._held = [h for h in self._held if h[0] is Kind.TELL]
         for future in list(self._calls.values()):
             if not future.done():
                 future.set_exception(err)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -93,7 +92,6 @@ class SimInstance(RoleActor):
         super().__init__(name)
         self.kind = kind
         self.state = "ready"
-        self.started_at = time.time()  # unix seconds: this run of the instance
         rng = random.Random(name)
         self.requests = rng.randrange(0, 16)  # requests it holds
         self.kv_tokens = self.requests * rng.randrange(100, 4_000) if kind == "decode" else 0

@@ -34,6 +34,9 @@ class Generate(Message):
     # position (the gateway checks every delivered token again); an engine may compute those
     # positions as part of the prompt instead of decoding them (dsi.roles.vllm.resume).
     delivered: list[int] = []
+    # The run of the instance it is sent to (the InstanceInfo.started_at the controller lists,
+    # unix seconds), refused by any other run of that instance id (dsi.roles.run_fence); 0: any.
+    instance_run: float = 0.0
 
 
 class TokenChunk(Message):

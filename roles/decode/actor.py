@@ -46,6 +46,7 @@ from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.decode.arrivals import Arrivals
 from dsi.roles.decode.migration import Migration
 from dsi.roles.engine_role import EngineRole, EngineRoleSettings
+from dsi.roles.run_fence import check_run
 from dsi.transport.kv.ids import transfer_id
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class DecodeActor(EngineRole):
     @handles
     async def generate(self, msg: Generate) -> AsyncIterator[TokenChunk]:
         assert self.service is not None
+        check_run(self.name, self.started_at, msg.instance_run)
         if msg.pin_hit is not None and msg.pin_hit.tokens and not msg.pin_hit.exact:
             raise HitUnavailable(
                 f"{self.name}: a colocated run takes no prefix hit, and the re-run is pinned to a "
@@ -102,6 +104,7 @@ class DecodeActor(EngineRole):
     async def handoff(self, msg: Handoff) -> AsyncIterator[TokenChunk]:
         assert self.service is not None and self.data is not None
         req = msg.request
+        check_run(self.name, self.started_at, req.instance_run)
         if not req.token_ids:
             raise InvalidRequest("the prompt is empty")
         num_blocks = self.shape.blocks(len(req.token_ids))

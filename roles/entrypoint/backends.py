@@ -192,7 +192,11 @@ class DecodePool:
                     msg, bad_decodes, bad_prefills, wait=attempt > 0 or migrations > 0
                 )
                 req = msgspec.structs.replace(
-                    msg, request_id=run_id, pin_hit=delivered.pin, delivered=list(delivered.token_ids)
+                    msg,
+                    request_id=run_id,
+                    pin_hit=delivered.pin,
+                    delivered=list(delivered.token_ids),
+                    instance_run=inst.info.started_at,
                 )
                 call = req if pre is None else Handoff(req, pre.info.address, pre.info.instance_id)
             delivered.rerun()

@@ -49,6 +49,7 @@ from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
 from dsi.messages.handoff import Handoff, HitUnavailable, KvLease, Prefilled, PrefillLost, PrefillTo
 from dsi.messages.migrate import DrainOrder
+from dsi.roles.run_fence import check_run
 from dsi.roles.vllm.resume import echoed, resumable, resumed
 from dsi.roles.vllm.role import VllmRole, VllmRoleSettings
 from dsi.transport.kv.ids import transfer_id
@@ -190,6 +191,7 @@ class VllmDecodeActor(VllmRole):
 
     # ---- streaming -----------------------------------------------------------------------------
     def _admit(self, msg: Generate) -> None:
+        check_run(self.name, self.started_at, msg.instance_run)
         if self._drain is not None:
             raise Overloaded(f"{self.name} is draining: it takes no new requests")
         if not msg.token_ids:

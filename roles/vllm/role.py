@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +115,6 @@ class VllmRole(RoleActor):
         # vLLM request id -> prompt tokens, of the requests given to vLLM that have no output yet,
         # in the order they were given (see _waiting_tokens)
         self.starting: dict[str, int] = {}
-        self.started_at = time.time()
 
     async def on_start(self) -> None:
         # before vLLM is first imported; CoresUnavailable (the role fails to start) when cpu_threads

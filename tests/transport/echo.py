@@ -37,7 +37,11 @@ class Note(Message):
     text: str
 
 
-ECHO_TYPES = (Echo, Count, Number, Boom, Sleep, Note)
+class Notes(Message):
+    """Ask for the texts of the Notes received so far (answered with one Note, joined by "|")."""
+
+
+ECHO_TYPES = (Echo, Count, Number, Boom, Sleep, Note, Notes)
 
 
 class EchoActor(Actor):
@@ -70,3 +74,7 @@ class EchoActor(Actor):
     @handles
     async def note(self, msg: Note) -> None:
         self.notes.append(msg.text)
+
+    @handles
+    async def notes_so_far(self, msg: Notes) -> Note:
+        return Note("|".join(self.notes))

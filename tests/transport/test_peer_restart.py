@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import zmq.asyncio
 
-from dsi.errors import ActorStopped, PeerLost
+from dsi.errors import ActorStopped, AskTimeout, PeerLost
 from dsi.transport.client import Peer
-from tests.transport.echo import ECHO_TYPES, Count, Echo, Sleep
+from tests.transport.echo import ECHO_TYPES, Count, Echo, Note, Notes, Sleep
 from tests.transport.procs import EchoServers, free_address
 
 pytestmark = pytest.mark.slow
@@ -67,7 +69,7 @@ async def test_sigkill_fails_pending_calls_and_the_same_peer_reconnects(servers,
         assert lost_after < LOST_WITHIN_S
         assert peer.pending == 0
 
-        # A call made while the role is down waits in the socket queue for the new process.
+        # A call made while the role is down waits for the new process.
         queued = asyncio.ensure_future(peer.ask(Echo("queued"), timeout=RECONNECT_WITHIN_S))
         await asyncio.to_thread(servers.start, address)  # same address, fresh process
         asked_at = loop.time()
@@ -96,5 +98,40 @@ async def test_sigterm_answers_pending_callers_and_exits_cleanly(servers, ctx):
         # disconnect first, and then reports the peer as lost - either way, never a hang.
         with pytest.raises((ActorStopped, PeerLost)):
             await asyncio.wait_for(pending, LOST_WITHIN_S)
+    finally:
+        await peer.close()
+
+
+async def test_calls_given_up_while_the_peer_was_away_never_reach_the_process_that_comes_back(servers, ctx):
+    """A stopped role's connection drops (ZMTP heartbeats); what its callers gave up on meanwhile
+    (a timeout, a closed stream, fail_pending) must not run in the process that serves the
+    address next: a restarted role would run work that was already re-run elsewhere."""
+    address = free_address()
+    first = servers.start(address)
+    peer = Peer(address, ctx, types=ECHO_TYPES, timeout=ASK_TIMEOUT_S)
+    loop = asyncio.get_running_loop()
+    try:
+        await peer.connect()
+        os.kill(first.pid, signal.SIGSTOP)  # alive, silent: the heartbeat timeout drops it
+        stopped_at = loop.time()
+        while not peer.away:
+            assert loop.time() - stopped_at < LOST_WITHIN_S + 5.0, "the connection never dropped"
+            await asyncio.sleep(0.05)
+        with pytest.raises(AskTimeout):
+            await peer.ask(Note("timed out"), timeout=0.3)
+        stream = peer.stream(Note("stream closed"), timeout=0.3)
+        with pytest.raises(AskTimeout):
+            await anext(stream)
+        await stream.aclose()
+        failed = asyncio.ensure_future(peer.ask(Note("failed by the caller"), timeout=ASK_TIMEOUT_S))
+        await asyncio.sleep(0.1)
+        peer.fail_pending(PeerLost("declared dead"))
+        with pytest.raises(PeerLost):
+            await failed
+        kept = asyncio.ensure_future(peer.ask(Note("still waited for"), timeout=RECONNECT_WITHIN_S))
+        await asyncio.to_thread(first.kill)
+        await asyncio.to_thread(servers.start, address)  # same address, fresh process
+        await kept
+        assert (await peer.ask(Notes(), timeout=RECONNECT_WITHIN_S)).text == "still waited for"
     finally:
         await peer.close()

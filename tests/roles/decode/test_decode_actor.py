@@ -1,5 +1,6 @@
 import asyncio
 
+import msgspec
 import pytest
 import zmq.asyncio
 
@@ -7,11 +8,11 @@ from dsi.config import EngineOptions, ModelConfig
 from dsi.engine.engine import Engine
 from dsi.engine.hit_policy import NO_HIT, HitChoice
 from dsi.engine.params import SamplingParams
-from dsi.errors import InvalidRequest
+from dsi.errors import InvalidRequest, PeerLost
 from dsi.messages import ALL
 from dsi.messages.control import Load
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import GetEngineStats, HitUnavailable
+from dsi.messages.handoff import GetEngineStats, Handoff, HitUnavailable
 from dsi.model.prepare import ensure_model
 from dsi.model.weights import load_model
 from dsi.roles.decode import DecodeActor
@@ -105,3 +106,25 @@ async def test_a_colocated_run_reports_no_hit_and_refuses_a_pinned_bounded_hit(d
                 Generate("h3", prompt, SamplingParams(max_tokens=3), pin_hit=HitChoice(256))
             )
         ]
+
+
+async def test_a_request_meant_for_another_run_of_the_instance_is_refused_and_runs_nothing(decode):
+    """dsi.roles.run_fence: a request that waited in a socket queue while the run it was sent to
+    died must not run in the run that replaced it."""
+    actor, peer = decode
+    stale = Generate(
+        "stale",
+        [0, 100, 200],
+        SamplingParams(max_tokens=4, temperature=0),
+        instance_run=actor.started_at - 60,
+    )
+    with pytest.raises(PeerLost, match="which is gone"):
+        [c async for c in peer.stream(stale)]
+    with pytest.raises(PeerLost, match="which is gone"):
+        [c async for c in peer.stream(Handoff(stale, "tcp://127.0.0.1:9", "prefill-0"))]
+    mem = await peer.ask(GetEngineStats())
+    assert (await peer.ask(Load())).running == 0 and mem.free_blocks == mem.total_blocks
+    for run in (actor.started_at, 0.0):  # meant for this run, or for any
+        fresh = msgspec.structs.replace(stale, request_id=f"fresh-{run}", instance_run=run)
+        chunks = [c async for c in peer.stream(fresh)]
+        assert chunks[-1].finish == "length"

@@ -46,8 +46,9 @@ class Table(Actor):
         return InstanceTable([i for i in self.instances if not msg.role or i.role == msg.role])
 
 
-def info(name: str, address: str, state: str) -> InstanceInfo:
-    return InstanceInfo(name, "decode", "127.0.0.1", 1, address, state, Load(), 0.0, 1.0)
+def info(name: str, address: str, state: str, started_at: float) -> InstanceInfo:
+    """As the controller lists it: ``started_at`` is the run's own (requests name it)."""
+    return InstanceInfo(name, "decode", "127.0.0.1", 1, address, state, Load(), 0.0, started_at)
 
 
 def prompt(i: int) -> list[int]:
@@ -83,8 +84,8 @@ async def cluster(model_dir):
     for s in servers:
         await s.start()
     table.instances = [
-        info("decode-0", servers[0].address, "serving"),
-        info("decode-1", servers[1].address, "ready"),
+        info("decode-0", servers[0].address, "serving", source.started_at),
+        info("decode-1", servers[1].address, "ready", target.started_at),
     ]
     pool = DecodePool(control.address, ctx, refresh_s=0.1, reroute_wait_s=5.0, item_timeout_s=30.0)
     await pool.start()
@@ -136,8 +137,8 @@ async def test_a_drain_with_failing_imports_reruns_those_requests_and_moves_the_
     while len(source.live) < REQUESTS:  # every request decodes on the source
         await asyncio.sleep(0.01)
     table.instances = [
-        info("decode-0", table.instances[0].address, "draining"),
-        info("decode-1", table.instances[1].address, "serving"),
+        info("decode-0", table.instances[0].address, "draining", source.started_at),
+        info("decode-1", table.instances[1].address, "serving", target.started_at),
     ]
     await pool.refresh()
     peer = Peer(source_server.address, ctx, types=ALL, timeout=10)
