@@ -15,6 +15,14 @@ this module. Two sources of variation are removed:
 
       x [M, K] -> pad to T * ROW_TILE rows -> [T, ROW_TILE, K] bmm [T, K, N] (w, stride 0) -> [M, N]
 
+  A weight larger than ``WIDE_BYTES`` (the output projection over the vocabulary: 129,280 x 256
+  fp32 = 126 MiB on the tiny shape) would be read from memory once per tile that way; it is cut
+  into blocks of ``COLUMN_BLOCK`` columns instead, each multiplied with every tile while it is in
+  the cache. Every product still has a model-constant shape (the last block's width is N mod
+  COLUMN_BLOCK), and each output element is reduced over K alone, so a row's bits still do not
+  depend on the row count. At 64 rows on 2 AVX2 cores: 70 ms against 106 ms unblocked (and 80 ms
+  for torch's own ``x @ w``), medians of 40 interleaved runs.
+
 - Attention reductions. Keys are cut into blocks of ``KEY_BLOCK`` aligned on absolute positions
   (SWA keys by token position, global latents by entry), each block is scored and weighted with
   fixed-shape products, and blocks are folded into an online softmax in one order: SWA blocks,
@@ -39,6 +47,8 @@ import torch
 from dsi.model.config import ModelConfig
 
 ROW_TILE = 16  # rows of every product the engine makes (see above)
+WIDE_BYTES = 8 << 20  # a weight larger than this is multiplied in blocks of COLUMN_BLOCK columns
+COLUMN_BLOCK = 1024
 KEY_BLOCK = 128
 VECTOR_RUN = 64  # elements: a multiple of what torch's vectorised loops take per iteration (AVX2, AVX-512)
 
@@ -59,11 +69,19 @@ def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
 
 
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ROW_TILE rows in one batched call."""
+    """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ROW_TILE rows in one batched call
+    (one per block of COLUMN_BLOCK columns for a weight larger than WIDE_BYTES)."""
     m, k = x.shape
+    n = w.shape[1]
     t = tiles(m)
     x = pad_rows(x, t * ROW_TILE).contiguous().view(t, ROW_TILE, k)
-    return torch.bmm(x, w.expand(t, *w.shape)).view(t * ROW_TILE, -1)[:m]
+    if w.numel() * w.element_size() <= WIDE_BYTES:
+        return torch.bmm(x, w.expand(t, *w.shape)).view(t * ROW_TILE, -1)[:m]
+    out = x.new_empty(t * ROW_TILE, n)
+    for a in range(0, n, COLUMN_BLOCK):  # one block of the weight at a time, for every tile
+        block = w[:, a : a + COLUMN_BLOCK]
+        out[:, a : a + COLUMN_BLOCK] = torch.bmm(x, block.expand(t, *block.shape)).view(t * ROW_TILE, -1)
+    return out[:m]
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -207,16 +225,25 @@ def attend_decode(
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
     first_block = (pos - window + 1).clamp(min=0) // KEY_BLOCK
+    every = torch.arange(b)
     for j in range(-(-window // KEY_BLOCK) + 1):
         kpos = (first_block + j)[:, None] * KEY_BLOCK + torch.arange(KEY_BLOCK)[None, :]  # [B, KB]
         ok = (kpos <= pos[:, None]) & (kpos > pos[:, None] - window) & (kpos >= swa_start[:, None])
         if not bool(ok.any()):
             continue
         idx = kpos.clamp(min=0) % cfg.ring
-        own = (kpos == pos[:, None])[..., None, None]
-        kb = torch.where(own, k_new[:, None], ring[slots[:, None], 0, idx])  # [B, KB, Hkv, D]
-        vb = torch.where(own, v_new[:, None], ring[slots[:, None], 1, idx])
-        kb, vb = kb.masked_fill(~ok[..., None, None], 0.0), vb.masked_fill(~ok[..., None, None], 0.0)
+        kb = ring[slots[:, None], 0, idx]  # [B, KB, Hkv, D], gathered: a tensor of its own
+        vb = ring[slots[:, None], 1, idx]
+        # The new key's column in this block, where it falls in it; set in place (a [B, Hkv, D]
+        # selection: the whole block is not selected again, and nothing waits on the device).
+        col = pos - (first_block + j) * KEY_BLOCK
+        mine = ((col >= 0) & (col < KEY_BLOCK))[:, None, None]
+        col = col.clamp(0, KEY_BLOCK - 1)
+        kb[every, col] = torch.where(mine, k_new, kb[every, col])
+        vb[every, col] = torch.where(mine, v_new, vb[every, col])
+        # Keys out of sight need no zeros: their scores are set to -inf below, whatever they are.
+        # Values do: a weight of 0 times a stale inf or NaN would still poison the sum.
+        vb.masked_fill_(~ok[..., None, None], 0.0)
         qg = q_rot.view(b, hkv, group, d)
         s = torch.stack([bmm(qg[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
         e, alpha = state.scale(
