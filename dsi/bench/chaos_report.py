@@ -5,7 +5,10 @@
 
 sent / failed / spliced: requests *started* in [inject, end of the phase). Recovery: the first
 ``window_s`` window starting at or after the heal (the inject, for an instant fault) in which no
-request failed and at least ``RATE_SHARE`` of the baseline's completions per second completed;
+request failed, at least one completed, and at least ``RATE_SHARE`` of the baseline's completions
+per second completed (a baseline that happened to complete nothing, every client being on a long
+request, would otherwise count the first empty window as recovered, and the phase would end
+before a request of its own ran);
 its start minus the heal is the recovery time (None: not within the phase). Leaks: per role the
 change of RSS, open fds and /dev/shm between the snapshots before the inject and after
 recovery (``soak_report.growth_flags``); a role whose pid changed was replaced, and is compared
@@ -53,7 +56,8 @@ def recovered_at(
     t = start
     while t + window_s <= now:
         failed = any(a.error and t <= a.ended < t + window_s for a in answers)
-        if not failed and completions_per_s(answers, t, t + window_s) >= RATE_SHARE * base_rate:
+        rate = completions_per_s(answers, t, t + window_s)
+        if not failed and rate > 0 and rate >= RATE_SHARE * base_rate:
             return t
         t += 0.5
     return None

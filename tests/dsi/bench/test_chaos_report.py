@@ -23,6 +23,14 @@ def test_recovery_is_the_first_window_after_the_heal_with_no_failure_and_the_old
     assert recovered_at(steady(0, 30, every=1.0), 10.0, 2.0, 30.0, window_s=4.0) is None  # half the rate
 
 
+def test_with_no_completion_in_the_baseline_recovery_still_needs_a_completed_request():
+    """Every client on a long request through the baseline: base rate 0. An empty window after the
+    heal is not a recovery (the phase would end before a request of its own ran)."""
+    answers = [Answer(0, 0.0, 21.0), Answer(1, 1.0, 21.5), *steady(21.5, 30)]
+    assert recovered_at(answers, 10.0, 0.0, 20.0, window_s=2.0) is None
+    assert recovered_at(answers, 10.0, 0.0, 30.0, window_s=2.0) == 19.5  # [19.5, 21.5) holds the first
+
+
 def figs(pid: int, rss_mb: int, fds: int) -> ProcFigures:
     return ProcFigures(pid, rss_mb * MB, fds, 0, 0)
 
