@@ -10,11 +10,11 @@ first (its timeout, a cancel, ``fail_pending``) is dropped unsent. In ZeroMQ's q
 out on the next connection whatever became of its caller, to whichever process then serves the
 address: a restarted role would run work already re-run elsewhere. (A message handed to the
 socket in the instant between a drop and its report can still go out that way: requests name
-the run of the instance they are meant for, see dsi.roles.run_fence.) The handshake also settles the protocol
-version the connection speaks (dsi.messages.version); calls made before the first handshake
-wait here until it has, and then go in that version. Stream items queue without bound on the
-caller's side (the pump serves every call and must never block); the producer is paced
-by the socket high-water mark instead.
+the run of the instance they are meant for, see dsi.roles.run_fence.) The handshake also
+settles the protocol version the connection speaks (dsi.messages.version); calls made before
+the first handshake wait here until it has, and then go in that version. Stream items queue
+without bound on the caller's side (the pump serves every call and must never block); the
+producer is paced by the socket high-water mark instead.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class Peer:
             raise PeerLost(f"connection to {self.address} is closed")
         if kind is Kind.HELLO:
             version = self.protocol.oldest
-        elif self._version is None or not self._connected.is_set():
+        elif not self._connected.is_set():  # set by a Hello's answer, which also settles _version
             self._held.append((kind, call_id, body))
             return
         else:

@@ -73,16 +73,14 @@ async def cluster(model_dir):
         EngineOptions(max_batch_tokens=512, max_running=8),
         ModelConfig(name="dsi-tiny", dir=model_dir, config="tiny"),
     )
-    servers, runs = {}, {}
-    for name in ("decode-0", "decode-1"):
-        actor = DecodeActor(name, settings)
-        servers[name], runs[name] = (
-            ActorServer(actor, "tcp://127.0.0.1:*", ctx, role="decode"),
-            actor.started_at,
-        )
-        await servers[name].start()
+    actors = {name: DecodeActor(name, settings) for name in ("decode-0", "decode-1")}
+    servers = {name: ActorServer(a, "tcp://127.0.0.1:*", ctx, role="decode") for name, a in actors.items()}
+    for server in servers.values():
+        await server.start()
     infos = [  # as the controller lists them: each run's own started_at (requests name it)
-        InstanceInfo(name, "decode", "127.0.0.1", 1, s.address, "serving", Load(), 0.0, runs[name])
+        InstanceInfo(
+            name, "decode", "127.0.0.1", 1, s.address, "serving", Load(), 0.0, actors[name].started_at
+        )
         for name, s in servers.items()
     ]
     pool = DecodePool(f"tcp://127.0.0.1:{free_port()}", ctx, reroute_wait_s=1.0, item_timeout_s=30.0)
