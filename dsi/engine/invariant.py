@@ -203,8 +203,6 @@ def attend_decode(
     cfg: ModelConfig,
     q: torch.Tensor,
     q_rot: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
     ring: torch.Tensor,
     slots: torch.Tensor,
     pos: torch.Tensor,
@@ -215,57 +213,106 @@ def attend_decode(
 ) -> torch.Tensor:
     """One-token slices of B sequences, with the bits :func:`attend_chunk` gives their queries.
 
-    q, q_rot: [B, Hq, D]; k_new, v_new: [B, Hkv, D] (position ``pos`` [B]); ring: [slots, 2, ring,
-    Hkv, D] of this layer before the new keys are written; swa_start: [B]. latents: [B, N, D] with
-    lat_valid [B, N] and latent_last [B, N] (entry n covers up to that position). Returns [B, Hq * D].
+    q, q_rot: [B, Hq, D] at positions ``pos`` [B]; ring: [slots, 2, ring, Hkv, D] of this layer,
+    the new keys and values already written (the ring holds window + rollback positions, so that
+    write overwrote no key of the window); swa_start: [B]. latents: [B, N, D] global entries as
+    :func:`latent_blocks` or :func:`gather_latent_blocks` give them (N a multiple of KEY_BLOCK,
+    zeros where not lat_valid [B, N]); latent_last [B, N]: entry n covers up to that position.
+    Returns [B, Hq * D].
+
+    Each block's keys come out of the ring as whole rows (``index_select`` of the ring's rows);
+    values out of sight are zeroed row by row (a weight of 0 times a stale inf or NaN would still
+    poison the sum; keys need no zeros, their scores are set to -inf). The queries are padded to
+    whole tiles once, as :func:`mm` pads a chunk's rows, and every block reuses them.
     """
     b, hq, d = q.shape
-    hkv = k_new.shape[1]
+    hkv = ring.shape[3]
     group, scale, window = hq // hkv, 1.0 / math.sqrt(d), cfg.window
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
+    qs = _padded(q_rot.view(b, hkv, group, d))  # [B, Hkv, tile, D]
+    es = q.new_zeros((*qs.shape[:3], KEY_BLOCK))  # [B, Hkv, tile, KB]: weights, padded alike
+    entries = row_view(ring.flatten(3))  # [rows, Hkv * D]
     first_block = (pos - window + 1).clamp(min=0) // KEY_BLOCK
-    every = torch.arange(b)
     for j in range(-(-window // KEY_BLOCK) + 1):
         kpos = (first_block + j)[:, None] * KEY_BLOCK + torch.arange(KEY_BLOCK)[None, :]  # [B, KB]
         ok = (kpos <= pos[:, None]) & (kpos > pos[:, None] - window) & (kpos >= swa_start[:, None])
         if not bool(ok.any()):
             continue
-        idx = kpos.clamp(min=0) % cfg.ring
-        kb = ring[slots[:, None], 0, idx]  # [B, KB, Hkv, D], gathered: a tensor of its own
-        vb = ring[slots[:, None], 1, idx]
-        # The new key's column in this block, where it falls in it; set in place (a [B, Hkv, D]
-        # selection: the whole block is not selected again, and nothing waits on the device).
-        col = pos - (first_block + j) * KEY_BLOCK
-        mine = ((col >= 0) & (col < KEY_BLOCK))[:, None, None]
-        col = col.clamp(0, KEY_BLOCK - 1)
-        kb[every, col] = torch.where(mine, k_new, kb[every, col])
-        vb[every, col] = torch.where(mine, v_new, vb[every, col])
-        # Keys out of sight need no zeros: their scores are set to -inf below, whatever they are.
-        # Values do: a weight of 0 times a stale inf or NaN would still poison the sum.
-        vb.masked_fill_(~ok[..., None, None], 0.0)
-        qg = q_rot.view(b, hkv, group, d)
-        s = torch.stack([bmm(qg[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
-        e, alpha = state.scale(
-            rows, s.reshape(b, hq, KEY_BLOCK).mul(scale).masked_fill(~ok[:, None, :], float("-inf"))
-        )
-        eg = e.view(b, hkv, group, KEY_BLOCK)
-        pv = torch.stack([bmm(eg[:, k], vb[:, :, k]) for k in range(hkv)], 1).reshape(b, hq, d)
-        state.add(rows, e, alpha, pv)
+        at = (slots[:, None] * ring.stride(0) + (kpos.clamp(min=0) % cfg.ring) * ring.stride(2)).view(-1)
+        kv = entries.index_select(0, torch.cat([at, at + ring.stride(1)]) // entries.stride(0))
+        kb, vb = kv[: b * KEY_BLOCK], kv[b * KEY_BLOCK :]  # [B * KB, Hkv * D] each
+        vb.index_fill_(0, (~ok).view(-1).nonzero()[:, 0], 0.0)
+        kb, vb = kb.view(b, KEY_BLOCK, hkv, d), vb.view(b, KEY_BLOCK, hkv, d)
+        s = torch.stack([torch.bmm(qs[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
+        s = s[:, :, :group].reshape(b, hq, KEY_BLOCK)
+        e, alpha = state.scale(rows, s.mul(scale).masked_fill(~ok[:, None, :], float("-inf")))
+        es[:, :, :group] = e.view(b, hkv, group, KEY_BLOCK)
+        pv = torch.stack([torch.bmm(es[:, k], vb[:, :, k]) for k in range(hkv)], 1)
+        state.add(rows, e, alpha, pv[:, :, :group].reshape(b, hq, d))
     if latents is not None and latents.shape[1]:
-        n = latents.shape[1]
-        for b0 in range(0, n, KEY_BLOCK):
-            width = min(KEY_BLOCK, n - b0)
-            ok = lat_valid[:, b0 : b0 + width] & (latent_last[:, b0 : b0 + width] <= pos[:, None])
+        ql = _padded(q[:, None])[:, 0]  # [B, tile, D]
+        el = q.new_zeros(b, ql.shape[1], KEY_BLOCK)
+        for b0 in range(0, latents.shape[1], KEY_BLOCK):
+            ok = lat_valid[:, b0 : b0 + KEY_BLOCK] & (latent_last[:, b0 : b0 + KEY_BLOCK] <= pos[:, None])
             if not bool(ok.any()):
                 continue
-            lb = latents.new_zeros(b, KEY_BLOCK, d)
-            lb[:, :width] = latents[:, b0 : b0 + width].masked_fill(~ok[..., None], 0.0)
-            ok = torch.nn.functional.pad(ok, (0, KEY_BLOCK - width))
-            s = bmm(q, lb.transpose(1, 2)) * scale
+            lb = latents[:, b0 : b0 + KEY_BLOCK]  # [B, KB, D]
+            s = torch.bmm(ql, lb.transpose(1, 2))[:, :hq] * scale
             e, alpha = state.scale(rows, s.masked_fill(~ok[:, None, :], float("-inf")))
-            state.add(rows, e, alpha, bmm(e, lb))
+            el[:, :hq] = e
+            state.add(rows, e, alpha, torch.bmm(el, lb)[:, :hq])
     return state.result()
+
+
+def latent_blocks(latents: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, N, D] entries (any values where not ``valid`` [B, N]) -> ([B, N', D], [B, N']): N
+    rounded up to whole KEY_BLOCKs, zeros where not valid, as :func:`attend_decode` takes them."""
+    b, n, d = latents.shape
+    width = -(-n // KEY_BLOCK) * KEY_BLOCK
+    out = latents.new_zeros(b, width, d)
+    out[:, :n] = latents
+    ok = torch.nn.functional.pad(valid, (0, width - n))
+    out.view(-1, d).index_fill_(0, (~ok).view(-1).nonzero()[:, 0], 0.0)
+    return out, ok
+
+
+def gather_latent_blocks(
+    view: torch.Tensor, tables: torch.Tensor, count: torch.Tensor, per_page: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries 0 .. count_b - 1 of each sequence out of a page view [pages, per_page, D], as
+    :func:`latent_blocks` gives them: ([B, N, D], valid [B, N]), N = max count rounded up to whole
+    KEY_BLOCKs. tables: [B, W] page ids (padding may be any page). One ``index_select`` of the
+    entries' rows, then the rows not valid zeroed (a page's unwritten entries may hold anything)."""
+    b, d = count.shape[0], view.shape[-1]
+    width = -(-int(count.max()) // KEY_BLOCK) * KEY_BLOCK if b else 0
+    entries = torch.arange(width)[None, :].expand(b, width)
+    valid = entries < count[:, None]
+    page = tables.gather(1, (entries // per_page).clamp(max=tables.shape[1] - 1))
+    at = page * view.stride(0) + (entries % per_page) * view.stride(1)
+    rows = row_view(view)
+    out = rows.index_select(0, at.reshape(-1) // rows.stride(0))
+    out.index_fill_(0, (~valid).view(-1).nonzero()[:, 0], 0.0)
+    return out.view(b, width, d), valid
+
+
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """[..., M, D] -> [..., tiles(M) * ROW_TILE, D], zero rows after the M given ones."""
+    out = x.new_zeros(*x.shape[:-2], tiles(x.shape[-2]) * ROW_TILE, x.shape[-1])
+    out[..., : x.shape[-2], :] = x
+    return out
+
+
+def row_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [..., W] as one [rows, W] view of its storage, from t's first element: element
+    (i0, i1, ..., :) is row ``sum(i_k * stride_k) // W``. ``t`` may be a strided view (a layer's
+    rings among all layers', one part of every page); only each W values must be contiguous and
+    every other stride a multiple of W, which the rings and page views here are. Gathering rows
+    of it with ``index_select`` copies W values at a time, where advanced indexing copies one."""
+    width = t.shape[-1]
+    assert t.stride(-1) == 1 and all(st % width == 0 for st in t.stride()[:-1]), t.stride()
+    last = sum((n - 1) * st for n, st in zip(t.shape[:-1], t.stride()[:-1], strict=True))
+    return t.as_strided((last // width + 1, width), (width, 1))
 
 
 def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

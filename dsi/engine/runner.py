@@ -328,18 +328,21 @@ class ModelRunner:
         latents = self._latents_of(i, dec, consumer)
         if latents is not None:
             view, count, per_page, stride = latents
-            lat, valid = gather_latents(view, dec, count, per_page)
+            if self.invariant:
+                lat, valid = invariant.gather_latent_blocks(view, dec.tables, count, per_page)
+            else:
+                lat, valid = gather_latents(view, dec, count, per_page)
             last = (torch.arange(lat.shape[1]) * stride + stride - 1)[None, :].expand(lat.shape[0], -1)
+        # The new keys go into the ring first: it holds window + rollback positions, so the write
+        # overwrites no key of the window, and the batch-invariant path reads them from there.
         ring = self.slots.rings[:, i]
-        if self.invariant:
-            out = invariant.attend_decode(
-                cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec.slots, dec.pos, dec.swa_start, lat, valid, last
-            )
-        else:
-            out = attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
-        return out
+        if self.invariant:
+            return invariant.attend_decode(
+                cfg, q[r], q_rot[r], ring, dec.slots, dec.pos, dec.swa_start, lat, valid, last
+            )
+        return attend_decode(cfg, q[r], q_rot[r], k_rot[r], v[r], ring, dec, lat, valid)
 
     def _latents_of(
         self, i: int, dec: DecodeIndex, consumer: bool

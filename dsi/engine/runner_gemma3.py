@@ -160,13 +160,10 @@ class Gemma3Runner:
             self._kv[d.page, r, 0, d.off] = k
             self._kv[d.page, r, 1, d.off] = v
             return invariant.attend_pages(q, self._kv[:, r], d.tables, d.pos)
-        rings = self.slots.rings[:, r]  # [slots, 2, ring, Hkv, D]
-        out = invariant.attend_decode(
-            self.cfg, q, q, k, v, rings, d.slots, d.pos, d.swa_start, None, None, None
-        )
+        rings = self.slots.rings[:, r]  # [slots, 2, ring, Hkv, D]: window + rollback positions
         at = d.pos % self.cfg.ring
-        rings[d.slots, 0, at], rings[d.slots, 1, at] = k, v
-        return out
+        rings[d.slots, 0, at], rings[d.slots, 1, at] = k, v  # overwrites no key of the window
+        return invariant.attend_decode(self.cfg, q, q, rings, d.slots, d.pos, d.swa_start, None, None, None)
 
     # ---- global layers: Block KV pages ---------------------------------------------------------
     def _locations(self, s: StepSlice) -> tuple[torch.Tensor, torch.Tensor]:

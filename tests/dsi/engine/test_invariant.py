@@ -75,23 +75,24 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
     whole = chunk(0, total)
     for s, e in [(0, 7), (100, 300), (255, 256), (256, 420), (399, 420)]:
         assert torch.equal(chunk(s, e), whole[s:e]), (s, e)
-    # The same queries as one-token decode slices of a batch, keys [t - 127, t) in a ring of 134.
+    # The same queries as one-token decode slices of a batch: keys [t - 127, t] in rings of 134
+    # (one layer's view of all layers' rings); the other entries hold stale values, a NaN among them.
     cfg = type("Cfg", (), {"window": window, "ring": window + 6})()
     ts = torch.tensor([130, 255, 256, 300, 419])
-    ring = torch.zeros(len(ts), 2, cfg.ring, 1, 64)
+    rings = torch.randn(len(ts), 3, 2, cfg.ring, 1, 64)
+    ring = rings[:, 1]
     for b, t in enumerate(ts.tolist()):
-        for p in range(max(0, t - window + 1), t):
+        for p in range(max(0, t - window + 1), t + 1):
             ring[b, 0, p % cfg.ring], ring[b, 1, p % cfg.ring] = keys[p], vals[p]
+        ring[b, :, (t + 1) % cfg.ring] = float("nan")  # a position ahead, in the query's last block
     n = int(ts.max()) + 1
     batch_lat = torch.stack([torch.cat([lat[: t + 1], torch.randn(n - t - 1, 64)]) for t in ts.tolist()])
-    valid = torch.arange(n)[None, :] <= ts[:, None]
-    last = torch.arange(n)[None, :].expand(len(ts), n)
+    batch_lat, valid = invariant.latent_blocks(batch_lat, torch.arange(n)[None, :] <= ts[:, None])
+    last = torch.arange(batch_lat.shape[1])[None, :].expand(len(ts), -1)
     got = invariant.attend_decode(
         cfg,
         q[ts],
         q_rot[ts],
-        keys[ts],
-        vals[ts],
         ring,
         torch.arange(len(ts)),
         ts,
@@ -158,3 +159,25 @@ def test_exp_gives_each_element_the_same_bits_whatever_the_length():
     for n in [1, 3, 4, 17, 31, 33, 100, 1000]:
         assert torch.equal(invariant.exp(x[:n]), want[:n]), n
     assert torch.equal(invariant.exp(x.view(64, 64)), want.view(64, 64))
+
+
+def test_latent_blocks_gathered_from_pages_hold_each_entry_and_zeros_elsewhere():
+    """The decode path's latents: one row gather out of a strided page view (one part of every
+    page), padded to whole key blocks; entries past a sequence's count are zeros even where the
+    page holds NaN."""
+    pages = torch.randn(9, 3 * 64 * 16)  # 9 pages, parts of 64 entries x D = 16
+    pages[:, 64 * 16 :] = float("nan")  # the parts after the one read
+    pages[4, 40 * 16 : 64 * 16] = float("nan")  # unwritten entries of the last page of sequence 0
+    view = pages[:, 64 * 16 : 2 * 64 * 16].unflatten(1, (64, 16))
+    view.copy_(torch.randn(9, 64, 16))
+    view[4, 40:] = float("nan")
+    tables = torch.tensor([[2, 4, 0], [7, 1, 5]])
+    count = torch.tensor([104, 150])
+    got, valid = invariant.gather_latent_blocks(view, tables, count, 64)
+    assert got.shape == (2, 256, 16) and valid.shape == (2, 256)
+    for b in range(2):
+        n = int(count[b])
+        want = torch.cat([view[p] for p in tables[b].tolist()])[:n]
+        assert torch.equal(got[b, :n], want)
+        assert torch.equal(got[b, n:], torch.zeros(256 - n, 16))
+        assert valid[b].tolist() == [i < n for i in range(256)]
