@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from dsi.model.config import ModelConfig
 
@@ -70,13 +71,16 @@ def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
 
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ROW_TILE rows in one batched call
-    (one per block of COLUMN_BLOCK columns for a weight larger than WIDE_BYTES)."""
-    m, k = x.shape
-    n = w.shape[1]
-    t = tiles(m)
-    x = pad_rows(x, t * ROW_TILE).contiguous().view(t, ROW_TILE, k)
+    (one per block of COLUMN_BLOCK columns for a weight larger than WIDE_BYTES). A step makes
+    hundreds of these small products, so the path of the usual case is kept to a few calls."""
+    m = x.shape[0]
+    t = max(1, -(-m // ROW_TILE))
+    extra = t * ROW_TILE - m
+    x = (F.pad(x, (0, 0, 0, extra)) if extra else x.contiguous()).view(t, ROW_TILE, -1)
     if w.numel() * w.element_size() <= WIDE_BYTES:
-        return torch.bmm(x, w.expand(t, *w.shape)).view(t * ROW_TILE, -1)[:m]
+        out = torch.bmm(x, w.expand(t, -1, -1))
+        return out.view(-1, out.shape[2])[:m] if extra else out.view(m, -1)
+    n = w.shape[1]
     out = x.new_empty(t * ROW_TILE, n)
     for a in range(0, n, COLUMN_BLOCK):  # one block of the weight at a time, for every tile
         block = w[:, a : a + COLUMN_BLOCK]

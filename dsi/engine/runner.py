@@ -237,7 +237,7 @@ class ModelRunner:
         return x + self.moe(i, rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps))
 
     def _local_moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return moe(x, self.w, f"layers.{i}.", self.cfg, self.mm)
+        return moe(x, self.w, f"layers.{i}.", self.cfg, self.mm, invariant.ROW_TILE if self.invariant else 1)
 
     # ---- ring snapshots --------------------------------------------------------------------------
     def _boundary(self, s: StepSlice) -> int:

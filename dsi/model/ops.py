@@ -40,14 +40,22 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 def moe(
-    x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, mm: Matmul = torch.matmul
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    prefix: str,
+    cfg: ModelConfig,
+    mm: Matmul = torch.matmul,
+    row_tile: int = 1,
 ) -> torch.Tensor:
     """Routed top-k experts (weights renormalised over the chosen k) + one shared expert.
 
     x: [T, H] (already normalised) -> [T, H]. Each token's result depends only on that token.
     Token-expert pairs are sorted by expert so each expert runs one matmul over its rows; a
     token's two or more expert outputs are added in expert order. ``mm``: the product to use
-    (the engine's batch-invariant one, or plain ``@``).
+    (the engine's batch-invariant one, or plain ``@``). ``row_tile``: the rows ``mm`` computes
+    a product in (:data:`dsi.engine.invariant.ROW_TILE`); an expert's rows are padded with zeros
+    to a multiple of it once, so that its three products need no padding of their own (zero rows
+    stay zeros through the SwiGLU, and a row's bits do not depend on the rows beside it).
     """
     top_w, top_i = route(x, w[prefix + "router"], cfg.top_k, mm)  # [T, k]
     shared = shared_expert(x, w, prefix, mm)
@@ -60,7 +68,10 @@ def moe(
     a = 0
     for e, n in enumerate(counts):
         if n:
-            ys[order[a : a + n]] = expert_ffn(xs[a : a + n], w1[e], w3[e], w2[e], mm)
+            rows = xs[a : a + n]
+            if n % row_tile:
+                rows = F.pad(rows, (0, 0, 0, row_tile - n % row_tile))
+            ys[order[a : a + n]] = expert_ffn(rows, w1[e], w3[e], w2[e], mm)[:n]
         a += n
     return combine(x, top_i, top_w, ys) + shared
 
