@@ -100,8 +100,10 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     a length that is not a multiple of their vector run with the scalar ``exp``, whose last bit
     can differ from the vector one; so a [rows, heads] tensor would give a row other bits when
     the row count changes. Padding the flat length to VECTOR_RUN avoids the scalar tail."""
+    n = x.numel()
+    if n % VECTOR_RUN == 0 and x.is_contiguous():  # already whole runs: the same loop as below
+        return torch.exp(x)
     flat = x.reshape(-1)
-    n = flat.shape[0]
     padded = -(-n // VECTOR_RUN) * VECTOR_RUN
     if padded != n:
         flat = torch.cat([flat, flat.new_zeros(padded - n)])
@@ -119,7 +121,7 @@ class _Softmax:
     def scale(self, r: slice, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fold in the max of scores ``s`` [n, heads, KEY_BLOCK] of rows ``r``; returns (e, alpha)."""
         m_new = torch.maximum(self.m[r], s.amax(-1))
-        ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # nothing seen yet: stay 0
+        ref = torch.where(torch.isinf(m_new), 0.0, m_new)  # nothing seen yet: stay 0
         alpha = exp(self.m[r] - ref)
         self.m[r] = m_new
         return exp(s - ref[..., None]), alpha
