@@ -26,7 +26,10 @@ this module. Two sources of variation are removed:
 - Attention reductions. Keys are cut into blocks of ``KEY_BLOCK`` aligned on absolute positions
   (SWA keys by token position, global latents by entry), each block is scored and weighted with
   fixed-shape products, and blocks are folded into an online softmax in one order: SWA blocks,
-  then latent blocks, both ascending. A block a query cannot see leaves its state exactly as it
+  then latent blocks, both ascending. An attention product has :func:`attention_tile` rows (the
+  query heads that share a key, rounded up to 4, at most ROW_TILE), a chunk's query rows cut into
+  such products as :func:`mm` cuts rows into tiles, so that a decode slice's heads fill one
+  product instead of padding it to ROW_TILE rows. A block a query cannot see leaves its state exactly as it
   was. So a query gets the same bits in a prefill chunk of any length, as a one-token decode slice
   in a batch of any size, and after a preemption::
 
@@ -47,16 +50,26 @@ import torch.nn.functional as F
 
 from dsi.model.config import ModelConfig
 
-ROW_TILE = 16  # rows of every product the engine makes (see above)
+ROW_TILE = 16  # rows of every product the engine makes (see above), attention's aside
+ATTENTION_QUANTUM = 4  # an attention product's rows are a multiple of this (at most ROW_TILE)
 WIDE_BYTES = 8 << 20  # a weight larger than this is multiplied in blocks of COLUMN_BLOCK columns
 COLUMN_BLOCK = 1024
 KEY_BLOCK = 128
 VECTOR_RUN = 64  # elements: a multiple of what torch's vectorised loops take per iteration (AVX2, AVX-512)
 
 
-def tiles(m: int) -> int:
-    """How many ROW_TILE-row tiles hold m rows (at least one)."""
-    return max(1, -(-m // ROW_TILE))
+def tiles(m: int, tile: int = ROW_TILE) -> int:
+    """How many tiles of ``tile`` rows hold m rows (at least one)."""
+    return max(1, -(-m // tile))
+
+
+def attention_tile(rows: int) -> int:
+    """Rows of each attention product for ``rows`` query rows per position that share their keys
+    (query heads per KV head; all heads for the latents): ``rows`` rounded up to a multiple of
+    ATTENTION_QUANTUM, at most ROW_TILE. A decode slice's heads then fill their products (4 heads
+    of the tiny shape: one [4, D] x [D, KEY_BLOCK] product, not 4 rows padded to 16), and a chunk
+    cuts its n * rows query rows into products of the same shape."""
+    return min(ROW_TILE, -(-rows // ATTENTION_QUANTUM) * ATTENTION_QUANTUM)
 
 
 def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
@@ -69,30 +82,35 @@ def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
-def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ROW_TILE rows in one batched call
+def mm(x: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
+    """[M, K] @ [K, N] -> [M, N] as tiles(M) products of exactly ``tile`` rows in one batched call
     (one per block of COLUMN_BLOCK columns for a weight larger than WIDE_BYTES). A step makes
     hundreds of these small products, so the path of the usual case is kept to a few calls."""
     m = x.shape[0]
-    t = max(1, -(-m // ROW_TILE))
-    extra = t * ROW_TILE - m
-    x = (F.pad(x, (0, 0, 0, extra)) if extra else x.contiguous()).view(t, ROW_TILE, -1)
+    t = max(1, -(-m // tile))
+    extra = t * tile - m
+    x = (F.pad(x, (0, 0, 0, extra)) if extra else x.contiguous()).view(t, tile, -1)
     if w.numel() * w.element_size() <= WIDE_BYTES:
         out = torch.bmm(x, w.expand(t, -1, -1))
         return out.view(-1, out.shape[2])[:m] if extra else out.view(m, -1)
     n = w.shape[1]
-    out = x.new_empty(t * ROW_TILE, n)
+    out = x.new_empty(t * tile, n)
     for a in range(0, n, COLUMN_BLOCK):  # one block of the weight at a time, for every tile
         block = w[:, a : a + COLUMN_BLOCK]
-        out[:, a : a + COLUMN_BLOCK] = torch.bmm(x, block.expand(t, *block.shape)).view(t * ROW_TILE, -1)
+        out[:, a : a + COLUMN_BLOCK] = torch.bmm(x, block.expand(t, *block.shape)).view(t * tile, -1)
     return out[:m]
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[B, M, K] @ [B, K, N] -> [B, M, N], each matrix's rows padded to a whole number of tiles
-    (M is a model constant where the engine calls this: heads per KV head)."""
+def bmm(a: torch.Tensor, b: torch.Tensor, tile: int) -> torch.Tensor:
+    """[B, M, K] @ [B, K, N] -> [B, M, N], each matrix's rows in products of exactly ``tile`` rows
+    (the last one zero-padded): one batched call per tile of rows; M is a model constant where the
+    engine calls this (heads per KV head)."""
     m = a.shape[1]
-    return torch.bmm(pad_rows(a, tiles(m) * ROW_TILE, dim=1), b)[:, :m]
+    t = tiles(m, tile)
+    a = pad_rows(a, t * tile, dim=1)
+    if t == 1:
+        return torch.bmm(a, b)[:, :m]
+    return torch.cat([torch.bmm(a[:, u * tile : (u + 1) * tile], b) for u in range(t)], 1)[:, :m]
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +174,7 @@ def attend_chunk(
     t, hq, d = q.shape
     hkv = keys.shape[1]
     group, scale = hq // hkv, 1.0 / math.sqrt(d)
+    swa_tile, latent_tile = attention_tile(group), attention_tile(hq)
     qpos = torch.arange(first, first + t)
     state = _Softmax(t, hq, d)
     end = key_first + keys.shape[0]
@@ -178,7 +197,7 @@ def attend_chunk(
         s = (
             torch.stack(
                 [
-                    mm(qg[:, k].reshape(n * group, d), kb[:, k].T).view(n, group, KEY_BLOCK)
+                    mm(qg[:, k].reshape(n * group, d), kb[:, k].T, swa_tile).view(n, group, KEY_BLOCK)
                     for k in range(hkv)
                 ],
                 1,
@@ -188,7 +207,11 @@ def attend_chunk(
         e, alpha = state.scale(r, s.masked_fill(~ok[:, None, :], float("-inf")))
         eg = e.view(n, hkv, group, KEY_BLOCK)
         pv = torch.stack(
-            [mm(eg[:, k].reshape(n * group, KEY_BLOCK), vb[:, k]).view(n, group, d) for k in range(hkv)], 1
+            [
+                mm(eg[:, k].reshape(n * group, KEY_BLOCK), vb[:, k], swa_tile).view(n, group, d)
+                for k in range(hkv)
+            ],
+            1,
         ).reshape(n, hq, d)
         state.add(r, e, alpha, pv)
     if latents is not None and latents.shape[0]:
@@ -199,9 +222,9 @@ def attend_chunk(
                 continue
             n = r.stop - r.start
             ok = last[None, :] <= qpos[r, None]
-            s = mm(q[r].reshape(n * hq, d), lb.T).view(n, hq, KEY_BLOCK) * scale
+            s = mm(q[r].reshape(n * hq, d), lb.T, latent_tile).view(n, hq, KEY_BLOCK) * scale
             e, alpha = state.scale(r, s.masked_fill(~ok[:, None, :], float("-inf")))
-            state.add(r, e, alpha, mm(e.reshape(n * hq, KEY_BLOCK), lb).view(n, hq, d))
+            state.add(r, e, alpha, mm(e.reshape(n * hq, KEY_BLOCK), lb, latent_tile).view(n, hq, d))
     return state.result()
 
 
@@ -229,15 +252,17 @@ def attend_decode(
     Each block's keys come out of the ring as whole rows (``index_select`` of the ring's rows);
     values out of sight are zeroed row by row (a weight of 0 times a stale inf or NaN would still
     poison the sum; keys need no zeros, their scores are set to -inf). The queries are padded to
-    whole tiles once, as :func:`mm` pads a chunk's rows, and every block reuses them.
+    whole :func:`attention_tile` products once (no padding when the heads fill them), and every
+    block reuses them.
     """
     b, hq, d = q.shape
     hkv = ring.shape[3]
     group, scale, window = hq // hkv, 1.0 / math.sqrt(d), cfg.window
+    swa_tile, latent_tile = attention_tile(group), attention_tile(hq)
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
-    qs = _padded(q_rot.view(b, hkv, group, d))  # [B, Hkv, tile, D]
-    es = q.new_zeros((*qs.shape[:3], KEY_BLOCK))  # [B, Hkv, tile, KB]: weights, padded alike
+    qs = _padded(q_rot.view(b, hkv, group, d), swa_tile)  # [B, Hkv, G, D], G: whole tiles
+    es = q.new_zeros((*qs.shape[:3], KEY_BLOCK))  # [B, Hkv, G, KB]: weights, padded alike
     entries = row_view(ring.flatten(3))  # [rows, Hkv * D]
     first_block = (pos - window + 1).clamp(min=0) // KEY_BLOCK
     for j in range(-(-window // KEY_BLOCK) + 1):
@@ -250,24 +275,24 @@ def attend_decode(
         kb, vb = kv[: b * KEY_BLOCK], kv[b * KEY_BLOCK :]  # [B * KB, Hkv * D] each
         vb.index_fill_(0, (~ok).view(-1).nonzero()[:, 0], 0.0)
         kb, vb = kb.view(b, KEY_BLOCK, hkv, d), vb.view(b, KEY_BLOCK, hkv, d)
-        s = torch.stack([torch.bmm(qs[:, k], kb[:, :, k].transpose(1, 2)) for k in range(hkv)], 1)
+        s = torch.stack([bmm(qs[:, k], kb[:, :, k].transpose(1, 2), swa_tile) for k in range(hkv)], 1)
         s = s[:, :, :group].reshape(b, hq, KEY_BLOCK)
         e, alpha = state.scale(rows, s.mul(scale).masked_fill(~ok[:, None, :], float("-inf")))
         es[:, :, :group] = e.view(b, hkv, group, KEY_BLOCK)
-        pv = torch.stack([torch.bmm(es[:, k], vb[:, :, k]) for k in range(hkv)], 1)
+        pv = torch.stack([bmm(es[:, k], vb[:, :, k], swa_tile) for k in range(hkv)], 1)
         state.add(rows, e, alpha, pv[:, :, :group].reshape(b, hq, d))
     if latents is not None and latents.shape[1]:
-        ql = _padded(q[:, None])[:, 0]  # [B, tile, D]
+        ql = _padded(q, latent_tile)  # [B, H, D], H: whole tiles
         el = q.new_zeros(b, ql.shape[1], KEY_BLOCK)
         for b0 in range(0, latents.shape[1], KEY_BLOCK):
             ok = lat_valid[:, b0 : b0 + KEY_BLOCK] & (latent_last[:, b0 : b0 + KEY_BLOCK] <= pos[:, None])
             if not bool(ok.any()):
                 continue
             lb = latents[:, b0 : b0 + KEY_BLOCK]  # [B, KB, D]
-            s = torch.bmm(ql, lb.transpose(1, 2))[:, :hq] * scale
+            s = bmm(ql, lb.transpose(1, 2), latent_tile)[:, :hq] * scale
             e, alpha = state.scale(rows, s.masked_fill(~ok[:, None, :], float("-inf")))
             el[:, :hq] = e
-            state.add(rows, e, alpha, torch.bmm(el, lb)[:, :hq])
+            state.add(rows, e, alpha, bmm(el, lb, latent_tile)[:, :hq])
     return state.result()
 
 
@@ -302,9 +327,12 @@ def gather_latent_blocks(
     return out.view(b, width, d), valid
 
 
-def _padded(x: torch.Tensor) -> torch.Tensor:
-    """[..., M, D] -> [..., tiles(M) * ROW_TILE, D], zero rows after the M given ones."""
-    out = x.new_zeros(*x.shape[:-2], tiles(x.shape[-2]) * ROW_TILE, x.shape[-1])
+def _padded(x: torch.Tensor, tile: int) -> torch.Tensor:
+    """[..., M, D] -> [..., tiles(M, tile) * tile, D], zero rows after the M given ones (x itself
+    when its rows are whole tiles already)."""
+    if x.shape[-2] % tile == 0:
+        return x
+    out = x.new_zeros(*x.shape[:-2], tiles(x.shape[-2], tile) * tile, x.shape[-1])
     out[..., : x.shape[-2], :] = x
     return out
 
@@ -336,11 +364,10 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
     group, scale = hq // hkv, 1.0 / math.sqrt(d)
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
-    # Each (sequence, KV head) is one [tile, D] x [D, KEY_BLOCK] product, its rows padded as mm pads them.
-    tile = tiles(group) * ROW_TILE
-    qp = q.new_zeros(b, hkv, tile, d)
-    qp[:, :, :group] = q.view(b, hkv, group, d)
-    ep = q.new_zeros(b, hkv, tile, KEY_BLOCK)
+    # Each (sequence, KV head) makes [tile, D] x [D, KEY_BLOCK] products, as a chunk's rows do.
+    tile = attention_tile(group)
+    qp = _padded(q.view(b, hkv, group, d), tile)  # [B, Hkv, G, D], G: whole tiles
+    ep = q.new_zeros((*qp.shape[:3], KEY_BLOCK))
     # Views in the order the products read them, so that each gather copies straight into it.
     k_view = kv[:, 0].permute(0, 2, 3, 1)  # [num_blocks, Hkv, D, KB]
     v_view = kv[:, 1].transpose(1, 2)  # [num_blocks, Hkv, KB, D]
@@ -354,12 +381,19 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
         kt, vb = k_view.index_select(0, page), v_view.index_select(0, page)  # contiguous copies
         if int(pos.min()) < (j + 1) * KEY_BLOCK - 1:
             vb.masked_fill_(~ok[:, None, :, None], 0.0)
-        s = torch.matmul(qp, kt)[:, :, :group].reshape(b, hq, KEY_BLOCK)
+        s = _tiled_matmul(qp, kt, tile)[:, :, :group].reshape(b, hq, KEY_BLOCK)
         e, alpha = state.scale(rows, s.mul(scale).masked_fill(~ok[:, None, :], float("-inf")))
         ep[:, :, :group] = e.view(b, hkv, group, KEY_BLOCK)
-        pv = torch.matmul(ep, vb)[:, :, :group].reshape(b, hq, d)
+        pv = _tiled_matmul(ep, vb, tile)[:, :, :group].reshape(b, hq, d)
         state.add(rows, e, alpha, pv)
     return state.result()
+
+
+def _tiled_matmul(a: torch.Tensor, b: torch.Tensor, tile: int) -> torch.Tensor:
+    """[B, H, M, K] @ [B, H, K, N] -> [B, H, M, N] in products of ``tile`` rows (M: whole tiles)."""
+    if a.shape[2] == tile:
+        return torch.matmul(a, b)
+    return torch.matmul(a.unflatten(2, (-1, tile)), b[:, :, None]).flatten(2, 3)
 
 
 def _rows(first: int, t: int, lo: int, hi: int) -> slice:

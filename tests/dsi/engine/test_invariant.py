@@ -33,14 +33,15 @@ def test_bmm_matrices_do_not_depend_on_the_batch_size(threads):
     torch.manual_seed(0)
     a, b = torch.randn(4, 64), torch.randn(64, 128)  # heads per KV head x D, D x key block
     threads(1)
-    want = invariant.bmm(a[None], b[None])[0]
+    tile = invariant.attention_tile(4)
+    want = invariant.bmm(a[None], b[None], tile)[0]
     for t in (1, 2):
         threads(t)
         for batch in (1, 2, 3, 7, 16, 64, 129):
             aa, bb = torch.randn(batch, 4, 64), torch.randn(batch, 64, 128)
             at = batch // 2
             aa[at], bb[at] = a, b
-            assert torch.equal(invariant.bmm(aa, bb)[at], want), (t, batch)
+            assert torch.equal(invariant.bmm(aa, bb, tile)[at], want), (t, batch)
 
 
 def _sequence(t_total: int, d: int = 64, hq: int = 4, hkv: int = 1, seed: int = 0):
@@ -61,9 +62,15 @@ def test_attend_chunk_matches_the_reference_attention():
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
+# (query heads, KV heads): the tiny shape (4 heads fill one attention product), heads padded to a
+# product (3 per KV head), and heads that take two products each (20 per KV head, 40 in all).
+HEADS = [(4, 1), (6, 2), (40, 2)]
+
+
+@pytest.mark.parametrize("hq,hkv", HEADS)
+def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path(hq, hkv):
     total, window, swa_start = 420, 128, 3
-    q, q_rot, keys, vals, lat = _sequence(total)
+    q, q_rot, keys, vals, lat = _sequence(total, hq=hq, hkv=hkv)
     pos = torch.arange(total)
 
     def chunk(s: int, e: int) -> torch.Tensor:
@@ -79,7 +86,7 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
     # (one layer's view of all layers' rings); the other entries hold stale values, a NaN among them.
     cfg = type("Cfg", (), {"window": window, "ring": window + 6})()
     ts = torch.tensor([130, 255, 256, 300, 419])
-    rings = torch.randn(len(ts), 3, 2, cfg.ring, 1, 64)
+    rings = torch.randn(len(ts), 3, 2, cfg.ring, hkv, 64)
     ring = rings[:, 1]
     for b, t in enumerate(ts.tolist()):
         for p in range(max(0, t - window + 1), t + 1):
@@ -104,9 +111,10 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path():
     assert torch.equal(got, whole[ts])
 
 
-def test_a_full_attention_decode_over_pages_gets_the_bits_of_its_chunk():
+@pytest.mark.parametrize("hq,hkv", [(9, 3), *HEADS])
+def test_a_full_attention_decode_over_pages_gets_the_bits_of_its_chunk(hq, hkv):
     """Llama decode slices (one batched attention over the pages) equal the per-slice path."""
-    total, hq, hkv, d = 300, 9, 3, 64
+    total, d = 300, 64
     _, q_rot, keys, vals, _ = _sequence(total, d=d, hq=hq, hkv=hkv, seed=2)
     window = total + 1  # longer than the context: full attention
     whole = invariant.attend_chunk(q_rot, q_rot, 0, keys, vals, 0, 0, None, None, window)
