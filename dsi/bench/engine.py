@@ -69,9 +69,13 @@ def _prefill_run(weights, n: int, length: int) -> float:
     return n * length / elapsed
 
 
-def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64)) -> dict:
+def run(
+    steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64), invariance_pairs: int = 5
+) -> dict:
     """Runs of each setting interleave (async, sync, async, ...), so that a noisy neighbour
-    slows both sides of a ratio alike; figures are medians over ``repeats``."""
+    slows both sides of a ratio alike; figures are medians over ``repeats``. The invariance
+    cost takes ``invariance_pairs`` interleaved on/off pairs (at least ``repeats``): its 10-20 %
+    moves less than one neighbour's burst, so it gets more samples than the scheduling figures."""
     weights = init_weights(TINY)
     default_async = auto_async("cpu")
     out: dict = {
@@ -97,19 +101,21 @@ def run(steps: int = 24, repeats: int = 3, batches: tuple[int, ...] = (1, 16, 64
         out[f"decode_tok_s_b{b}_{default}"] >= out[f"decode_tok_s_b{b}_{other}"] for b in batches
     )
     on, off = [], []
-    for _ in range(repeats):  # interleaved, like the scheduling runs
+    for _ in range(max(repeats, invariance_pairs)):  # interleaved, like the scheduling runs
         on.append(_decode_run(weights, big, steps, default_async, True)[0])
         off.append(_decode_run(weights, big, steps, default_async, False)[0])
     out[f"decode_tok_s_b{big}_invariant"] = round(statistics.median(on), 1)
     out[f"decode_tok_s_b{big}_variant"] = round(statistics.median(off), 1)
     out["batch_invariant_cost"] = round(statistics.median(off) / statistics.median(on), 3)
+    out["batch_invariant_pairs"] = len(on)
+    out["batch_invariant_cost_per_pair"] = [round(b / a, 3) for a, b in zip(on, off, strict=True)]
     out["idle_batch"] = big
     out["prefill_tok_s"] = round(statistics.median(_prefill_run(weights, 4, 1024) for _ in range(repeats)), 1)
     return out
 
 
 def _main(args: argparse.Namespace) -> int:
-    result = run(args.steps, args.repeats)
+    result = run(args.steps, args.repeats, invariance_pairs=args.invariance_pairs)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -129,4 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=24, help="decode steps measured per run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--invariance-pairs", type=int, default=5, help="interleaved on/off runs for batch_invariant_cost"
+    )
     parser.set_defaults(func=_main)
