@@ -72,6 +72,10 @@ class ModelRunner:
         self.invariant = batch_invariant
         self.mm: Matmul = invariant.mm if batch_invariant else torch.matmul
         self.w = weights if device is None else {k: v.to(device) for k, v in weights.items()}
+        # The output projection reads the tied embedding as [H, V]: a contiguous copy of its
+        # transpose (one more copy of the embedding), on which the logits product of 64 rows takes
+        # about 20 % less time than on the transposed view, batch-invariant or not.
+        self._head = self.w["embed"].T.contiguous()
         self.moe: MoeLayer = moe_layer or self._local_moe
         self._collective = moe_layer is not None
         self.kernels = kernels
@@ -121,7 +125,7 @@ class ModelRunner:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Last-layer rows [N, H] -> logits [N, V]."""
-        return self.mm(rms_norm(x, self.w["final_norm"], self.cfg.norm_eps), self.w["embed"].T)
+        return self.mm(rms_norm(x, self.w["final_norm"], self.cfg.norm_eps), self._head)
 
     @torch.no_grad()
     def last_hidden(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
