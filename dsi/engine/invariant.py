@@ -73,13 +73,12 @@ def attention_tile(rows: int) -> int:
 
 
 def pad_rows(x: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
-    """x with zero rows appended along ``dim`` up to ``rows``."""
+    """x with zero rows appended along ``dim`` up to ``rows`` (x itself when it has as many)."""
     extra = rows - x.shape[dim]
     if extra <= 0:
         return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+    after = x.dim() - 1 - dim % x.dim()  # dimensions after ``dim``: F.pad lists the last first
+    return F.pad(x, (0, 0) * after + (0, extra))
 
 
 def mm(x: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
@@ -87,9 +86,9 @@ def mm(x: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
     (one per block of COLUMN_BLOCK columns for a weight larger than WIDE_BYTES). A step makes
     hundreds of these small products, so the path of the usual case is kept to a few calls."""
     m = x.shape[0]
-    t = max(1, -(-m // tile))
+    t = tiles(m, tile)
     extra = t * tile - m
-    x = (F.pad(x, (0, 0, 0, extra)) if extra else x.contiguous()).view(t, tile, -1)
+    x = (pad_rows(x, t * tile) if extra else x.contiguous()).view(t, tile, -1)
     if w.numel() * w.element_size() <= WIDE_BYTES:
         out = torch.bmm(x, w.expand(t, -1, -1))
         return out.view(-1, out.shape[2])[:m] if extra else out.view(m, -1)
@@ -245,8 +244,8 @@ def attend_decode(
     q, q_rot: [B, Hq, D] at positions ``pos`` [B]; ring: [slots, 2, ring, Hkv, D] of this layer,
     the new keys and values already written (the ring holds window + rollback positions, so that
     write overwrote no key of the window); swa_start: [B]. latents: [B, N, D] global entries as
-    :func:`latent_blocks` or :func:`gather_latent_blocks` give them (N a multiple of KEY_BLOCK,
-    zeros where not lat_valid [B, N]); latent_last [B, N]: entry n covers up to that position.
+    :func:`gather_latent_blocks` gives them (N a multiple of KEY_BLOCK, zeros where not lat_valid
+    [B, N]); latent_last [B, N]: entry n covers up to that position.
     Returns [B, Hq * D].
 
     Each block's keys come out of the ring as whole rows (``index_select`` of the ring's rows);
@@ -261,7 +260,7 @@ def attend_decode(
     swa_tile, latent_tile = attention_tile(group), attention_tile(hq)
     state = _Softmax(b, hq, d)
     rows = slice(0, b)
-    qs = _padded(q_rot.view(b, hkv, group, d), swa_tile)  # [B, Hkv, G, D], G: whole tiles
+    qs = pad_rows(q_rot.view(b, hkv, group, d), tiles(group, swa_tile) * swa_tile, dim=2)  # [B, Hkv, G, D]
     es = q.new_zeros((*qs.shape[:3], KEY_BLOCK))  # [B, Hkv, G, KB]: weights, padded alike
     entries = row_view(ring.flatten(3))  # [rows, Hkv * D]
     first_block = (pos - window + 1).clamp(min=0) // KEY_BLOCK
@@ -282,7 +281,7 @@ def attend_decode(
         pv = torch.stack([bmm(es[:, k], vb[:, :, k], swa_tile) for k in range(hkv)], 1)
         state.add(rows, e, alpha, pv[:, :, :group].reshape(b, hq, d))
     if latents is not None and latents.shape[1]:
-        ql = _padded(q, latent_tile)  # [B, H, D], H: whole tiles
+        ql = pad_rows(q, tiles(hq, latent_tile) * latent_tile, dim=1)  # [B, H, D], H: whole tiles
         el = q.new_zeros(b, ql.shape[1], KEY_BLOCK)
         for b0 in range(0, latents.shape[1], KEY_BLOCK):
             ok = lat_valid[:, b0 : b0 + KEY_BLOCK] & (latent_last[:, b0 : b0 + KEY_BLOCK] <= pos[:, None])
@@ -296,24 +295,12 @@ def attend_decode(
     return state.result()
 
 
-def latent_blocks(latents: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, N, D] entries (any values where not ``valid`` [B, N]) -> ([B, N', D], [B, N']): N
-    rounded up to whole KEY_BLOCKs, zeros where not valid, as :func:`attend_decode` takes them."""
-    b, n, d = latents.shape
-    width = -(-n // KEY_BLOCK) * KEY_BLOCK
-    out = latents.new_zeros(b, width, d)
-    out[:, :n] = latents
-    ok = torch.nn.functional.pad(valid, (0, width - n))
-    out.view(-1, d).index_fill_(0, (~ok).view(-1).nonzero()[:, 0], 0.0)
-    return out, ok
-
-
 def gather_latent_blocks(
     view: torch.Tensor, tables: torch.Tensor, count: torch.Tensor, per_page: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Entries 0 .. count_b - 1 of each sequence out of a page view [pages, per_page, D], as
-    :func:`latent_blocks` gives them: ([B, N, D], valid [B, N]), N = max count rounded up to whole
-    KEY_BLOCKs. tables: [B, W] page ids (padding may be any page). One ``index_select`` of the
+    :func:`attend_decode` takes them: ([B, N, D] zeros where not valid, valid [B, N]), N = max
+    count rounded up to whole KEY_BLOCKs. tables: [B, W] page ids (padding may be any page). One ``index_select`` of the
     entries' rows, then the rows not valid zeroed (a page's unwritten entries may hold anything)."""
     b, d = count.shape[0], view.shape[-1]
     width = -(-int(count.max()) // KEY_BLOCK) * KEY_BLOCK if b else 0
@@ -325,16 +312,6 @@ def gather_latent_blocks(
     out = rows.index_select(0, at.reshape(-1) // rows.stride(0))
     out.index_fill_(0, (~valid).view(-1).nonzero()[:, 0], 0.0)
     return out.view(b, width, d), valid
-
-
-def _padded(x: torch.Tensor, tile: int) -> torch.Tensor:
-    """[..., M, D] -> [..., tiles(M, tile) * tile, D], zero rows after the M given ones (x itself
-    when its rows are whole tiles already)."""
-    if x.shape[-2] % tile == 0:
-        return x
-    out = x.new_zeros(*x.shape[:-2], tiles(x.shape[-2], tile) * tile, x.shape[-1])
-    out[..., : x.shape[-2], :] = x
-    return out
 
 
 def row_view(t: torch.Tensor) -> torch.Tensor:
@@ -366,7 +343,9 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
     rows = slice(0, b)
     # Each (sequence, KV head) makes [tile, D] x [D, KEY_BLOCK] products, as a chunk's rows do.
     tile = attention_tile(group)
-    qp = _padded(q.view(b, hkv, group, d), tile)  # [B, Hkv, G, D], G: whole tiles
+    qp = pad_rows(
+        q.view(b, hkv, group, d), tiles(group, tile) * tile, dim=2
+    )  # [B, Hkv, G, D], G: whole tiles
     ep = q.new_zeros((*qp.shape[:3], KEY_BLOCK))
     # Views in the order the products read them, so that each gather copies straight into it.
     k_view = kv[:, 0].permute(0, 2, 3, 1)  # [num_blocks, Hkv, D, KB]

@@ -44,6 +44,18 @@ def test_bmm_matrices_do_not_depend_on_the_batch_size(threads):
             assert torch.equal(invariant.bmm(aa, bb, tile)[at], want), (t, batch)
 
 
+def _latent_blocks(latents: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, N, D] entries (any values where not ``valid`` [B, N]) -> ([B, N', D], [B, N']): N
+    rounded up to whole key blocks, zeros where not valid, as ``attend_decode`` takes them."""
+    b, n, d = latents.shape
+    width = -(-n // invariant.KEY_BLOCK) * invariant.KEY_BLOCK
+    out = latents.new_zeros(b, width, d)
+    out[:, :n] = latents
+    ok = torch.nn.functional.pad(valid, (0, width - n))
+    out.view(-1, d).index_fill_(0, (~ok).view(-1).nonzero()[:, 0], 0.0)
+    return out, ok
+
+
 def _sequence(t_total: int, d: int = 64, hq: int = 4, hkv: int = 1, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(t_total, hq, d, generator=g)
@@ -94,7 +106,7 @@ def test_a_query_gets_the_same_bits_in_any_chunk_and_on_the_decode_path(hq, hkv)
         ring[b, :, (t + 1) % cfg.ring] = float("nan")  # a position ahead, in the query's last block
     n = int(ts.max()) + 1
     batch_lat = torch.stack([torch.cat([lat[: t + 1], torch.randn(n - t - 1, 64)]) for t in ts.tolist()])
-    batch_lat, valid = invariant.latent_blocks(batch_lat, torch.arange(n)[None, :] <= ts[:, None])
+    batch_lat, valid = _latent_blocks(batch_lat, torch.arange(n)[None, :] <= ts[:, None])
     last = torch.arange(batch_lat.shape[1])[None, :].expand(len(ts), -1)
     got = invariant.attend_decode(
         cfg,
