@@ -22,6 +22,13 @@ state slots (``use_storage``) and split a step's slices between them (``last_hid
 ``batch_invariant``: products and attention go through :mod:`dsi.engine.invariant`, so a token's
 logits are the same bits whatever else the step holds and however its prompt was chunked.
 
+Attention on the CPU (fp32, either mode) runs the C kernel of :mod:`dsi.engine.attention_v4`
+where it is built: each query row from its own key lists, in one fixed order, so a token gets the
+same bits as a decode slice of any batch and as a row of any chunk; and it is faster than the
+torch paths (decode at batch 64 on the tiny shape: about 6 ms a step against 18-24 ms). Without a
+compiler (or ``DSI_NATIVE_KERNELS=0``) the torch paths serve: :mod:`dsi.engine.invariant`'s blocks
+when batch-invariant, plain attention otherwise.
+
 Prefix hits loaded layer by layer (``StepSlice.hit_load``, :mod:`dsi.engine.hit_load`): before
 each layer the forward waits until the page parts that layer reads are copied.
 
@@ -40,6 +47,7 @@ from collections.abc import Callable
 import torch
 
 from dsi.engine import invariant
+from dsi.engine.attention_v4 import NativeAttention, usable
 from dsi.engine.batch import StepSlice
 from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
 from dsi.engine.device import DecodeKernels
@@ -82,6 +90,10 @@ class ModelRunner:
         self.layout = BlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems, device=device)
         self.slots = StateSlots(cfg, num_slots, device=device)
+        # The C kernel's attention (same bits in any batch and chunk, either mode) where it is built
+        # and serves the shape, else the torch paths below.
+        native = kernels is None and usable(cfg.head_dim, self.slots.rings.dtype, device)
+        self.native = NativeAttention(cfg.window) if native else None
         self._bind_views()
         # slot -> source -> (first position, [n, D] wc0 products) of its last verify slice
         self._open_pairs: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
@@ -228,7 +240,11 @@ class ModelRunner:
                 self._snapshot_chunk(i, j, s, keys, vals, int(kpos[0]), snapshots)
             lat, last = self._latents(s, i, consumer)
             swa_start = s.consumer_start if consumer else s.producer_start
-            if self.invariant:
+            if self.native is not None:
+                out[a:b] = self.native.chunk(
+                    q[a:b], q_rot[a:b], s.start, keys, vals, int(kpos[0]), swa_start, lat, last
+                )
+            elif self.invariant:
                 out[a:b] = invariant.attend_chunk(
                     q[a:b], q_rot[a:b], s.start, keys, vals, int(kpos[0]), swa_start, lat, last, cfg.window
                 )
@@ -328,8 +344,14 @@ class ModelRunner:
         cfg, r = self.cfg, dec.rows
         if self.kernels is not None:
             return self._attend_decode_kernel(i, dec, q[r], q_rot[r], k_rot[r], v[r], consumer)
-        lat = valid = last = None
         latents = self._latents_of(i, dec, consumer)
+        ring = self.slots.rings[:, i]
+        if self.native is not None:  # the new keys go into the ring first, as the kernel reads them there
+            ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
+            ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
+            lat_args = None if latents is None else (latents[0], dec.tables, latents[1], latents[2])
+            return self.native.decode(q[r], q_rot[r], ring, dec.slots, dec.pos, dec.swa_start, lat_args)
+        lat = valid = last = None
         if latents is not None:
             view, count, per_page, stride = latents
             if self.invariant:
@@ -339,7 +361,6 @@ class ModelRunner:
             last = (torch.arange(lat.shape[1]) * stride + stride - 1)[None, :].expand(lat.shape[0], -1)
         # The new keys go into the ring first: it holds window + rollback positions, so the write
         # overwrites no key of the window, and the batch-invariant path reads them from there.
-        ring = self.slots.rings[:, i]
         ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
         ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         if self.invariant:

@@ -9,7 +9,7 @@ from dsi.kernels import native
 
 
 def test_names_are_the_c_sources():
-    assert native.names() == ("paged_attention", "row_ops")
+    assert native.names() == ("paged_attention", "row_ops", "v4_attention")
 
 
 def test_a_failed_build_is_logged_once_with_its_reason(monkeypatch, tmp_path, caplog):
@@ -67,9 +67,9 @@ def test_a_process_without_a_compiler_says_so_once_per_kernel(tmp_path):
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "{'paged_attention': False, 'row_ops': False}"
+    assert done.stdout.strip() == "{'paged_attention': False, 'row_ops': False, 'v4_attention': False}"
     lines = [line for line in done.stderr.splitlines() if "dsi.kernels.native" in line]
-    assert len(lines) == 2, done.stderr
+    assert len(lines) == len(native.names()), done.stderr
     for name, line in zip(native.names(), lines, strict=True):
         assert (
             f"WARNING [prefill-0] dsi.kernels.native: C kernel {name} unavailable (cannot build {name}.c"

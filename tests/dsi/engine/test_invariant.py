@@ -4,7 +4,7 @@ after a preemption, and on the decode path as on the prefill path."""
 import pytest
 import torch
 
-from dsi.engine import invariant
+from dsi.engine import attention_v4, invariant
 from dsi.engine.engine import Engine, EngineConfig
 from dsi.engine.params import SamplingParams
 from dsi.model.ops import attend
@@ -156,7 +156,16 @@ def _run(tiny, prompts, config: EngineConfig, max_tokens: int = 6):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_alone_together_chunked_and_preempted_give_the_same_bits(tiny, async_scheduling):
+@pytest.mark.parametrize("attention", ["kernel", "torch"])
+def test_alone_together_chunked_and_preempted_give_the_same_bits(
+    tiny, async_scheduling, attention, monkeypatch
+):
+    """With the C attention kernel where it is built, and with the torch paths it falls back to."""
+    if attention == "torch":
+        monkeypatch.setenv("DSI_NATIVE_KERNELS", "0")
+    elif not attention_v4.usable(tiny[0].head_dim, torch.float32, None):
+        pytest.skip("the C attention kernel is not built here")
+    assert attention_v4.usable(tiny[0].head_dim, torch.float32, None) == (attention == "kernel")
     prompts = random_prompts([10, 130, 257, 700, 33, 1], seed=3)
     base = EngineConfig(async_scheduling=async_scheduling)
     alone = [_run(tiny, [p], base)[0][0] for p in prompts]
