@@ -87,7 +87,9 @@ static inline __attribute__((always_inline)) void attend_heads(
     }
 }
 
-#define SHAPES(X) X(1, 4) X(2, 4) X(4, 4) X(1, 8) X(2, 8) X(4, 8) X(1, 16) X(2, 16) X(4, 16)
+#define SHAPES(X)                                                                       \
+    X(1, 1) X(2, 1) X(4, 1) X(1, 2) X(2, 2) X(4, 2) X(1, 4) X(2, 4) X(4, 4) X(1, 8) X(2, 8) \
+    X(4, 8) X(1, 16) X(2, 16) X(4, 16)
 #define DEFINE(G, ND)                                                                              \
     static void heads_##G##_##ND(const float *qr, const float *q, float *out, const float *kbase, \
                                  const float *vbase, const int64_t *swa_off, int64_t swa_n,       \
@@ -110,7 +112,7 @@ static heads_fn pick(int64_t g, int64_t d) {
     return 0;
 }
 
-/* Whether the kernel takes this head dim (64, 128 or 256; any group size). */
+/* Whether the kernel takes this head dim (16, 32, 64, 128 or 256; any group size). */
 int dsi_v4_attention_supports(int64_t d) { return pick(1, d) != 0; }
 
 /* q, qr: [rows, hq, d] unrotated and rotated queries, rows q_stride / qr_stride elements apart,

@@ -53,7 +53,7 @@ def available() -> bool:
 
 
 def supports(head_dim: int) -> bool:
-    """Whether the C kernel is built here and takes ``head_dim`` (64, 128 or 256; any group)."""
+    """Whether the C kernel is built here and takes ``head_dim`` (16, 32, 64, 128 or 256; any group)."""
     lib = _lib()
     return lib is not None and bool(lib.dsi_v4_attention_supports(head_dim))
 

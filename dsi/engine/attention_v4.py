@@ -1,4 +1,5 @@
-"""The V4 runner's attention through the C kernel :func:`dsi.kernels.v4_attention.v4_attention`.
+"""The V4 runner's attention through the C kernel :func:`dsi.kernels.v4_attention.v4_attention`
+(also the Gemma 3 runner's: sliding layers as SWA without latents, global layers over pages).
 
 :class:`NativeAttention` turns the runner's two cases into the kernel's key lists, with no gather
 of keys or latents (the lists are element offsets into the rings and the page views):
@@ -99,6 +100,25 @@ class NativeAttention:
             lat_n = torch.searchsorted(latent_last.contiguous(), qpos, right=True)
         seq = torch.zeros(t, dtype=torch.long)
         return self._run(q, q_rot, (hkv, keys, vals, d, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, seq))
+
+    def pages(
+        self, q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: torch.Tensor
+    ) -> torch.Tensor:
+        """Full attention of one-token slices over their pages (no window, no latents), as
+        :func:`dsi.engine.invariant.attend_pages` takes them: q [B, Hq, D] at positions pos [B];
+        kv [num_blocks, 2, block, Hkv, D] this layer's pages (the new keys already written);
+        tables [B, W]. Row b's keys are positions 0 .. pos_b, the list :meth:`chunk` gives a
+        query of a chunk whose keys start at 0 with a window longer than the context.
+        Returns [B, Hq * D]."""
+        b, block = q.shape[0], kv.shape[2]
+        width = int(pos.max()) + 1 if b else 0
+        p = torch.arange(width)[None, :]
+        page = tables.gather(1, (p // block).clamp(max=tables.shape[1] - 1).expand(b, width))
+        off = (page * kv.stride(0) + (p % block) * kv.stride(2)).contiguous()
+        keys = (kv.shape[3], kv, kv[:, 1], kv.stride(3))  # Hkv, key and value bases, head stride
+        return self._run(
+            q, q, (*keys, off, torch.zeros_like(pos), pos + 1, None, None, None, torch.arange(b))
+        )
 
     def _run(self, q: torch.Tensor, q_rot: torch.Tensor, args: tuple) -> torch.Tensor:
         """The kernel over every row, the rows shared out among the engine's threads where it pays."""

@@ -15,7 +15,9 @@ page entries, positions below ``cached_end`` = H, are never written; the sliding
 bounded replay start at ``producer_start`` = R. The math is that of :mod:`dsi.model.gemma3`,
 the same functions as the naive reference :mod:`dsi.model.gemma3_reference`. Products, the
 262K-column output projection included, run through :class:`dsi.engine.gemm.PackedGemm` (weights
-packed once for oneDNN; rows padded with ``batch_invariant``). A prefill chunk attends per slice
+packed once for oneDNN; rows padded with ``batch_invariant``). Attention runs the C kernel of
+:mod:`dsi.engine.attention_v4` where it is built (a query from its own key list in one fixed
+order, in either mode), else the torch paths: a prefill chunk attends per slice
 through :func:`dsi.engine.invariant.attend_chunk`; the step's one-token slices (decodes) attend
 together, one :func:`dsi.engine.invariant.attend_pages` per global layer and one
 :func:`dsi.engine.invariant.attend_decode` per sliding layer, which give each query the bits of
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from dsi.engine import invariant
+from dsi.engine.attention_v4 import NativeAttention, usable
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
 from dsi.engine.prefix import ring_snapshot_shape
@@ -85,6 +88,11 @@ class Gemma3Runner:
         self._rank = {
             layer: j for kind in (cfg.full_layers, cfg.sliding_layers) for j, layer in enumerate(kind)
         }
+        # The C kernel's attention where it is built (same bits in any batch and chunk, either
+        # mode): sliding layers over their window, global layers over every position.
+        self._native = None
+        if usable(cfg.head_dim, self.slots.rings.dtype, None):
+            self._native = (NativeAttention(cfg.window), NativeAttention(cfg.max_context + 1))
 
     @torch.no_grad()
     def forward(self, batch: list[StepSlice], snapshots: Snapshots | None = None) -> torch.Tensor:
@@ -159,10 +167,14 @@ class Gemma3Runner:
         if not self.cfg.sliding[i]:
             self._kv[d.page, r, 0, d.off] = k
             self._kv[d.page, r, 1, d.off] = v
+            if self._native is not None:
+                return self._native[1].pages(q, self._kv[:, r], d.tables, d.pos)
             return invariant.attend_pages(q, self._kv[:, r], d.tables, d.pos)
         rings = self.slots.rings[:, r]  # [slots, 2, ring, Hkv, D]: window + rollback positions
         at = d.pos % self.cfg.ring
         rings[d.slots, 0, at], rings[d.slots, 1, at] = k, v  # overwrites no key of the window
+        if self._native is not None:
+            return self._native[0].decode(q, q, rings, d.slots, d.pos, d.swa_start, None)
         return invariant.attend_decode(self.cfg, q, q, rings, d.slots, d.pos, d.swa_start, None, None, None)
 
     # ---- global layers: Block KV pages ---------------------------------------------------------
@@ -190,6 +202,8 @@ class Gemma3Runner:
         self._kv[pages[rows], r, 1, offs[rows]] = v[skip:]
         keys, vals = self._kv[pages, r, 0, offs], self._kv[pages, r, 1, offs]  # [end, Hkv, D]
         everything = self.cfg.max_context + 1
+        if self._native is not None:
+            return self._native[1].chunk(q, q, s.start, keys, vals, 0, 0, None, None)
         if self.invariant:
             return invariant.attend_chunk(q, q, s.start, keys, vals, 0, 0, None, None, everything)
         qpos = torch.arange(s.start, s.end)
@@ -215,7 +229,9 @@ class Gemma3Runner:
         keys, vals = torch.cat([ring[0, prev], k]), torch.cat([ring[1, prev], v])
         if snapshots is not None:
             self._snapshot(r, j, s, keys, vals, first, snapshots)
-        if self.invariant:
+        if self._native is not None:
+            out = self._native[0].chunk(q, q, s.start, keys, vals, first, s.producer_start, None, None)
+        elif self.invariant:
             out = invariant.attend_chunk(
                 q, q, s.start, keys, vals, first, s.producer_start, None, None, cfg.window
             )

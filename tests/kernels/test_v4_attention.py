@@ -31,7 +31,9 @@ def _case(hq: int, hkv: int, d: int, rows: int = 9, lists: int = 3, seed: int = 
     return q, q_rot, hkv, keys, vals, d, swa_off, swa_lo, swa_hi, lat, lat_off, lat_n, seq
 
 
-@pytest.mark.parametrize("hq, hkv, d", [(4, 1, 64), (6, 2, 64), (40, 2, 128), (9, 3, 256)])
+@pytest.mark.parametrize(
+    "hq, hkv, d", [(4, 1, 64), (6, 2, 64), (40, 2, 128), (9, 3, 256), (4, 2, 16), (3, 1, 32)]
+)
 def test_the_kernel_equals_its_reference(hq, hkv, d):
     case = _case(hq, hkv, d)
     got = va.v4_attention(*case)

@@ -77,3 +77,27 @@ def test_the_kernel_serves_fp32_on_the_cpu_only():
     assert not attention_v4.usable(64, torch.bfloat16, None)
     assert not attention_v4.usable(64, torch.float32, torch.device("cuda:0"))
     assert not attention_v4.usable(96, torch.float32, None)
+    assert attention_v4.usable(16, torch.float32, None)  # the tiny Gemma 3 test shape
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 1), (9, 3)])
+def test_a_full_attention_decode_over_pages_gets_the_bits_of_its_chunk(hq, hkv):
+    """Gemma 3's global layers: one-token slices over their pages equal the chunk's rows."""
+    total = 300
+    _, q, keys, vals, _ = _sequence(total, hq, hkv, seed=2)
+    full = attention_v4.NativeAttention(total + 1)  # a window longer than the context
+    whole = full.chunk(q, q, 0, keys, vals, 0, 0, None, None)
+    pos = torch.arange(total)
+    want = attend(q, q, pos, keys, vals, pos, 0, None, None, total + 1)
+    assert torch.allclose(whole, want, atol=1e-5, rtol=1e-5)
+    ts = torch.tensor([0, 127, 128, 200, 299])
+    block = 128
+    kv = torch.full((3 * len(ts) + 1, 2, block, hkv, D), float("nan"))  # nothing past a position is read
+    tables = torch.zeros(len(ts), 3, dtype=torch.long)
+    for b, t in enumerate(ts.tolist()):
+        for j in range(t // block + 1):
+            page = 1 + 3 * b + j
+            tables[b, j] = page
+            lo, hi = j * block, min((j + 1) * block, t + 1)
+            kv[page, 0, : hi - lo], kv[page, 1, : hi - lo] = keys[lo:hi], vals[lo:hi]
+    assert torch.equal(full.pages(q[ts], kv, tables, ts), whole[ts])

@@ -55,10 +55,17 @@ def _reference(w, prompt, output, hit=0):
 
 
 @pytest.mark.parametrize("batch_invariant", [True, False])
-def test_engine_matches_the_reference_chunked_and_batched(weights, batch_invariant):
+@pytest.mark.parametrize("attention", ["kernel", "torch"])
+def test_engine_matches_the_reference_chunked_and_batched(weights, batch_invariant, attention, monkeypatch):
+    """With the C attention kernel where it is built, and with the torch paths it falls back to."""
+    if attention == "torch":
+        monkeypatch.setenv("DSI_NATIVE_KERNELS", "0")
     prompts = _prompts()
     engine = Engine(CFG, weights, _config(batch_invariant=batch_invariant))
     try:
+        if attention == "kernel" and engine.runner._native is None:
+            pytest.skip("the C attention kernel is not built here")
+        assert (engine.runner._native is not None) == (attention == "kernel")
         got = _run(engine, prompts)
         assert engine.load().free_pages == 23  # every page came back
     finally:
