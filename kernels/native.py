@@ -112,3 +112,21 @@ def why_not(name: str) -> str:
     if os.environ.get("DSI_NATIVE_KERNELS", "1") == "0":
         return "DSI_NATIVE_KERNELS=0"
     return _build(name)[1]
+
+
+def output(out, rows: int, width: int):
+    """The result tensor of a kernel that writes ``rows`` rows of ``width`` fp32 values: ``out``
+    when given (fp32 [rows, width] with contiguous rows, such as a row range of a larger result;
+    ValueError otherwise), else a new one."""
+    import torch
+
+    if out is None:
+        return torch.empty(rows, width)
+    if (
+        out.shape != (rows, width)
+        or out.dtype != torch.float32
+        or out.stride(1) != 1
+        or out.stride(0) != width
+    ):
+        raise ValueError(f"out must be fp32 [{rows}, {width}] with contiguous rows")
+    return out

@@ -33,7 +33,6 @@ static inline __attribute__((always_inline)) void attend_head(
     for (int64_t j = 0; j * block <= last; j++) {
         int64_t n = last - j * block + 1;
         if (n > block) n = block;
-        int64_t n16 = (n + LANES - 1) / LANES * LANES;
         const float *kp = kv + table[j] * page_stride + head_off;
         const float *vp = kp + v_off;
         for (int64_t t = 0; t < n; t++) { /* scores; each key read once for the group */
@@ -47,20 +46,7 @@ static inline __attribute__((always_inline)) void attend_head(
             for (int g = 0; g < G; g++) s[g * MAX_BLOCK + t] = hsum(acc[g]) * scale;
         }
         for (int g = 0; g < G; g++) { /* fold the block into the online softmax */
-            float *sg = s + g * MAX_BLOCK;
-            for (int64_t t = n; t < n16; t++) sg[t] = -INFINITY;
-            v16 mv = splat(m[g]);
-            for (int64_t t = 0; t < n16; t += LANES) mv = vmax(mv, load16(sg + t));
-            float mb = hmax(mv);
-            float alpha = exp16(splat(m[g] - mb))[0];
-            v16 sum = splat(0.0f);
-            for (int64_t t = 0; t < n16; t += LANES) {
-                v16 e = exp16(load16(sg + t) - mb);
-                memcpy(sg + t, &e, sizeof e);
-                sum += e;
-            }
-            l[g] = l[g] * alpha + hsum(sum);
-            m[g] = mb;
+            float alpha = softmax_fold(s + g * MAX_BLOCK, n, &m[g], &l[g]);
             for (int i = 0; i < ND; i++) o[g][i] *= alpha;
         }
         for (int64_t t = 0; t < n; t++) { /* weighted values; each value read once for the group */

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from dsi.kernels import native
 from dsi.kernels.native import library
 
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -100,19 +101,10 @@ def paged_attention(
     where it is built and has a variant for the shape, else the reference."""
     _check_rows(q, kv_layer, tables, seq, pos)
     rows, hq, d = q.shape
-    if out is not None and (
-        out.shape != (rows, hq * d)
-        or out.dtype != torch.float32
-        or out.stride(1) != 1
-        or out.stride(0) != hq * d
-    ):
-        raise ValueError(f"out must be fp32 [{rows}, {hq * d}] with contiguous rows")
+    out = native.output(out, rows, hq * d)
     if not supports(hq // kv_layer.shape[3], d):
-        result = paged_attention_reference(q, kv_layer, tables, seq, pos)
-        return result if out is None else out.copy_(result)
+        return out.copy_(paged_attention_reference(q, kv_layer, tables, seq, pos))
     lib = _lib()
-    if out is None:
-        out = torch.empty(rows, hq * d)
     st = kv_layer.stride()
     rc = lib.dsi_paged_attention(
         q.data_ptr(), q.stride(0), rows, hq, kv_layer.shape[3], d,

@@ -1,5 +1,5 @@
 /* 16-lane fp32 vectors for the kernels of this folder: loads, stores, a horizontal sum and max
- * in one fixed order, and e^x for x <= 0. Included by each kernel's .c file. */
+ * in one fixed order, e^x for x <= 0, and an online softmax's step. Included by each kernel's .c file. */
 #ifndef DSI_SIMD16_H
 #define DSI_SIMD16_H
 
@@ -59,5 +59,27 @@ static inline v16 exp16(v16 x) {
 }
 
 static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+/* One head's online softmax takes a block of scores s[0 .. n): s is padded with -inf to whole
+ * LANES and becomes the weights e^(s - m_new) in place; the running max m and sum l are updated
+ * (l = l * alpha + sum of the weights); returns alpha = e^(m_old - m_new), by which the caller
+ * scales the head's weighted values before adding the block's. */
+static inline float softmax_fold(float *s, int64_t n, float *m, float *l) {
+    int64_t n16 = (n + LANES - 1) / LANES * LANES;
+    for (int64_t t = n; t < n16; t++) s[t] = -INFINITY;
+    v16 mv = splat(*m);
+    for (int64_t t = 0; t < n16; t += LANES) mv = vmax(mv, load16(s + t));
+    float mb = hmax(mv);
+    float alpha = exp16(splat(*m - mb))[0];
+    v16 sum = splat(0.0f);
+    for (int64_t t = 0; t < n16; t += LANES) {
+        v16 e = exp16(load16(s + t) - mb);
+        store16(s + t, e);
+        sum += e;
+    }
+    *l = *l * alpha + hsum(sum);
+    *m = mb;
+    return alpha;
+}
 
 #endif

@@ -28,7 +28,6 @@ static inline __attribute__((always_inline)) void fold(
         for (int i = 0; i < ND; i++) qv[g][i] = load16(q + g * ND * LANES + i * LANES);
     for (int64_t j0 = 0; j0 < n; j0 += BLOCK) {
         int64_t nb = n - j0 < BLOCK ? n - j0 : BLOCK;
-        int64_t n16 = (nb + LANES - 1) / LANES * LANES;
         for (int64_t t = 0; t < nb; t++) { /* scores; each key read once for the group */
             const float *kt = base + off[j0 + t];
             v16 acc[SUB];
@@ -40,20 +39,7 @@ static inline __attribute__((always_inline)) void fold(
             for (int g = 0; g < G; g++) s[g * BLOCK + t] = hsum(acc[g]) * scale;
         }
         for (int g = 0; g < G; g++) { /* fold the block into the online softmax */
-            float *sg = s + g * BLOCK;
-            for (int64_t t = nb; t < n16; t++) sg[t] = -INFINITY;
-            v16 mv = splat(m[g]);
-            for (int64_t t = 0; t < n16; t += LANES) mv = vmax(mv, load16(sg + t));
-            float mb = hmax(mv);
-            float alpha = exp16(splat(m[g] - mb))[0];
-            v16 sum = splat(0.0f);
-            for (int64_t t = 0; t < n16; t += LANES) {
-                v16 e = exp16(load16(sg + t) - mb);
-                store16(sg + t, e);
-                sum += e;
-            }
-            l[g] = l[g] * alpha + hsum(sum);
-            m[g] = mb;
+            float alpha = softmax_fold(s + g * BLOCK, nb, &m[g], &l[g]);
             for (int i = 0; i < ND; i++) o[g][i] *= alpha;
         }
         for (int64_t t = 0; t < nb; t++) { /* weighted values; each value read once for the group */

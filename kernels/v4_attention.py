@@ -4,6 +4,7 @@ Row r of a step (a decode slice or one position of a prefill chunk) attends to t
 keys, named by element offsets into tensors the caller owns (a layer's rings, a chunk's keys, a
 page view of latents), so that nothing is gathered first::
 
+    (KeyLists)
     SWA:     j in [swa_lo[r], swa_hi[r]):  key   kbase[swa_off[seq[r], j] + h * head_stride : + D]
                                            value vbase[swa_off[seq[r], j] + h * head_stride : + D]
              (KV head h, read by its query heads' rotated queries q_rot), in position order
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import dataclass, replace
 
 import torch
 
+from dsi.kernels import native
 from dsi.kernels.native import library
 
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -63,106 +66,108 @@ def _reach(base: torch.Tensor) -> int:
     return base.untyped_storage().nbytes() // base.element_size() - base.storage_offset()
 
 
-def _check(
-    q: torch.Tensor,
-    q_rot: torch.Tensor,
-    hkv: int,
-    kbase: torch.Tensor,
-    vbase: torch.Tensor,
-    head_stride: int,
-    swa_off: torch.Tensor,
-    swa_lo: torch.Tensor,
-    swa_hi: torch.Tensor,
-    lbase: torch.Tensor | None,
-    lat_off: torch.Tensor | None,
-    lat_n: torch.Tensor | None,
-    seq: torch.Tensor,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class KeyLists:
+    """What each query row attends to, as the module docstring says. ``kbase``, ``vbase``: the
+    tensors SWA offsets count from (KV head h at ``+ h * head_stride``); ``swa_off`` [lists, W]
+    and ``lat_off`` [lists, N] (int64 element offsets), one row per sequence; ``swa_lo``,
+    ``swa_hi``, ``lat_n``, ``seq`` [rows]. ``lbase``, ``lat_off``, ``lat_n`` None: no latents."""
+
+    hkv: int
+    kbase: torch.Tensor
+    vbase: torch.Tensor
+    head_stride: int
+    swa_off: torch.Tensor
+    swa_lo: torch.Tensor
+    swa_hi: torch.Tensor
+    seq: torch.Tensor
+    lbase: torch.Tensor | None = None
+    lat_off: torch.Tensor | None = None
+    lat_n: torch.Tensor | None = None
+
+    def rows(self, a: int, b: int) -> KeyLists:
+        """The lists of rows a .. b - 1 (the per-sequence offsets shared)."""
+        return replace(
+            self,
+            swa_lo=self.swa_lo[a:b],
+            swa_hi=self.swa_hi[a:b],
+            seq=self.seq[a:b],
+            lat_n=None if self.lat_n is None else self.lat_n[a:b],
+        )
+
+    def check(self, rows: int, d: int) -> None:
+        """ValueError unless every offset the kernel would follow for ``rows`` rows of ``d``
+        values lies in its tensor's storage."""
+        ints = [
+            ("swa_off", self.swa_off),
+            ("swa_lo", self.swa_lo),
+            ("swa_hi", self.swa_hi),
+            ("seq", self.seq),
+        ]
+        if self.lat_off is not None:
+            ints += [("lat_off", self.lat_off), ("lat_n", self.lat_n)]
+        for name, t in ints:
+            if t is None or t.dtype != torch.long or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous int64 tensor")
+        for name, t in ints[1:4] + ints[5:]:
+            if t.shape != (rows,):
+                raise ValueError(f"{name} must be [rows]")
+        if rows == 0:
+            return
+        lists = self.swa_off.shape[0]
+        if (
+            int(self.seq.min()) < 0
+            or int(self.seq.max()) >= lists
+            or (self.lat_off is not None and self.lat_off.shape[0] != lists)
+        ):
+            raise ValueError("seq must name a row of swa_off (and of lat_off)")
+        lo, hi = self.swa_lo, self.swa_hi
+        if int(lo.min()) < 0 or bool((hi < lo).any()) or int(hi.max()) > self.swa_off.shape[1]:
+            raise ValueError("each row's SWA range must lie in its swa_off row")
+        for t in (self.kbase, self.vbase) + ((self.lbase,) if self.lbase is not None else ()):
+            if t.dtype != torch.float32:
+                raise ValueError("keys, values and latents must be fp32")
+        if self.swa_off.numel():
+            top = int(self.swa_off.max()) + (self.hkv - 1) * self.head_stride + d
+            if int(self.swa_off.min()) < 0 or top > min(_reach(self.kbase), _reach(self.vbase)):
+                raise ValueError("an SWA offset points outside the keys or values")
+        if self.lat_off is not None:
+            if int(self.lat_n.min()) < 0 or int(self.lat_n.max()) > self.lat_off.shape[1]:
+                raise ValueError("each row's latent count must lie in its lat_off row")
+            off = self.lat_off
+            if off.numel() and (int(off.min()) < 0 or int(off.max()) + d > _reach(self.lbase)):
+                raise ValueError("a latent offset points outside the latents")
+
+
+def v4_attention(
+    q: torch.Tensor, q_rot: torch.Tensor, keys: KeyLists, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows q, q_rot [rows, Hq, D] over their ``keys`` -> [rows, Hq * D] (written into ``out``
+    when given: fp32 with contiguous rows). Offsets are checked against the tensors' storage
+    first. The C kernel where it is built and takes the head dim, else the reference."""
     rows, hq, d = q.shape
     for name, t in (("q", q), ("q_rot", q_rot)):
         if t.shape != (rows, hq, d) or t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != d:
             raise ValueError(f"{name} must be fp32 [{rows}, {hq}, {d}] with its heads contiguous")
-    if hkv <= 0 or hq % hkv:
-        raise ValueError(f"Hq ({hq}) must be a multiple of Hkv ({hkv})")
-    ints = [("swa_off", swa_off), ("swa_lo", swa_lo), ("swa_hi", swa_hi), ("seq", seq)]
-    if lat_off is not None:
-        ints += [("lat_off", lat_off), ("lat_n", lat_n)]
-    for name, t in ints:
-        if t is None or t.dtype != torch.long or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous int64 tensor")
-    for name, t in (("swa_lo", swa_lo), ("swa_hi", swa_hi), ("seq", seq)) + (
-        (("lat_n", lat_n),) if lat_n is not None else ()
-    ):
-        if t.shape != (rows,):
-            raise ValueError(f"{name} must be [rows]")
-    if rows == 0:
-        return
-    lists = swa_off.shape[0]
-    if int(seq.min()) < 0 or int(seq.max()) >= lists or (lat_off is not None and lat_off.shape[0] != lists):
-        raise ValueError("seq must name a row of swa_off (and of lat_off)")
-    if int(swa_lo.min()) < 0 or bool((swa_hi < swa_lo).any()) or int(swa_hi.max()) > swa_off.shape[1]:
-        raise ValueError("each row's SWA range must lie in its swa_off row")
-    for t in (kbase, vbase) + ((lbase,) if lbase is not None else ()):
-        if t.dtype != torch.float32:
-            raise ValueError("keys, values and latents must be fp32")
-    if swa_off.numel():
-        top = int(swa_off.max()) + (hkv - 1) * head_stride + d
-        if int(swa_off.min()) < 0 or top > min(_reach(kbase), _reach(vbase)):
-            raise ValueError("an SWA offset points outside the keys or values")
-    if lat_off is not None:
-        if int(lat_n.min()) < 0 or int(lat_n.max()) > lat_off.shape[1]:
-            raise ValueError("each row's latent count must lie in its lat_off row")
-        if lat_off.numel() and (int(lat_off.min()) < 0 or int(lat_off.max()) + d > _reach(lbase)):
-            raise ValueError("a latent offset points outside the latents")
-
-
-def v4_attention(
-    q: torch.Tensor,
-    q_rot: torch.Tensor,
-    hkv: int,
-    kbase: torch.Tensor,
-    vbase: torch.Tensor,
-    head_stride: int,
-    swa_off: torch.Tensor,
-    swa_lo: torch.Tensor,
-    swa_hi: torch.Tensor,
-    lbase: torch.Tensor | None,
-    lat_off: torch.Tensor | None,
-    lat_n: torch.Tensor | None,
-    seq: torch.Tensor,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Rows as the module docstring says -> [rows, Hq * D] (written into ``out`` when given: fp32
-    with contiguous rows). ``lbase``, ``lat_off``, ``lat_n`` None: no latents. Offsets are
-    checked against the tensors' storage. The C kernel where it is built and takes the head dim,
-    else the reference."""
-    _check(q, q_rot, hkv, kbase, vbase, head_stride, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, seq)
-    rows, hq, d = q.shape
-    if out is not None and (
-        out.shape != (rows, hq * d)
-        or out.dtype != torch.float32
-        or out.stride(1) != 1
-        or out.stride(0) != hq * d
-    ):
-        raise ValueError(f"out must be fp32 [{rows}, {hq * d}] with contiguous rows")
+    if keys.hkv <= 0 or hq % keys.hkv:
+        raise ValueError(f"Hq ({hq}) must be a multiple of Hkv ({keys.hkv})")
+    keys.check(rows, d)
+    out = native.output(out, rows, hq * d)
     if not supports(d):
-        result = v4_attention_reference(
-            q, q_rot, hkv, kbase, vbase, head_stride, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, seq
-        )
-        return result if out is None else out.copy_(result)
-    if out is None:
-        out = torch.empty(rows, hq * d)
+        return out.copy_(v4_attention_reference(q, q_rot, keys))
     if rows == 0:
         return out
+    k = keys
+    lbase, lat_off, lat_n = k.lbase, k.lat_off, k.lat_n
     if lat_off is None:
-        lbase, lat_off, lat_n = kbase, swa_off.new_zeros(swa_off.shape[0], 0), torch.zeros_like(seq)
+        lbase, lat_off, lat_n = k.kbase, k.swa_off.new_zeros(k.swa_off.shape[0], 0), torch.zeros_like(k.seq)
     _lib().dsi_v4_attention(
         q.data_ptr(), q.stride(0), q_rot.data_ptr(), q_rot.stride(0),
-        rows, hq, hkv, d,
-        kbase.data_ptr(), vbase.data_ptr(), head_stride, swa_off.data_ptr(), swa_off.shape[1],
-        swa_lo.data_ptr(), swa_hi.data_ptr(),
+        rows, hq, k.hkv, d,
+        k.kbase.data_ptr(), k.vbase.data_ptr(), k.head_stride, k.swa_off.data_ptr(), k.swa_off.shape[1],
+        k.swa_lo.data_ptr(), k.swa_hi.data_ptr(),
         lbase.data_ptr(), lat_off.data_ptr(), lat_off.shape[1], lat_n.data_ptr(),
-        seq.data_ptr(), 1.0 / math.sqrt(d), out.data_ptr(),
+        k.seq.data_ptr(), 1.0 / math.sqrt(d), out.data_ptr(),
     )  # fmt: skip
     return out
 
@@ -173,35 +178,21 @@ def _rows_at(base: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Ten
     return flat[offsets[:, None] + torch.arange(width)[None, :]]
 
 
-def v4_attention_reference(
-    q: torch.Tensor,
-    q_rot: torch.Tensor,
-    hkv: int,
-    kbase: torch.Tensor,
-    vbase: torch.Tensor,
-    head_stride: int,
-    swa_off: torch.Tensor,
-    swa_lo: torch.Tensor,
-    swa_hi: torch.Tensor,
-    lbase: torch.Tensor | None,
-    lat_off: torch.Tensor | None,
-    lat_n: torch.Tensor | None,
-    seq: torch.Tensor,
-) -> torch.Tensor:
+def v4_attention_reference(q: torch.Tensor, q_rot: torch.Tensor, keys: KeyLists) -> torch.Tensor:
     """The torch definition of :func:`v4_attention`: one plain softmax per query row."""
     rows, hq, d = q.shape
-    group, scale = hq // hkv, 1.0 / math.sqrt(d)
+    k = keys
+    group, scale = hq // k.hkv, 1.0 / math.sqrt(d)
     out = torch.zeros(rows, hq * d)
-    heads = torch.arange(hkv) * head_stride
+    heads = torch.arange(k.hkv) * k.head_stride
     for r in range(rows):
-        at = swa_off[int(seq[r]), int(swa_lo[r]) : int(swa_hi[r])]
+        at = k.swa_off[int(k.seq[r]), int(k.swa_lo[r]) : int(k.swa_hi[r])]
         idx = (at[:, None] + heads[None, :]).reshape(-1)
-        k = _rows_at(kbase, idx, d).view(-1, hkv, d).repeat_interleave(group, dim=1)  # [n, Hq, D]
-        v = _rows_at(vbase, idx, d).view(-1, hkv, d).repeat_interleave(group, dim=1)
-        scores = [torch.einsum("hd,khd->hk", q_rot[r], k)]
-        values = [v]
-        if lat_off is not None and int(lat_n[r]):
-            lat = _rows_at(lbase, lat_off[int(seq[r]), : int(lat_n[r])], d)  # [n, D]
+        kk = _rows_at(k.kbase, idx, d).view(-1, k.hkv, d).repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = _rows_at(k.vbase, idx, d).view(-1, k.hkv, d).repeat_interleave(group, dim=1)
+        scores, values = [torch.einsum("hd,khd->hk", q_rot[r], kk)], [v]
+        if k.lat_off is not None and int(k.lat_n[r]):
+            lat = _rows_at(k.lbase, k.lat_off[int(k.seq[r]), : int(k.lat_n[r])], d)  # [n, D]
             scores.append(q[r] @ lat.T)
             values.append(lat[:, None, :].expand(-1, hq, d))
         s = torch.cat(scores, dim=1) * scale

@@ -66,8 +66,9 @@ class NativeAttention:
             page = tables.gather(1, (entries // per_page).clamp(max=tables.shape[1] - 1).expand(b, width))
             lbase, lat_n = view, count.contiguous()
             lat_off = (page * view.stride(0) + (entries % per_page) * view.stride(1)).contiguous()
-        keys = (ring.shape[3], ring, ring[:, 1], ring.stride(3))  # Hkv, key and value bases, head stride
-        return self._run(q, q_rot, (*keys, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, torch.arange(b)))
+        heads = (ring.shape[3], ring, ring[:, 1], ring.stride(3))  # Hkv, key and value bases, head stride
+        lists = kernel.KeyLists(*heads, swa_off, swa_lo, swa_hi, torch.arange(b), lbase, lat_off, lat_n)
+        return self._run(q, q_rot, lists)
 
     def chunk(
         self,
@@ -99,7 +100,8 @@ class NativeAttention:
             lat_off = (torch.arange(latents.shape[0]) * d)[None, :]
             lat_n = torch.searchsorted(latent_last.contiguous(), qpos, right=True)
         seq = torch.zeros(t, dtype=torch.long)
-        return self._run(q, q_rot, (hkv, keys, vals, d, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, seq))
+        lists = kernel.KeyLists(hkv, keys, vals, d, swa_off, swa_lo, swa_hi, seq, lbase, lat_off, lat_n)
+        return self._run(q, q_rot, lists)
 
     def pages(
         self, q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: torch.Tensor
@@ -115,28 +117,22 @@ class NativeAttention:
         p = torch.arange(width)[None, :]
         page = tables.gather(1, (p // block).clamp(max=tables.shape[1] - 1).expand(b, width))
         off = (page * kv.stride(0) + (p % block) * kv.stride(2)).contiguous()
-        keys = (kv.shape[3], kv, kv[:, 1], kv.stride(3))  # Hkv, key and value bases, head stride
-        return self._run(
-            q, q, (*keys, off, torch.zeros_like(pos), pos + 1, None, None, None, torch.arange(b))
+        lists = kernel.KeyLists(
+            kv.shape[3], kv, kv[:, 1], kv.stride(3), off, torch.zeros_like(pos), pos + 1, torch.arange(b)
         )
+        return self._run(q, q, lists)
 
-    def _run(self, q: torch.Tensor, q_rot: torch.Tensor, args: tuple) -> torch.Tensor:
+    def _run(self, q: torch.Tensor, q_rot: torch.Tensor, keys: kernel.KeyLists) -> torch.Tensor:
         """The kernel over every row, the rows shared out among the engine's threads where it pays."""
         q, q_rot = q.contiguous(), q_rot.contiguous()
         rows = q.shape[0]
-        hkv, kbase, vbase, head_stride, swa_off, swa_lo, swa_hi, lbase, lat_off, lat_n, seq = args
         out = q.new_empty(rows, q.shape[1] * q.shape[2])
         parts = min(self.workers.threads(), rows // SHARED_ROWS)
 
         def part(i: int) -> None:
             a, b = rows * i // parts, rows * (i + 1) // parts
-            kernel.v4_attention(
-                q[a:b], q_rot[a:b], hkv, kbase, vbase, head_stride, swa_off, swa_lo[a:b], swa_hi[a:b],
-                lbase, lat_off, None if lat_n is None else lat_n[a:b], seq[a:b], out=out[a:b],
-            )  # fmt: skip
+            kernel.v4_attention(q[a:b], q_rot[a:b], keys.rows(a, b), out=out[a:b])
 
         if parts >= 2 and self.workers.run(part, parts):
             return out
-        parts = 1
-        part(0)
-        return out
+        return kernel.v4_attention(q, q_rot, keys, out=out)
