@@ -25,7 +25,11 @@ Bands (:func:`plan_bands`), from the KV lengths of the last ``window`` routed re
    mean KV tokens per running request, ties by id.
 
 Routing (:func:`choose`): the eligible instance of the request's band with the lowest score
-(ties: fewer requests, then id). If that one would be overloaded after placement, or the band
+(ties: fewer requests, then id). A *colocated* request (no prefill instance: the decode computes
+its prompt itself) goes first to the instance with the fewest prompt tokens queued for
+computing (``queued_tokens``), then by score: its first token waits for that queue, which
+requests and KV against capacity do not show (two colocated vLLM decodes routed by score alone
+sent requests behind 2,000-4,600 queued tokens while the other instance had none). If that one would be overloaded after placement, or the band
 has no eligible instance, the request goes to the eligible instance of any band that would not
 be overloaded, lowest score first; only when every eligible instance would be overloaded does
 it go to the lowest score. Hence the guarantee the tests check: a placement never leaves an
@@ -170,9 +174,14 @@ def overloaded_after(instance: InstanceLoad, kv_tokens: int, cfg: DecodeBalancer
 
 
 def choose(
-    kv_tokens: int, instances: Sequence[InstanceLoad], bands: DecodeBands, cfg: DecodeBalancerConfig
+    kv_tokens: int,
+    instances: Sequence[InstanceLoad],
+    bands: DecodeBands,
+    cfg: DecodeBalancerConfig,
+    colocated: bool = False,
 ) -> DecodeDecision:
-    """The instance for a request of ``kv_tokens`` (routing rule of the module docstring)."""
+    """The instance for a request of ``kv_tokens`` (routing rule of the module docstring);
+    ``colocated``: the decode computes the request's prompt (fewest queued prompt tokens first)."""
     eligible = [i for i in serving(instances, "decode") if fits(i, kv_tokens)]
     if not eligible:
         raise NoInstance(f"no serving decode instance has room for {kv_tokens} KV tokens")
@@ -182,8 +191,8 @@ def choose(
         band = "long" if bands.threshold is not None and kv_tokens >= bands.threshold else "short"
     home = [i for i in eligible if (i.id in long) == (band == "long")] if long else eligible
 
-    def rank(i: InstanceLoad) -> tuple[float, int, str]:
-        return score_after(i, kv_tokens), i.running_requests, i.id
+    def rank(i: InstanceLoad) -> tuple[int, float, int, str]:
+        return i.queued_tokens if colocated else 0, score_after(i, kv_tokens), i.running_requests, i.id
 
     best = min(home, key=rank) if home else None
     if best is None or overloaded_after(best, kv_tokens, cfg):
@@ -201,14 +210,17 @@ class DecodeBalancer:
         self._recent: deque[int] = deque(maxlen=cfg.window)
         self.bands = DecodeBands(None, (), 0.0)
 
-    def route(self, kv_tokens: int, instances: Sequence[InstanceLoad]) -> DecodeDecision:
-        """The instance for a request that arrives holding ``kv_tokens`` (>= 1) of context."""
+    def route(
+        self, kv_tokens: int, instances: Sequence[InstanceLoad], colocated: bool = False
+    ) -> DecodeDecision:
+        """The instance for a request that arrives holding ``kv_tokens`` (>= 1) of context
+        (``colocated``: as :func:`choose` says)."""
         if kv_tokens < 1:
             raise ValueError(f"a decode request holds >= 1 KV token, not {kv_tokens}")
         pool = serving(instances, "decode")
         self._recent.append(kv_tokens)
         self.bands = plan_bands(list(self._recent), pool, self.bands, self.cfg)
-        return choose(kv_tokens, pool, self.bands, self.cfg)
+        return choose(kv_tokens, pool, self.bands, self.cfg, colocated)
 
     def observe(self, kv_tokens: int) -> None:
         """Measure a request routed elsewhere (from a decision table): its KV length joins the

@@ -34,7 +34,9 @@ class InstanceLoad:
     id: str
     role: Role
     state: State = "serving"
-    queued_tokens: int = 0  # prefill: un-cached prompt tokens routed to it and not yet computed
+    # prefill, and a decode that computes its requests' prompts itself (no prefill instance in the
+    # cluster): un-cached prompt tokens routed to it and not yet computed
+    queued_tokens: int = 0
     queued_pixels: int = 0  # encoder: pixels of images routed to it and not yet encoded
     running_requests: int = 0  # requests it holds (decode: requests with KV on it)
     kv_tokens: int = 0  # decode: KV tokens its running requests hold

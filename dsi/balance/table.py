@@ -9,7 +9,7 @@ table was made (so a burst between two tables spreads instead of landing on one 
              bucket's engines not excluded, the least queued (prefill.least_queued); no such
              engine: the least queued other serving engine
     decode   dsi.balance.decode.choose over the serving instances not excluded, with the table's
-             bands and overload bound
+             bands and overload bound (a colocated request: fewest queued prompt tokens first)
 
 Only serving instances are in a table (draining ones take nothing new); full decodes are
 skipped by ``choose``. Units: tokens and requests. No I/O and no clock.
@@ -81,8 +81,11 @@ class InFlight:
             return dataclasses.replace(
                 load, queued_tokens=load.queued_tokens + extra, running_requests=load.running_requests + n
             )
-        return dataclasses.replace(
-            load, kv_tokens=load.kv_tokens + extra, running_requests=load.running_requests + n
+        return dataclasses.replace(  # a decode's queue counts only for colocated requests
+            load,
+            kv_tokens=load.kv_tokens + extra,
+            queued_tokens=load.queued_tokens + extra,
+            running_requests=load.running_requests + n,
         )
 
 
@@ -99,8 +102,13 @@ def prefill_from_table(
 
 
 def decode_from_table(
-    table: DecisionTable, kv_tokens: int, inflight: InFlight, exclude: Collection[str] = ()
+    table: DecisionTable,
+    kv_tokens: int,
+    inflight: InFlight,
+    exclude: Collection[str] = (),
+    colocated: bool = False,
 ) -> DecodeDecision:
-    """The decode for a request holding ``kv_tokens`` (>= 1) of context."""
+    """The decode for a request holding ``kv_tokens`` (>= 1) of context (``colocated``: the
+    decode computes its prompt, see :func:`dsi.balance.decode.choose`)."""
     pool = [inflight.applied(i) for i in table.decodes if i.id not in exclude]
-    return choose(max(1, kv_tokens), pool, table.bands, table.decode_cfg)
+    return choose(max(1, kv_tokens), pool, table.bands, table.decode_cfg, colocated)

@@ -21,6 +21,7 @@ class RouteQuery(Message):
     kv_tokens: int = 0  # decode: KV tokens the request holds when it arrives (its prompt)
     exclude: list[str] = []  # instance ids that already failed this request
     cached_tokens: int = 0  # prefill: the predicted prefix hit, tokens (for the FLOP estimate)
+    colocated: bool = False  # decode: no prefill instance; the decode computes the prompt itself
 
 
 class Route(Message):
@@ -37,7 +38,9 @@ class LoadReport(Message):
     role: str  # prefill | decode
     started_at: float  # unix seconds; a restarted instance reports a new value
     state: str = "ready"  # the process's own state: starting | ready | stopping
-    queued_tokens: int = 0  # prefill: un-cached prompt tokens accepted and not yet computed
+    queued_tokens: int = (
+        0  # prefill (and a decode's colocated runs): prompt tokens accepted, not yet computed
+    )
     running: int = 0  # requests it holds
     waiting: int = 0  # requests queued for admission
     kv_tokens: int = 0  # KV tokens its running requests hold
@@ -99,7 +102,7 @@ class TableQuery(Message):
 class TableEntry(Message):
     instance_id: str
     address: str  # control-plane endpoint
-    queued_tokens: int = 0  # prefill: un-cached tokens queued (reported + pending)
+    queued_tokens: int = 0  # un-cached tokens queued (reported + pending; decode: colocated runs)
     running: int = 0  # requests it holds (reported + pending)
     kv_tokens: int = 0  # decode
     max_requests: int = 0  # decode capacity

@@ -129,7 +129,9 @@ class BalancerActor(RoleActor):
             if msg.kv_tokens < 0:
                 raise InvalidRequest("kv_tokens must be >= 0")
             kv = max(1, msg.kv_tokens)
-            choice = self.policies.route_decode(kv, self.table.snapshot("decode", now), msg.exclude)
+            choice = self.policies.route_decode(
+                kv, self.table.snapshot("decode", now), msg.exclude, msg.colocated
+            )
             self.table.routed(choice.instance, kv, now)
         else:
             raise InvalidRequest(f"a balancer routes prefill and decode requests, not {msg.role!r}")

@@ -81,6 +81,7 @@ class Known:
             id=instance_id,
             role="decode",
             state=state,
+            queued_tokens=r.queued_tokens + extra,  # counts for colocated requests only
             running_requests=requests,
             kv_tokens=r.kv_tokens + extra,
             max_requests=r.max_requests,

@@ -77,12 +77,15 @@ class Policies:
             instance = _least(others, home, lambda e: (e.queued_tokens, e.running_requests, e.id), "prefill")
         return Choice(instance, bucket=decision.bucket)
 
-    def route_decode(self, kv_tokens: int, pool: Sequence[InstanceLoad], exclude: Collection[str]) -> Choice:
-        """A request holding ``kv_tokens`` >= 1 tokens of context."""
-        decision = self.decode.route(kv_tokens, pool)
+    def route_decode(
+        self, kv_tokens: int, pool: Sequence[InstanceLoad], exclude: Collection[str], colocated: bool = False
+    ) -> Choice:
+        """A request holding ``kv_tokens`` >= 1 tokens of context (``colocated``: the decode
+        computes its prompt, see dsi.balance.decode.choose)."""
+        decision = self.decode.route(kv_tokens, pool, colocated)
         if decision.instance in exclude:
             others = [i for i in pool if i.id not in exclude]
-            decision = choose(kv_tokens, others, self.decode.bands, self.decode.cfg)
+            decision = choose(kv_tokens, others, self.decode.bands, self.decode.cfg, colocated)
         return Choice(decision.instance, band=decision.band)
 
     def buckets(self, pool: Sequence[InstanceLoad], now: float) -> list[BucketInfo]:

@@ -70,7 +70,7 @@ def make_table(
             TableEntry(
                 i.id,
                 table.address(i.id),
-                0,
+                i.queued_tokens,
                 i.running_requests,
                 i.kv_tokens,
                 i.max_requests,

@@ -42,6 +42,7 @@ def decision_table(t: RouteTable) -> DecisionTable:
             InstanceLoad(
                 id=e.instance_id,
                 role="decode",
+                queued_tokens=e.queued_tokens,
                 running_requests=e.running,
                 kv_tokens=e.kv_tokens,
                 max_requests=e.max_requests,
@@ -118,7 +119,9 @@ class TableRoutes:
     ) -> tuple[Route | str, Route]:
         """(prefill, decode) from ``held``; the prefill is "" when not asked for. Raises NoInstance."""
         table = held.table
-        decision = decode_from_table(table, prompt_tokens, self.inflight, exclude_decode)
+        decision = decode_from_table(
+            table, prompt_tokens, self.inflight, exclude_decode, colocated=not prefill
+        )
         pre: Route | str = ""
         if prefill:
             uncached = max(1, prompt_tokens - cached_tokens)

@@ -155,7 +155,12 @@ class BalancerRouter:
         started = time.perf_counter()
         calls = [
             peer.ask(
-                RouteQuery("decode", kv_tokens=ask.prompt_tokens, exclude=sorted(ask.exclude_decode)),
+                RouteQuery(
+                    "decode",
+                    kv_tokens=ask.prompt_tokens,
+                    exclude=sorted(ask.exclude_decode),
+                    colocated=not prefill,
+                ),
                 timeout=self.bound_s,
             )
         ]

@@ -123,7 +123,10 @@ class VllmDecodeActor(VllmRole):
             elif found:
                 params = load_params(hit, tokens, found, first=local)
             arrival.settle()
-            stream = self._tokens(msg, params, cached_tokens=None, staged=hit, persist=persist)
+            computes = len(msg.token_ids) - tokens
+            stream = self._tokens(
+                msg, params, cached_tokens=None, staged=hit, persist=persist, computes=computes
+            )
             async for chunk in stream:
                 yield chunk
         finally:
@@ -207,6 +210,7 @@ class VllmDecodeActor(VllmRole):
         cached_tokens: int | None,
         staged: Path | None = None,
         persist: tuple[Path, list[bytes], int, str, int] | None = None,
+        computes: int = 0,
     ) -> AsyncIterator[TokenChunk]:
         """The request's chunks from vLLM; the first carries the (empty) prefix hit. ``cached_tokens``:
         the prompt tokens a handoff's prefill took from the store, or None for a colocated run
@@ -214,13 +218,14 @@ class VllmDecodeActor(VllmRole):
         loads, removed once it has. ``persist``: ``VllmRole.persist``'s arguments (file, hashes,
         first new block, traffic class, the file's first block) of a colocated run whose new prompt
         blocks the connector stages, queued for the kvstore once the first token shows the prompt
-        done."""
+        done. ``computes``: the prompt tokens computed here (a colocated run), reported as queued
+        prefill work until the first token."""
         assert self.service is not None
         rid, prompt = msg.request_id, len(msg.token_ids)
         vid = self.live[rid] = f"{rid}.{secrets.token_hex(3)}"
         stream = self.service.generate(vid, list(msg.token_ids), msg.sampling, params)
         first, seq = True, 0  # seq: the last chunk's number (TokenChunk.seq)
-        self.starts(vid, prompt)
+        self.starts(vid, prompt, computes)
         try:
             async with contextlib.aclosing(stream):
                 while True:

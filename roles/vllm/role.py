@@ -115,6 +115,9 @@ class VllmRole(RoleActor):
         # vLLM request id -> prompt tokens, of the requests given to vLLM that have no output yet,
         # in the order they were given (see _waiting_tokens)
         self.starting: dict[str, int] = {}
+        # vLLM request id -> prompt tokens it computes here (a colocated run: the prompt less the
+        # blocks held or loaded), of the runs with no output yet: the prefill work queued here
+        self.prefilling: dict[str, int] = {}
 
     async def on_start(self) -> None:
         # before vLLM is first imported; CoresUnavailable (the role fails to start) when cpu_threads
@@ -212,12 +215,17 @@ class VllmRole(RoleActor):
         assert self.service is not None
         return waiting_tokens(list(self.starting.values()), self.service.load.waiting)
 
-    def starts(self, vllm_id: str, prompt_tokens: int) -> None:
-        """A request given to vLLM (counted by :meth:`_waiting_tokens` until :meth:`started`)."""
+    def starts(self, vllm_id: str, prompt_tokens: int, computes: int = 0) -> None:
+        """A request given to vLLM (counted by :meth:`_waiting_tokens` until :meth:`started`);
+        ``computes``: the prompt tokens vLLM computes for it here (a colocated run), reported as
+        queued until its first output."""
         self.starting[vllm_id] = prompt_tokens
+        if computes > 0:
+            self.prefilling[vllm_id] = computes
 
     def started(self, vllm_id: str) -> None:
         """Its first output came (or it ended): vLLM scheduled it."""
+        self.prefilling.pop(vllm_id, None)
         if self.starting.pop(vllm_id, None) is not None:
             self.load_changed()
 
@@ -253,6 +261,7 @@ class VllmRole(RoleActor):
             report,
             running=running + self.incoming_requests,
             kv_tokens=self._kv_tokens() + self.incoming_tokens,
+            queued_tokens=sum(self.prefilling.values()),  # what a colocated request's first token waits for
             max_requests=self.max_requests(),
             kv_capacity_tokens=shape.kv_capacity_tokens if shape is not None else 0,
         )

@@ -11,11 +11,12 @@ from dsi.balance.decode import DecodeBands, choose, long_threshold, overloaded_a
 CFG = DecodeBalancerConfig()
 
 
-def _d(name, running=0, kv=0, state="serving", slots=64, capacity=1_000_000):
+def _d(name, running=0, kv=0, state="serving", slots=64, capacity=1_000_000, queued=0):
     return InstanceLoad(
         id=name,
         role="decode",
         state=state,
+        queued_tokens=queued,
         running_requests=running,
         kv_tokens=kv,
         max_requests=slots,
@@ -118,6 +119,23 @@ def test_score_counts_requests_and_kv_against_capacity():
     pool = [_d("d0", running=10, kv=10_000), _d("d1", running=2, kv=600_000)]
     d = choose(1_000, pool, DecodeBands(None, (), 0.0), CFG)
     assert (d.instance, d.band, d.score) == ("d0", "one", 11 / 64)  # d1's KV score is 0.601
+
+
+def test_a_colocated_request_goes_to_the_shortest_prompt_queue_then_by_score():
+    """Two decodes that compute their requests' prompts: the one with 2,000 prompt tokens queued
+    has the lower score, yet a colocated request's first token would wait for that queue."""
+    bands = DecodeBands(None, (), 0.0)
+    pool = [_d("d0", running=1, kv=2_000, queued=2_000), _d("d1", running=3, kv=9_000, queued=0)]
+    assert choose(500, pool, bands, CFG).instance == "d0"  # handed over: by score, as before
+    assert choose(500, pool, bands, CFG, colocated=True).instance == "d1"
+    even = [_d("d0", running=1, kv=2_000, queued=300), _d("d1", running=3, kv=9_000, queued=300)]
+    assert choose(500, even, bands, CFG, colocated=True).instance == "d0"  # equal queues: by score
+    # a full instance stays out, and an overloaded one takes a colocated request only if all are
+    full = [_d("d0", running=64, queued=0), _d("d1", running=3, queued=5_000)]
+    assert choose(500, full, bands, CFG, colocated=True).instance == "d1"
+    hot = [_d("d0", running=58, queued=0), _d("d1", running=3, queued=5_000)]  # d0: 59 / 64 > 0.9
+    assert choose(500, hot, bands, CFG, colocated=True).instance == "d1"
+    assert DecodeBalancer(CFG).route(500, pool, colocated=True).instance == "d1"
 
 
 def test_drained_and_full_instances_are_excluded():

@@ -14,12 +14,13 @@ def _prefill(i: str, queued: int = 0, state: str = "serving") -> InstanceLoad:
 
 
 def _decode(
-    i: str, running: int = 0, kv: int = 0, max_requests: int = 8, state: str = "serving"
+    i: str, running: int = 0, kv: int = 0, max_requests: int = 8, state: str = "serving", queued: int = 0
 ) -> InstanceLoad:
     return InstanceLoad(
         id=i,
         role="decode",
         state=state,  # type: ignore[arg-type]
+        queued_tokens=queued,
         running_requests=running,
         kv_tokens=kv,
         max_requests=max_requests,
@@ -85,6 +86,22 @@ def test_decode_picks_with_in_flight_additions_full_draining_and_bands():
     assert (
         decode_from_table(banded, 1_000, inflight, exclude={"d1"}).instance == "d2"
     )  # spills out of its band
+
+
+def test_colocated_decode_picks_follow_the_queued_prompt_tokens_and_in_flight_additions():
+    """Decodes that compute their requests' prompts: a burst spreads by the prompt tokens queued
+    (reported plus this router's additions), not by score."""
+    table, inflight = (
+        _table(decodes=(_decode("d0", running=1, queued=1_500), _decode("d1", running=5))),
+        InFlight(),
+    )
+    picks = []
+    for kv in (2_000, 1_000, 600):
+        d = decode_from_table(table, kv, inflight, colocated=True)
+        inflight.add(d.instance, kv)
+        picks.append(d.instance)
+    assert picks == ["d1", "d0", "d1"]  # queued d1 / d0: 0 / 1,500; 2,000 / 1,500; 2,000 / 2,500
+    assert decode_from_table(table, 1_000, InFlight()).instance == "d0"  # handed over: by score
 
 
 def test_in_flight_removal_restores_the_table_loads():
