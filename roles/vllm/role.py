@@ -261,7 +261,9 @@ class VllmRole(RoleActor):
             report,
             running=running + self.incoming_requests,
             kv_tokens=self._kv_tokens() + self.incoming_tokens,
-            queued_tokens=sum(self.prefilling.values()),  # what a colocated request's first token waits for
+            # what a colocated request's first token waits for: the prompts given to vLLM and not
+            # yet computed, and those still arriving (their hit being fetched)
+            queued_tokens=sum(self.prefilling.values()) + self.incoming_tokens,
             max_requests=self.max_requests(),
             kv_capacity_tokens=shape.kv_capacity_tokens if shape is not None else 0,
         )
