@@ -62,10 +62,8 @@ class NativeAttention:
         if latents is not None:
             view, tables, count, per_page = latents
             width = int(count.max()) if b else 0
-            entries = torch.arange(width)[None, :]
-            page = tables.gather(1, (entries // per_page).clamp(max=tables.shape[1] - 1).expand(b, width))
             lbase, lat_n = view, count.contiguous()
-            lat_off = (page * view.stride(0) + (entries % per_page) * view.stride(1)).contiguous()
+            lat_off = _entry_offsets(tables, width, per_page, view.stride(0), view.stride(1))
         heads = (ring.shape[3], ring, ring[:, 1], ring.stride(3))  # Hkv, key and value bases, head stride
         lists = kernel.KeyLists(*heads, swa_off, swa_lo, swa_hi, torch.arange(b), lbase, lat_off, lat_n)
         return self._run(q, q_rot, lists)
@@ -91,7 +89,7 @@ class NativeAttention:
         keys, vals = keys.contiguous(), vals.contiguous()
         qpos = torch.arange(first, first + t)
         swa_off = (torch.arange(keys.shape[0]) * (hkv * d))[None, :]
-        lo = torch.maximum(qpos - self.window + 1, torch.tensor(max(swa_start, key_first)))
+        lo = (qpos - self.window + 1).clamp(min=max(swa_start, key_first))
         swa_hi = (qpos - key_first + 1).clamp(min=0)
         swa_lo = torch.minimum(lo - key_first, swa_hi)  # a query before swa_start sees no SWA key
         lbase = lat_off = lat_n = None
@@ -112,11 +110,9 @@ class NativeAttention:
         tables [B, W]. Row b's keys are positions 0 .. pos_b, the list :meth:`chunk` gives a
         query of a chunk whose keys start at 0 with a window longer than the context.
         Returns [B, Hq * D]."""
-        b, block = q.shape[0], kv.shape[2]
+        b = q.shape[0]
         width = int(pos.max()) + 1 if b else 0
-        p = torch.arange(width)[None, :]
-        page = tables.gather(1, (p // block).clamp(max=tables.shape[1] - 1).expand(b, width))
-        off = (page * kv.stride(0) + (p % block) * kv.stride(2)).contiguous()
+        off = _entry_offsets(tables, width, kv.shape[2], kv.stride(0), kv.stride(2))
         lists = kernel.KeyLists(
             kv.shape[3], kv, kv[:, 1], kv.stride(3), off, torch.zeros_like(pos), pos + 1, torch.arange(b)
         )
@@ -136,3 +132,16 @@ class NativeAttention:
         if parts >= 2 and self.workers.run(part, parts):
             return out
         return kernel.v4_attention(q, q_rot, keys, out=out)
+
+
+def _entry_offsets(
+    tables: torch.Tensor, width: int, per_page: int, page_stride: int, entry_stride: int
+) -> torch.Tensor:
+    """[B, width] element offsets of entries 0 .. width - 1 of each row's pages (row b's entry n
+    in page ``tables[b, n // per_page]`` at ``n % per_page``); entries past a table's end point
+    into its last page (past every count, so never read)."""
+    entries = torch.arange(width)[None, :]
+    page = tables.gather(
+        1, (entries // per_page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], width)
+    )
+    return (page * page_stride + (entries % per_page) * entry_stride).contiguous()

@@ -342,13 +342,16 @@ class ModelRunner:
         consumer: bool,
     ) -> torch.Tensor:
         cfg, r = self.cfg, dec.rows
-        if self.kernels is not None:
-            return self._attend_decode_kernel(i, dec, q[r], q_rot[r], k_rot[r], v[r], consumer)
-        latents = self._latents_of(i, dec, consumer)
+        # The new keys go into the ring first: it holds window + rollback positions, so the write
+        # overwrites no key of the window, and the kernels and the batch-invariant path read them
+        # from there.
         ring = self.slots.rings[:, i]
-        if self.native is not None:  # the new keys go into the ring first, as the kernel reads them there
-            ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
-            ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
+        ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
+        ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
+        latents = self._latents_of(i, dec, consumer)
+        if self.kernels is not None:
+            return self._attend_decode_kernel(dec, q[r], q_rot[r], ring, latents)
+        if self.native is not None:
             lat_args = None if latents is None else (latents[0], dec.tables, latents[1], latents[2])
             return self.native.decode(q[r], q_rot[r], ring, dec.slots, dec.pos, dec.swa_start, lat_args)
         lat = valid = last = None
@@ -359,10 +362,6 @@ class ModelRunner:
             else:
                 lat, valid = gather_latents(view, dec, count, per_page)
             last = (torch.arange(lat.shape[1]) * stride + stride - 1)[None, :].expand(lat.shape[0], -1)
-        # The new keys go into the ring first: it holds window + rollback positions, so the write
-        # overwrites no key of the window, and the batch-invariant path reads them from there.
-        ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot[r]
-        ring[dec.slots, 1, dec.pos % cfg.ring] = v[r]
         if self.invariant:
             return invariant.attend_decode(
                 cfg, q[r], q_rot[r], ring, dec.slots, dec.pos, dec.swa_start, lat, valid, last
@@ -385,25 +384,19 @@ class ModelRunner:
 
     def _attend_decode_kernel(
         self,
-        i: int,
         dec: DecodeIndex,
         q: torch.Tensor,
         q_rot: torch.Tensor,
-        k_rot: torch.Tensor,
-        v: torch.Tensor,
-        consumer: bool,
+        ring: torch.Tensor,
+        latents: tuple[torch.Tensor, torch.Tensor, int, int] | None,
     ) -> torch.Tensor:
-        """The Triton kernel reads the new key from the ring: it is written first (the ring holds
-        window + rollback positions, so no key of the window is overwritten)."""
-        cfg, ring = self.cfg, self.slots.rings[:, i]
-        ring[dec.slots, 0, dec.pos % cfg.ring] = k_rot
-        ring[dec.slots, 1, dec.pos % cfg.ring] = v
-        latents = self._latents_of(i, dec, consumer)
+        """The Triton kernel over the ring (the new keys already in it) and ``latents`` (as
+        :meth:`_latents_of` gives them)."""
         view, count = (latents[0], latents[1]) if latents is not None else (None, None)
         assert self.kernels is not None
         tables = dec.tables if view is not None else None
         return self.kernels.attention(
-            q, q_rot, ring, dec.slots, dec.pos, dec.swa_start, cfg.window, view, tables, count
+            q, q_rot, ring, dec.slots, dec.pos, dec.swa_start, self.cfg.window, view, tables, count
         )
 
     def _compress_decode(
