@@ -26,13 +26,13 @@ Bands (:func:`plan_bands`), from the KV lengths of the last ``window`` routed re
 
 Routing (:func:`choose`): the eligible instance of the request's band with the lowest score
 (ties: fewer requests, then id). A *colocated* request (no prefill instance: the decode computes
-its prompt itself) goes first to the instance with the fewest prompt tokens queued for
-computing (``queued_tokens``), then by score: its first token waits for that queue, which
-requests and KV against capacity do not show (two colocated vLLM decodes routed by score alone
-sent requests behind 2,000-4,600 queued tokens while the other instance had none). If that one would be overloaded after placement, or the band
-has no eligible instance, the request goes to the eligible instance of any band that would not
-be overloaded, lowest score first; only when every eligible instance would be overloaded does
-it go to the lowest score. Hence the guarantee the tests check: a placement never leaves an
+its prompt itself) goes first to the instance with the fewest prompt tokens queued for computing
+(``queued_tokens``), then by score: its first token waits for that queue, which requests and KV
+against capacity do not show (two colocated vLLM decodes routed by score alone sent requests
+behind 2,000-4,600 queued tokens while the other instance had none). If the pick would be
+overloaded after placement, or the band has no eligible instance, the request goes to the
+eligible instance of any band that would not be overloaded, lowest score first; only when every
+eligible instance would be overloaded does it go to the lowest score. Hence the guarantee the tests check: a placement never leaves an
 instance overloaded while another eligible instance is idle.
 
 Worked example (4 instances of 64 requests / 1M KV tokens; 40 requests of 1,000 tokens and 8

@@ -38,9 +38,7 @@ class LoadReport(Message):
     role: str  # prefill | decode
     started_at: float  # unix seconds; a restarted instance reports a new value
     state: str = "ready"  # the process's own state: starting | ready | stopping
-    queued_tokens: int = (
-        0  # prefill (and a decode's colocated runs): prompt tokens accepted, not yet computed
-    )
+    queued_tokens: int = 0  # prompt tokens accepted, not yet computed (prefill; colocated decode)
     running: int = 0  # requests it holds
     waiting: int = 0  # requests queued for admission
     kv_tokens: int = 0  # KV tokens its running requests hold
