@@ -1,5 +1,6 @@
 /* 16-lane fp32 vectors for the kernels of this folder: loads, stores, a horizontal sum and max
- * in one fixed order, e^x for x <= 0, and an online softmax's step. Included by each kernel's .c file. */
+ * in one fixed order, e^x for x <= 0, and an online softmax's step. Included by each kernel's
+ * .c file. */
 #ifndef DSI_SIMD16_H
 #define DSI_SIMD16_H
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from dsi.engine.invariant import entry_offsets
 from dsi.engine.tile_workers import tile_workers
 from dsi.kernels import v4_attention as kernel
 
@@ -63,7 +64,7 @@ class NativeAttention:
             view, tables, count, per_page = latents
             width = int(count.max()) if b else 0
             lbase, lat_n = view, count.contiguous()
-            lat_off = _entry_offsets(tables, width, per_page, view.stride(0), view.stride(1))
+            lat_off = entry_offsets(tables, width, per_page, view.stride(0), view.stride(1))
         heads = (ring.shape[3], ring, ring[:, 1], ring.stride(3))  # Hkv, key and value bases, head stride
         lists = kernel.KeyLists(*heads, swa_off, swa_lo, swa_hi, torch.arange(b), lbase, lat_off, lat_n)
         return self._run(q, q_rot, lists)
@@ -112,7 +113,7 @@ class NativeAttention:
         Returns [B, Hq * D]."""
         b = q.shape[0]
         width = int(pos.max()) + 1 if b else 0
-        off = _entry_offsets(tables, width, kv.shape[2], kv.stride(0), kv.stride(2))
+        off = entry_offsets(tables, width, kv.shape[2], kv.stride(0), kv.stride(2))
         lists = kernel.KeyLists(
             kv.shape[3], kv, kv[:, 1], kv.stride(3), off, torch.zeros_like(pos), pos + 1, torch.arange(b)
         )
@@ -132,16 +133,3 @@ class NativeAttention:
         if parts >= 2 and self.workers.run(part, parts):
             return out
         return kernel.v4_attention(q, q_rot, keys, out=out)
-
-
-def _entry_offsets(
-    tables: torch.Tensor, width: int, per_page: int, page_stride: int, entry_stride: int
-) -> torch.Tensor:
-    """[B, width] element offsets of entries 0 .. width - 1 of each row's pages (row b's entry n
-    in page ``tables[b, n // per_page]`` at ``n % per_page``); entries past a table's end point
-    into its last page (past every count, so never read)."""
-    entries = torch.arange(width)[None, :]
-    page = tables.gather(
-        1, (entries // per_page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], width)
-    )
-    return (page * page_stride + (entries % per_page) * entry_stride).contiguous()

@@ -300,18 +300,30 @@ def gather_latent_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Entries 0 .. count_b - 1 of each sequence out of a page view [pages, per_page, D], as
     :func:`attend_decode` takes them: ([B, N, D] zeros where not valid, valid [B, N]), N = max
-    count rounded up to whole KEY_BLOCKs. tables: [B, W] page ids (padding may be any page). One ``index_select`` of the
-    entries' rows, then the rows not valid zeroed (a page's unwritten entries may hold anything)."""
+    count rounded up to whole KEY_BLOCKs. tables: [B, W] page ids (padding may be any page). One
+    ``index_select`` of the entries' rows, then the rows not valid zeroed (a page's unwritten
+    entries may hold anything)."""
     b, d = count.shape[0], view.shape[-1]
     width = -(-int(count.max()) // KEY_BLOCK) * KEY_BLOCK if b else 0
-    entries = torch.arange(width)[None, :].expand(b, width)
-    valid = entries < count[:, None]
-    page = tables.gather(1, (entries // per_page).clamp(max=tables.shape[1] - 1))
-    at = page * view.stride(0) + (entries % per_page) * view.stride(1)
+    valid = torch.arange(width)[None, :] < count[:, None]
+    at = entry_offsets(tables, width, per_page, view.stride(0), view.stride(1))
     rows = row_view(view)
     out = rows.index_select(0, at.reshape(-1) // rows.stride(0))
     out.index_fill_(0, (~valid).view(-1).nonzero()[:, 0], 0.0)
     return out.view(b, width, d), valid
+
+
+def entry_offsets(
+    tables: torch.Tensor, width: int, per_page: int, page_stride: int, entry_stride: int
+) -> torch.Tensor:
+    """[B, width] element offsets of entries 0 .. width - 1 of each row's pages (row b's entry n
+    in page ``tables[b, n // per_page]`` at ``n % per_page``, from the first element of a view
+    with those strides); entries past a table's end point into its last page."""
+    entries = torch.arange(width)[None, :]
+    page = tables.gather(
+        1, (entries // per_page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], width)
+    )
+    return (page * page_stride + (entries % per_page) * entry_stride).contiguous()
 
 
 def row_view(t: torch.Tensor) -> torch.Tensor:
@@ -343,9 +355,8 @@ def attend_pages(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, pos: t
     rows = slice(0, b)
     # Each (sequence, KV head) makes [tile, D] x [D, KEY_BLOCK] products, as a chunk's rows do.
     tile = attention_tile(group)
-    qp = pad_rows(
-        q.view(b, hkv, group, d), tiles(group, tile) * tile, dim=2
-    )  # [B, Hkv, G, D], G: whole tiles
+    # [B, Hkv, G, D], G: whole tiles
+    qp = pad_rows(q.view(b, hkv, group, d), tiles(group, tile) * tile, dim=2)
     ep = q.new_zeros((*qp.shape[:3], KEY_BLOCK))
     # Views in the order the products read them, so that each gather copies straight into it.
     k_view = kv[:, 0].permute(0, 2, 3, 1)  # [num_blocks, Hkv, D, KB]
