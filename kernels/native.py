@@ -25,7 +25,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-fno-math-errno", "-fPIC", "-shared")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-std=c11",
+    "-ffp-contract=fast",
+    "-fno-math-errno",
+    "-fPIC",
+    "-shared",
+    "-pthread",
+)
 _HERE = Path(__file__).parent
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@
  * run in LANES independent partial sums, added in one fixed order at the end.
  */
 #include "simd16.h"
+#include "thread_pool.h"
 
 #define MAX_BLOCK 1024
 
@@ -91,29 +92,52 @@ static head_fn pick(int64_t group, int64_t d) {
 /* Whether the kernel has a variant for this group size and head dim (else callers use torch). */
 int dsi_paged_attention_supports(int64_t group, int64_t d) { return pick(group, d) != 0; }
 
+typedef struct {
+    const float *q, *kv;
+    const int64_t *tables, *seq, *pos;
+    float *out;
+    int64_t q_stride, rows, hq, hkv, d, v_off, page_stride, tok_stride, head_stride, block, table_width;
+    float scale;
+    head_fn fn;
+} Rows;
+
+/* Rows [rows * part / parts, rows * (part + 1) / parts). */
+static void rows_part(void *ctx, int part, int parts) {
+    const Rows *a = ctx;
+    static _Thread_local float s[8 * MAX_BLOCK];
+    int64_t group = a->hq / a->hkv, d = a->d;
+    for (int64_t r = a->rows * part / parts; r < a->rows * (part + 1) / parts; r++) {
+        float *res = a->out + r * a->hq * d;
+        if (a->pos[r] < 0) {
+            memset(res, 0, sizeof(float) * a->hq * d);
+            continue;
+        }
+        for (int64_t h = 0; h < a->hkv; h++)
+            a->fn(a->q + r * a->q_stride + h * group * d, res + h * group * d, a->kv, h * a->head_stride,
+                  a->v_off, a->page_stride, a->tok_stride, a->block, a->tables + a->seq[r] * a->table_width,
+                  a->pos[r], a->scale, s);
+    }
+}
+
 /* q: [rows, hq, d], rows q_stride elements apart, heads contiguous; out: [rows, hq * d].
  * kv: this layer's K of page 0 at kv[0]; V at kv[v_off]; page stride page_stride, token stride
  * tok_stride, head stride head_stride (elements). tables: [seqs, table_width]; seq, pos: [rows].
- * A row with pos < 0 gets zeros. Returns 0, or -1 for a shape without a variant. */
+ * A row with pos < 0 gets zeros. The rows are shared among `parts` threads through `run`
+ * (thread_pool.c; NULL: this thread alone). Returns 0, or -1 for a shape without a variant. */
 int dsi_paged_attention(const float *q, int64_t q_stride, int64_t rows, int64_t hq, int64_t hkv,
                         int64_t d, const float *kv, int64_t v_off, int64_t page_stride,
                         int64_t tok_stride, int64_t head_stride, int64_t block,
                         const int64_t *tables, int64_t table_width, const int64_t *seq,
-                        const int64_t *pos, float scale, float *out) {
-    int64_t group = hq / hkv;
-    head_fn fn = pick(group, d);
+                        const int64_t *pos, float scale, float *out, pool_run_fn run, int parts) {
+    head_fn fn = pick(hq / hkv, d);
     if (!fn || block > MAX_BLOCK) return -1;
-    static _Thread_local float s[8 * MAX_BLOCK];
-    for (int64_t r = 0; r < rows; r++) {
-        float *res = out + r * hq * d;
-        if (pos[r] < 0) {
-            memset(res, 0, sizeof(float) * hq * d);
-            continue;
-        }
-        for (int64_t h = 0; h < hkv; h++)
-            fn(q + r * q_stride + h * group * d, res + h * group * d, kv, h * head_stride, v_off,
-               page_stride, tok_stride, block, tables + seq[r] * table_width, pos[r], scale, s);
-    }
+    Rows a = {q, kv, tables, seq, pos, out, q_stride, rows, hq, hkv, d, v_off, page_stride, tok_stride,
+              head_stride, block, table_width, scale, fn};
+    if (parts > rows) parts = (int)rows;
+    if (run == 0 || parts < 2)
+        rows_part(&a, 0, 1);
+    else
+        run(rows_part, &a, parts);
     return 0;
 }
 

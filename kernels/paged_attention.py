@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from dsi.kernels import native
+from dsi.kernels import native, thread_pool
 from dsi.kernels.native import library
 
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -46,6 +46,8 @@ def _lib() -> ctypes.CDLL | None:
             _PTR,
             _F32,
             _PTR,
+            _PTR,
+            ctypes.c_int,
         ]
         lib.dsi_paged_attention_supports.restype = ctypes.c_int
         lib.dsi_paged_attention_supports.argtypes = [_I64, _I64]
@@ -94,11 +96,13 @@ def paged_attention(
     seq: torch.Tensor,
     pos: torch.Tensor,
     out: torch.Tensor | None = None,
+    threads: int = 1,
 ) -> torch.Tensor:
     """q [rows, Hq, D] over pages kv_layer [num_blocks, 2, block, Hkv, D]; tables [seqs, W] (int64),
     seq [rows], pos [rows] (a row with pos < 0 gets zeros). -> [rows, Hq * D] (written into ``out``
     when given: fp32 with contiguous rows, such as a row range of a larger result). The C kernel
-    where it is built and has a variant for the shape, else the reference."""
+    where it is built and has a variant for the shape, else the reference. ``threads``: how many
+    threads of :mod:`dsi.kernels.thread_pool` share the rows (a row's bits are the same)."""
     _check_rows(q, kv_layer, tables, seq, pos)
     rows, hq, d = q.shape
     out = native.output(out, rows, hq * d)
@@ -110,7 +114,7 @@ def paged_attention(
         q.data_ptr(), q.stride(0), rows, hq, kv_layer.shape[3], d,
         kv_layer.data_ptr(), st[1], st[0], st[2], st[3], kv_layer.shape[2],
         tables.data_ptr(), tables.shape[1], seq.data_ptr(), pos.data_ptr(), 1.0 / math.sqrt(d),
-        out.data_ptr(),
+        out.data_ptr(), thread_pool.run_pointer() if threads > 1 else None, threads,
     )  # fmt: skip
     if rc:
         raise ValueError(

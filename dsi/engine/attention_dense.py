@@ -9,7 +9,8 @@ pages and returns every row's attention output::
     K, V of row r  -> pages[page[r], layer, k|v, off[r]]   (page -1: a loaded position or padding)
 
 :class:`PagedRows` runs :func:`dsi.kernels.paged_attention.paged_attention` (a C kernel, each
-query on its own: the same bits in any batch and any chunking). Where that kernel cannot be built
+query on its own: the same bits in any batch and any chunking; the rows shared among the
+threads of :mod:`dsi.kernels.thread_pool`). Where that kernel cannot be built
 or has no variant for the head shape, :class:`TorchPagedRows` gives the same answers to fp32
 rounding with torch: one-token slices through :func:`dsi.engine.invariant.attend_pages`, longer
 slices one by one through :func:`dsi.engine.invariant.attend_chunk` (or plain causal attention
@@ -24,8 +25,8 @@ import torch
 
 from dsi.engine import invariant
 from dsi.engine.batch import StepSlice
-from dsi.engine.tile_workers import tile_workers
 from dsi.kernels import paged_attention as native
+from dsi.kernels import thread_pool
 from dsi.kvcache.block_pool import NULL_BLOCK
 from dsi.model.llama import causal_attend
 
@@ -71,11 +72,9 @@ SHARED_ROWS = 8  # rows below which a thread's share of the attention is not wor
 
 
 class PagedRows:
-    """The C kernel's attention: write the rows' K/V, then attend the rows, shared out among the
-    engine's threads (dsi.engine.tile_workers) when there are at least 2 x SHARED_ROWS of them."""
-
-    def __init__(self) -> None:
-        self.workers = tile_workers()
+    """The C kernel's attention: write the rows' K/V, then attend the rows, shared among the
+    threads of :mod:`dsi.kernels.thread_pool` when there are at least 2 x SHARED_ROWS of them
+    (a row's result depends on its own query, pages and position only: the same bits)."""
 
     def prepare(self, batch: list[StepSlice], rows: StepRows) -> StepRows:
         return rows
@@ -85,22 +84,8 @@ class PagedRows:
     ) -> torch.Tensor:
         """kv_layer [num_blocks, 2, block, Hkv, D]; q [T, Hq, D]; k, v [T, Hkv * D] -> [T, Hq * D]."""
         native.write_kv(kv_layer, k, v, plan.page, plan.off)
-        rows = q.shape[0]
-        parts = min(self.workers.threads(), rows // SHARED_ROWS)
-        if parts < 2:
-            return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos)
-        # a row's result depends on its own query, pages and position only: the rows are shared
-        # out among the engine's threads (a run each), every bit as in one call
-        out = q.new_empty(rows, q.shape[1] * q.shape[2])
-        bounds = [rows * i // parts for i in range(parts + 1)]
-
-        def part(i: int) -> None:
-            a, b = bounds[i], bounds[i + 1]
-            native.paged_attention(q[a:b], kv_layer, plan.tables, plan.seq[a:b], plan.pos[a:b], out=out[a:b])
-
-        if self.workers.run(part, parts):
-            return out
-        return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos)  # workers busy
+        parts = max(1, min(thread_pool.threads(), q.shape[0] // SHARED_ROWS))
+        return native.paged_attention(q, kv_layer, plan.tables, plan.seq, plan.pos, threads=parts)
 
     @staticmethod
     def supports(n_heads: int, n_kv_heads: int, head_dim: int) -> bool:

@@ -2,8 +2,8 @@
 
 The same door as :class:`dsi.engine.runner.ModelRunner` (``pool``, ``slots``, ``forward``), so
 the scheduler, admission, export / import and page hashing run unchanged. A step's slices run as
-one block of rows [T, H] (back to back; on the batch-invariant path padded with zero rows to a
-multiple of ``ROW_TILE``, so that no product pads again). Per layer, each row's rotated key and
+one block of rows [T, H] (back to back; padded with zero rows to a multiple of the products'
+``row_tile`` where they run in row tiles, so that no product pads again). Per layer, each row's rotated key and
 value go into the pages (layout in :mod:`dsi.kvcache.layout_dense`) and every row attends over
 the positions 0 .. its own of its sequence, read from the pages::
 
@@ -15,7 +15,7 @@ A state slot holds nothing for this family (no SWA ring, no compressor), and the
 ring snapshots. Dense math is :mod:`dsi.model.llama`'s (fused weights from
 :func:`dsi.model.llama.fuse_projections`, the rope of :mod:`dsi.model.ops` with its angles
 computed once per step). Products run through :class:`dsi.engine.gemm.PackedGemm` (weights
-packed once for oneDNN); attention is one call per layer for the whole step. Each row's attention
+packed once, for dsi's C product kernel or else oneDNN); attention is one call per layer for the whole step. Each row's attention
 is computed on its own and a product's row does not depend on the others (``batch_invariant``),
 so a token's logits are the same bits whatever else the step holds and however its prompt was
 chunked. The logits product runs only for the rows that sample.
@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import torch
 
-from dsi.engine import invariant
 from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
-from dsi.engine.invariant import ROW_TILE
 from dsi.kernels import row_ops
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
 from dsi.kvcache.state_slots import StateSlots
 from dsi.model.llama import LlamaConfig, fuse_projections
-from dsi.model.ops import Matmul, rope_angles
+from dsi.model.ops import rope_angles
 
 _PRODUCTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer weights of x @ w products
 
@@ -53,7 +51,7 @@ class DenseRunner:
         self.invariant = batch_invariant
         self.w = fuse_projections(cfg, weights)
         products = [self.w[f"layers.{i}.{name}"] for i in range(cfg.n_layers) for name in _PRODUCTS]
-        self.mm: Matmul = PackedGemm([*products, self.w["lm_head"].T], batch_invariant)
+        self.mm = PackedGemm([*products, self.w["lm_head"].T], batch_invariant)
         self.layout = DenseBlockLayout(cfg)
         self.pool = BlockPool(num_blocks, self.layout.elems)
         self.slots = StateSlots(cfg, num_slots)  # empty: rings of length 0, no partial rows
@@ -77,7 +75,8 @@ class DenseRunner:
         positions up to its own, like any other row."""
         cfg, w = self.cfg, self.w
         tokens = [t for s in batch for t in s.tokens]
-        rows = invariant.tiles(len(tokens)) * ROW_TILE if self.invariant else len(tokens)
+        tile = self.mm.row_tile
+        rows = -(-len(tokens) // tile) * tile
         where = step_rows(batch, cfg.block_size, rows)
         plan = self.attend.prepare(batch, where)
         cos, sin = rope_angles(where.pos.clamp(min=0), cfg.head_dim, cfg.rope_theta)

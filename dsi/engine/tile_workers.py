@@ -1,8 +1,10 @@
 """Tile workers: the ROW_TILE-row products of one batch-invariant GEMM shared out among threads,
 each tile computed by one OpenMP thread.
 
-A batch-invariant product (:class:`dsi.engine.gemm.PackedGemm`) is a row of tiles, each one
-oneDNN call of exactly ``ROW_TILE`` rows. Called one after another from the engine's thread, every
+On its oneDNN path (where dsi's C product kernel, whose threads are
+:mod:`dsi.kernels.thread_pool`'s, is not built) a batch-invariant product
+(:class:`dsi.engine.gemm.PackedGemm`) is a row of tiles, each one oneDNN call of exactly
+``ROW_TILE`` rows. Called one after another from the engine's thread, every
 tile is an OpenMP parallel region of its own: a 1,440-row prefill product is 90 regions, and each
 region's end is a barrier. Where the host's engines wait passively (``dsi serve``'s roles, see
 :mod:`dsi.provision.process`) each barrier puts the threads to sleep and the next region wakes them

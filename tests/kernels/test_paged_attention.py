@@ -84,3 +84,15 @@ def test_rows_written_into_a_range_of_a_larger_result_are_the_batchs():
     assert torch.equal(out[:3], torch.full((3, 576), 7.0)) and torch.equal(out[6:], torch.full((2, 576), 7.0))
     with pytest.raises(ValueError, match="out must be"):
         pa.paged_attention(q, kv, tables, seq, pos, out=torch.empty(6, 575))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_rows_shared_among_threads_have_the_bits_of_one_thread(threads):
+    kv = _pages(3, 64)
+    pos = [(37 * r) % 380 for r in range(40)]
+    q, tables, seq, pos_t = _rows(9, 64, pos)
+    pos_t[5] = -1  # a padding row among them
+    want = pa.paged_attention(q, kv, tables, seq, pos_t)
+    got = pa.paged_attention(q, kv, tables, seq, pos_t, threads=threads)
+    assert torch.equal(got, want)
+    assert not got[5].any()

@@ -104,34 +104,6 @@ def test_shared_tiles_equal_one_call_per_tile_in_inference_mode(threads, shared,
     assert -(-m // ROW_TILE) >= 2
 
 
-def test_attention_rows_shared_among_threads_have_the_bits_of_one_call(threads, shared):
-    from dsi.engine.attention_dense import PagedRows, StepRows
-    from dsi.kernels import paged_attention as native
-
-    if not native.supports(3, 64):
-        pytest.skip("no C attention kernel here")
-    gen = torch.Generator().manual_seed(5)
-    kv = torch.randn(12, 2, 128, 3, 64, generator=gen)
-    rows = 40
-    q = torch.randn(rows, 9, 64, generator=gen)
-    k, v = torch.randn(rows, 192, generator=gen), torch.randn(rows, 192, generator=gen)
-    tables = torch.tensor([[3, 7, 1], [5, 2, 9], [11, 4, 6]])
-    pos = torch.tensor([(37 * r) % 380 for r in range(rows)])
-    plan = StepRows(
-        pos=pos,
-        seq=torch.tensor([r % 3 for r in range(rows)]),
-        tables=tables,
-        page=torch.full((rows,), -1),
-        off=torch.zeros(rows, dtype=torch.long),
-    )
-    attend = PagedRows()
-    threads(1)
-    want = attend(kv, q, k, v, plan)
-    threads(2)
-    assert attend.workers.threads() == 2
-    assert torch.equal(attend(kv, q, k, v, plan), want)
-
-
 def test_a_fresh_thread_shares_among_torchs_threads_not_the_environments():
     """A thread's OpenMP count starts at OMP_NUM_THREADS; torch sets its own on the thread's first
     call. Under OMP_NUM_THREADS=1 with torch at two threads, a fresh thread (an engine's scheduling
