@@ -256,7 +256,9 @@ class EngineRole(RoleActor):
         )
         experts = self.experts = self._start_experts(model, weights)
         try:
-            service = EngineService.create(model, weights, cfg, experts, draft, thread)
+            service = EngineService.create(
+                model, weights, cfg, experts, draft, thread, s.compute.gather_ms / 1000
+            )
         except BaseException:
             if experts is not None:
                 experts.close()

@@ -266,6 +266,16 @@ class EngineSection:
             checks=(at_least(0),),
         ),
     )
+    gather_ms: float = field(
+        default=10.0,
+        metadata=spec(
+            doc="An idle engine that gets a burst of requests (the next within gather_ms of the one "
+            "before) holds its first step until gather_ms pass without another, at most 5 x "
+            "gather_ms, so the burst shares one step; a request alone never waits; 0: never holds "
+            "(see dsi.engine.gather).",
+            checks=(at_least(0),),
+        ),
+    )
     layered_hit_load: bool = field(
         default=True,
         metadata=spec(

@@ -393,7 +393,7 @@ class Engine:
                 f"pages; {skip} cannot be skipped"
             )
         self._loaded(req)
-        pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)].clone()
+        pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)]  # a copy
         state = RequestState(
             req.request_id,
             list(req.prompt),

@@ -34,7 +34,9 @@ with ``held`` pages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ import torch
 
 from dsi.engine.engine import Engine, EngineConfig, RequestOutput
 from dsi.engine.experts import ExpertLayer
+from dsi.engine.gather import gather_delay
 from dsi.engine.images import ImageEmbeds
 from dsi.engine.load import EngineLoad
 from dsi.engine.params import SamplingParams
@@ -69,6 +72,7 @@ class _Pending:
     admit: Callable[[Engine], None]  # adds the request to the engine; raises DsiError to refuse
     admitted: asyncio.Future
     outputs: asyncio.Queue
+    at: float = 0.0  # when it arrived (time.monotonic)
 
 
 @dataclass(slots=True)
@@ -93,9 +97,12 @@ def step_thread() -> ThreadPoolExecutor:
 class EngineService:
     keep_stats = 1024  # streams whose final stats request_stats remembers
 
-    def __init__(self, engine: Engine, thread: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self, engine: Engine, thread: ThreadPoolExecutor | None = None, gather_s: float = 0.0
+    ) -> None:
         """``thread``: the executor that steps the engine (:func:`step_thread`); best the one that
-        built it."""
+        built it. ``gather_s``: the quiet time that ends a burst of arrivals at an idle engine,
+        whose first step waits for it (:mod:`dsi.engine.gather`; 0: never waits)."""
         self._engine = engine
         self.shape: EngineShape = engine.shape
         self._load = engine.load()
@@ -108,6 +115,12 @@ class EngineService:
         self._task: asyncio.Task | None = None
         self._final_stats: dict[str, RequestStats] = {}  # request id -> stats at its final output
         self.steps = 0
+        self.gather_s = gather_s
+        self.gathers = 0  # first steps held for a burst
+        self._fresh: list[float] = []  # arrivals admitted since the last step
+        self._before: float | None = None  # the arrival before them
+        self._busy = False  # the last step left requests unfinished
+        self._held = False  # the coming step was held for a burst
         # Called on the event loop after a step that finished a request, before its final output
         # reaches its reader: the host takes the request's ring snapshot and pages at once.
         self.on_finished: Callable[[], None] | None = None
@@ -121,12 +134,13 @@ class EngineService:
         experts: ExpertLayer | None = None,
         draft: dict[str, torch.Tensor] | None = None,
         thread: ThreadPoolExecutor | None = None,
+        gather_s: float = 0.0,
     ) -> EngineService:
         """Build the engine and its service (blocking: allocates the pools, measures the step-time
         curve of a dspark engine; run it off the event loop, in ``thread``, the :func:`step_thread`
         that will step it). ``experts``: an expert-parallel MoE the engine uses and closes;
-        ``draft``: speculative decoding's."""
-        return cls(Engine(model, weights, config, experts, draft), thread)
+        ``draft``: speculative decoding's; ``gather_s``: see ``__init__``."""
+        return cls(Engine(model, weights, config, experts, draft), thread, gather_s)
 
     @property
     def running(self) -> int:
@@ -270,7 +284,7 @@ class EngineService:
         if self._task is None:
             raise ActorStopped("the engine service is not running")
         loop = asyncio.get_running_loop()
-        pending = _Pending(request_id, admit, loop.create_future(), asyncio.Queue())
+        pending = _Pending(request_id, admit, loop.create_future(), asyncio.Queue(), time.monotonic())
         self._pending.append(pending)
         self._wake.set()
         finished = False
@@ -304,6 +318,17 @@ class EngineService:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            hold = (
+                0.0
+                if self._busy
+                else gather_delay(time.monotonic(), self._fresh, self._before, self.gather_s)
+            )
+            if hold > 0:  # a burst is arriving at an idle engine: one first step for all of it
+                self._wake.clear()
+                self._held = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), hold)
+                continue
             try:
                 outputs = await loop.run_in_executor(self._thread, self._engine.step)
             except Exception:  # a failing step must not leave callers waiting forever
@@ -311,6 +336,11 @@ class EngineService:
                 self._fail_all(DsiError("engine step failed"))
                 continue
             self.steps += 1
+            if self._held:
+                self.gathers, self._held = self.gathers + 1, False
+            if self._fresh:
+                self._before, self._fresh = self._fresh[-1], []
+            self._busy = self._engine.has_unfinished()
             self._load = self._engine.load()  # before the outputs wake their readers
             if self.on_finished is not None and any(out.finished for out in outputs):
                 try:
@@ -349,6 +379,7 @@ class EngineService:
                 self._aborts.append(p.request_id)
             elif refusal is None:
                 self._streams[p.request_id] = p.outputs
+                self._fresh.append(p.at)
                 p.admitted.set_result(None)
             elif not p.admitted.done():
                 p.admitted.set_exception(refusal)

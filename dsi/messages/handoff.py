@@ -5,10 +5,18 @@ holds the lease, so the memory a transfer lands in always belongs to the side th
 
     entrypoint                 decode                                   prefill
       |-- Handoff ------------->|  reserve pages + a state slot, expect a transfer (a lease)
-      |                         |-- PrefillTo(request, KvLease) -------->|  store hits, prefill, export
-      |                         |<========= data plane: pages + state ====|  written into the lease
-      |                         |<------------------------- Prefilled ----|  first token, counters
+      |                         |-- PrefillStream(request, KvLease) ---->|  store hits, prefill
+      |<-- TokenChunk (first) --|<------------------------ FirstToken ---|  the first token, at once
+      |                         |<========= data plane: pages + state ====|  export, written into the lease
+      |                         |<------------------------- Prefilled ----|  counters
       |<-- TokenChunk* ---------|  import into the reserved pages, decode, stream
+
+``PrefillStream`` is answered by a stream: ``FirstToken`` as soon as the prompt's first token is
+sampled (when the request goes on), so the client has it while the export and the write run,
+then ``Prefilled`` once the decode has every byte. ``PrefillTo`` is the same call answered once,
+with ``Prefilled`` only (what vLLM-backed prefills serve). A failure after the first token went
+out is retried like any other: the entrypoint re-runs the request and checks that the re-run
+reproduces the tokens the client has (dsi.roles.entrypoint.recovery).
 
 A lease not completed within ``expires_in_s`` is released (pages, slot, receive region), so a
 dead prefill never strands decode memory; the prefill frees its copy when the send ends either
@@ -49,6 +57,26 @@ class PrefillTo(Message):
 
     request: Generate
     lease: KvLease
+
+
+class PrefillStream(Message):
+    """Decode -> prefill: as ``PrefillTo``, answered by a stream: ``FirstToken`` (unless the
+    first token ends the request), then ``Prefilled``."""
+
+    request: Generate
+    lease: KvLease
+
+
+class FirstToken(Message):
+    """Prefill -> decode, first in a ``PrefillStream``: the prompt's first token, sent before
+    the KV is exported and written."""
+
+    lease_id: str
+    output: list[int]  # sampled tokens (normally just the first one)
+    logprobs: list[float]
+    cached_tokens: int = 0  # positions loaded from the store (H)
+    top_logprobs: list[list[tuple[int, float]]] = []  # per token of ``output`` when the request asked
+    hit: HitChoice | None = None  # the prefix hit taken
 
 
 class Prefilled(Message):
@@ -145,6 +173,26 @@ class HitUnavailable(DsiError):
 register_error(HitUnavailable)
 
 HandoffMsg = (
-    KvLease | Handoff | PrefillTo | Prefilled | PullState | StatePulled | GetEngineStats | EngineStats
+    KvLease
+    | Handoff
+    | PrefillTo
+    | PrefillStream
+    | FirstToken
+    | Prefilled
+    | PullState
+    | StatePulled
+    | GetEngineStats
+    | EngineStats
 )
-HANDOFF = (KvLease, Handoff, PrefillTo, Prefilled, PullState, StatePulled, GetEngineStats, EngineStats)
+HANDOFF = (
+    KvLease,
+    Handoff,
+    PrefillTo,
+    PrefillStream,
+    FirstToken,
+    Prefilled,
+    PullState,
+    StatePulled,
+    GetEngineStats,
+    EngineStats,
+)

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 
 from dsi.errors import VersionMismatch
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """This process's version. 2: BATCH frames. 3: the N-1 window, negotiated versions, numbered
-TokenChunks (``seq``) and the version in heartbeats (``Heartbeat.protocol``)."""
+TokenChunks (``seq``) and the version in heartbeats (``Heartbeat.protocol``). 4: ``PrefillStream``
+and ``FirstToken`` (a prefill streams the first token ahead of the KV handoff; a decode asks a
+prefill that speaks 3 with ``PrefillTo``)."""
 
 OLDEST_ACCEPTED = PROTOCOL_VERSION - 1
 

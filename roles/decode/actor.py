@@ -3,11 +3,13 @@
 Two ways in, both streams of TokenChunk:
 
 - ``Handoff`` (disaggregated): reserve pages + a state slot and a data-plane receive region under
-  a lease, ask the chosen prefill to fill it (``PrefillTo``), import the state into the reserved
-  pages and decode. Whatever goes wrong before the import - the prefill dies, times out, or the
-  lease expires - releases the lease and answers ``PrefillLost`` so the entrypoint retries on
-  another prefill; a prefill's ``InvalidRequest`` and ``HitUnavailable`` pass through unchanged
-  (never retried). The first chunk carries the prefix hit the prefill took.
+  a lease, ask the chosen prefill to fill it (``PrefillStream``; ``PrefillTo`` to a prefill of
+  protocol version 3), stream the first token as soon as the prefill sends it (``FirstToken``,
+  before the KV arrives), import the state into the reserved pages and decode. Whatever goes
+  wrong before the import - the prefill dies, times out, or the lease expires - releases the
+  lease and answers ``PrefillLost`` so the entrypoint retries on another prefill (after a first
+  token, as a re-run checked against it); a prefill's ``InvalidRequest`` and ``HitUnavailable``
+  pass through unchanged (never retried). The first chunk carries the prefix hit the prefill took.
 - ``Generate`` (colocated): prompt and continuation on this engine, for clusters without prefill
   instances. It takes no prefix hit, so a re-run pinned to a bounded-replay hit is refused
   (``HitUnavailable``).
@@ -40,7 +42,15 @@ from dsi.engine import RequestMoved, RequestOutput, RequestState, Reservation
 from dsi.engine.hit_policy import NO_HIT, HitChoice
 from dsi.errors import DsiError, InvalidRequest, Overloaded
 from dsi.messages.gateway import Abort, Generate, TokenChunk
-from dsi.messages.handoff import Handoff, HitUnavailable, Prefilled, PrefillLost, PrefillTo
+from dsi.messages.handoff import (
+    FirstToken,
+    Handoff,
+    HitUnavailable,
+    Prefilled,
+    PrefillLost,
+    PrefillStream,
+    PrefillTo,
+)
 from dsi.messages.migrate import DrainOrder, MigrateCancel, MigrateIn, MigrationLeases, Precopy, Resume
 from dsi.roles.controller.lifecycle import IllegalTransition
 from dsi.roles.decode.arrivals import Arrivals
@@ -50,6 +60,7 @@ from dsi.roles.run_fence import check_run
 from dsi.transport.kv.ids import transfer_id
 
 log = logging.getLogger(__name__)
+FIRST_TOKEN_VERSION = 4  # the protocol version whose prefills answer PrefillStream
 
 
 @dataclass(slots=True)
@@ -116,7 +127,28 @@ class DecodeActor(EngineRole):
         inbound = self.data.expect(lease_id, layout.nbytes, timeout)
         self.counters.leases += 1
         try:
-            done = await self._prefill(msg, PrefillTo(req, self.lease(inbound, num_blocks, timeout)), timeout)
+            done: Prefilled | None = None
+            first: FirstToken | None = None
+            call = PrefillStream(req, self.lease(inbound, num_blocks, timeout))
+            async with contextlib.aclosing(self._prefill(msg, call, timeout)) as items:
+                async for item in items:
+                    if isinstance(item, FirstToken) and first is None:
+                        first = item
+                        yield TokenChunk(
+                            req.request_id,
+                            list(item.output),
+                            "",
+                            len(req.token_ids),
+                            item.cached_tokens,
+                            list(item.logprobs),
+                            list(item.top_logprobs),
+                            item.hit,
+                            seq=1,
+                        )
+                    elif isinstance(item, Prefilled):
+                        done = item
+            if done is None:
+                raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} ended without Prefilled")
             if done.finish:  # the first token ended it: nothing was written
                 yield TokenChunk(
                     req.request_id,
@@ -155,17 +187,18 @@ class DecodeActor(EngineRole):
             stream = self.service.import_request(state, reservation)
             inbound.release()  # the engine copied the state into the reserved pages
             arrival.settle()
-            yield TokenChunk(
-                req.request_id,
-                list(done.output),
-                "",
-                len(req.token_ids),
-                done.cached_tokens,
-                list(done.logprobs),
-                list(done.top_logprobs),
-                done.hit,
-                seq=1,
-            )
+            if first is None:  # the prefill sent no FirstToken: the first chunk goes now
+                yield TokenChunk(
+                    req.request_id,
+                    list(done.output),
+                    "",
+                    len(req.token_ids),
+                    done.cached_tokens,
+                    list(done.logprobs),
+                    list(done.top_logprobs),
+                    done.hit,
+                    seq=1,
+                )
             async with contextlib.aclosing(stream):
                 async for chunk in self._continue(
                     req.request_id, stream, itertools.count(2), len(req.token_ids), done.cached_tokens
@@ -197,10 +230,19 @@ class DecodeActor(EngineRole):
             )
             raise
 
-    async def _prefill(self, msg: Handoff, call: PrefillTo, timeout: float) -> Prefilled:
+    async def _prefill(
+        self, msg: Handoff, call: PrefillStream, timeout: float
+    ) -> AsyncIterator[FirstToken | Prefilled]:
+        """The prefill's answers: ``FirstToken`` (when the request goes on), then ``Prefilled``;
+        a prefill of protocol version 3 is asked ``PrefillTo`` and answers ``Prefilled`` only."""
         try:
             peer = await self.peer(msg.prefill, timeout)
-            return await peer.ask(call, timeout=timeout)
+            if peer.welcome is not None and peer.welcome.version < FIRST_TOKEN_VERSION:
+                yield await peer.ask(PrefillTo(call.request, call.lease), timeout=timeout)
+                return
+            async with contextlib.aclosing(peer.stream(call, timeout=timeout)) as items:
+                async for item in items:
+                    yield item
         except (InvalidRequest, HitUnavailable):  # another prefill would refuse it too
             raise
         except DsiError as exc:  # unreachable, lost, timed out, failed

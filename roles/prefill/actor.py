@@ -1,6 +1,6 @@
 """PrefillActor: prompt forward for the un-cached tokens, then the KV handoff to a decode.
 
-``PrefillTo`` (from the decode that holds the lease):
+``PrefillStream`` (from the decode that holds the lease; ``PrefillTo`` is the same answered once):
 
     1. hash the prompt's full blocks; fetch the leading hits from the kvstore into shared memory
        (a kvstore that is down or slow is a miss, never an error);
@@ -13,11 +13,13 @@
        keeps the cache. A re-run pinned to the hit its first run took (``Generate.pin_hit``)
        fetches exactly that hit's pages and takes what ``pinned_hit`` says, or fails with
        ``HitUnavailable``;
-    3. export the request's pages + state and write them into the decode's lease over the data
+    3. send ``FirstToken`` at once (the client has its first token while the handoff runs);
+    4. export the request's pages + state and write them into the decode's lease over the data
        plane; answer ``Prefilled`` once the decode has every byte.
 
-The exported copy lives only for the send: whether it completes, fails or the decode vanished,
-nothing stays behind here. A request whose first token already ends it is not sent at all.
+The exported copy lives only for the send: whether it completes, fails or the decode vanished
+(before or after its first token), nothing stays behind here. A request whose first token already
+ends it is not sent at all.
 
 Drain (``DrainOrder``): the gateway sends a draining prefill no new work; after the grace
 period, once its calls in flight are answered, the role retires.
@@ -29,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -46,7 +49,16 @@ from dsi.engine.hit_policy import (
 from dsi.errors import DsiError, InvalidRequest
 from dsi.kvcache.hashchain import image_extras, unpack
 from dsi.messages.gateway import Generate
-from dsi.messages.handoff import HitUnavailable, Prefilled, PrefillTo, PullState, StatePulled
+from dsi.messages.handoff import (
+    FirstToken,
+    HitUnavailable,
+    KvLease,
+    Prefilled,
+    PrefillStream,
+    PrefillTo,
+    PullState,
+    StatePulled,
+)
 from dsi.messages.migrate import DrainOrder
 from dsi.roles.engine_role import Arrival, EngineRole, EngineRoleSettings, lease_target
 from dsi.roles.kvstore.client import FetchedBlocks
@@ -72,18 +84,36 @@ class PrefillActor(EngineRole):
 
     @handles(concurrent=True)
     async def prefill_to(self, msg: PrefillTo) -> Prefilled:
-        req = msg.request
+        async with contextlib.aclosing(self._prefill_items(msg.request, msg.lease, first=False)) as items:
+            async for item in items:
+                if isinstance(item, Prefilled):
+                    return item
+        raise AssertionError("a prefill ends with Prefilled")
+
+    @handles
+    async def prefill_stream(self, msg: PrefillStream) -> AsyncIterator[FirstToken | Prefilled]:
+        async with contextlib.aclosing(self._prefill_items(msg.request, msg.lease, first=True)) as items:
+            async for item in items:
+                yield item
+
+    async def _prefill_items(
+        self, req: Generate, lease: KvLease, first: bool
+    ) -> AsyncIterator[FirstToken | Prefilled]:
+        """``FirstToken`` (with ``first``, unless the first token ends the request), then ``Prefilled``."""
         arrival = self.arrive(max(1, len(req.token_ids) - req.cached_tokens))  # queued until computed
         self.drain.in_flight += 1
         try:
-            return await self._prefill_to(msg, arrival)
+            async with contextlib.aclosing(self._prefill_to(req, lease, arrival, first)) as items:
+                async for item in items:
+                    yield item
         finally:
             self.drain.in_flight -= 1
             arrival.settle()
 
-    async def _prefill_to(self, msg: PrefillTo, arrival: Arrival) -> Prefilled:
+    async def _prefill_to(
+        self, req: Generate, lease: KvLease, arrival: Arrival, first: bool
+    ) -> AsyncIterator[FirstToken | Prefilled]:
         assert self.service is not None and self.data is not None
-        req, lease = msg.request, msg.lease
         started = time.monotonic()
         rid = lease.lease_id  # unique per attempt, even when the entrypoint retries the same request
         policy = req.hit_policy or self.settings.hit_policy
@@ -109,7 +139,7 @@ class PrefillActor(EngineRole):
         stats = self.service.request_stats(rid)
         replay = stats.replay_tokens if stats is not None else 0
         if last.finish_reason != "prefilled":  # the first token already ended it: nothing to hand off
-            return Prefilled(
+            yield Prefilled(
                 lease.lease_id,
                 list(last.output),
                 list(last.logprobs or []),
@@ -122,9 +152,19 @@ class PrefillActor(EngineRole):
                 top_logprobs=top,
                 hit=hit,
             )
-        # Shielded: a caller that goes away now must not leave the prefilled request (and its
-        # pages) behind in the engine; the exported copy is dropped with this task.
-        state = await asyncio.shield(self.service.export(rid))
+            return
+        exporting = False
+        try:
+            if first:
+                cached_tokens = cached.num_tokens if cached is not None else 0
+                yield FirstToken(rid, list(last.output), list(last.logprobs or []), cached_tokens, top, hit)
+            # Shielded: a caller that goes away now must not leave the prefilled request (and its
+            # pages) behind in the engine; the exported copy is dropped with this task.
+            exporting = True
+            state = await asyncio.shield(self.service.export(rid))
+        finally:
+            if not exporting:  # closed at FirstToken (the decode went away): take it out anyway
+                _drop(asyncio.ensure_future(self.service.export(rid)))
         remaining = max(0.5, lease.expires_in_s - (time.monotonic() - started))
         try:
             await self.data.send(lease_target(lease), state.to_parts(), timeout_s=remaining)
@@ -132,7 +172,7 @@ class PrefillActor(EngineRole):
             self.counters.failed_handoffs += 1
             raise
         self.counters.handoffs += 1
-        return Prefilled(
+        yield Prefilled(
             lease.lease_id,
             list(state.output),
             list(state.logprobs),
@@ -239,3 +279,8 @@ class PrefillActor(EngineRole):
             return None
         finally:
             inbound.release()
+
+
+def _drop(task: asyncio.Future) -> None:
+    """Let ``task`` finish on its own; its result or error is not wanted."""
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())

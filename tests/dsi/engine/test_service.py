@@ -247,3 +247,29 @@ async def test_an_engine_built_in_its_step_thread_is_stepped_there(tiny):
     finally:
         await svc.close()
     assert stepped == set(built) and threading.get_ident() not in stepped
+
+
+async def test_a_burst_at_an_idle_engine_shares_one_first_step_and_a_lone_request_is_not_held(tiny):
+    cfg, w = tiny
+    svc = EngineService(Engine(cfg, w, EngineConfig()), gather_s=0.05)
+    svc.start()
+    try:
+        params = SamplingParams(max_tokens=1, temperature=0)
+        prompts = random_prompts([12] * 6, seed=33)
+        t0 = time.monotonic()
+        await _collect(svc, "alone", prompts[0], params)
+        assert svc.gathers == 0 and time.monotonic() - t0 < 5  # stepped at once
+        steps = svc.steps
+        await asyncio.sleep(0.2)  # so that the burst's first request comes alone
+
+        async def late(i: int) -> list:
+            await asyncio.sleep(0.01 * i)  # a burst: each 10 ms after the one before
+            return await _collect(svc, str(i), prompts[i], params)
+
+        outs = await asyncio.gather(*(late(i) for i in range(1, 6)))
+        assert all(o[-1].finished for o in outs)
+        # the first steps alone at once; the other four, 10 ms apart, share the next step (held
+        # for them, or admitted together after a first step that outlasted their arrivals)
+        assert svc.steps - steps == 2 and svc.gathers <= 1
+    finally:
+        await svc.close()
