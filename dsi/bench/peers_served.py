@@ -4,7 +4,8 @@ One system at a time: ``dsi serve`` on a private copy of ``configs/smollm2.toml`
 ports, its ``[model] dir`` set to the dequantised directory of :mod:`dsi.bench.peers_local`, and
 ``--engines`` prefill and decode instances of the config's two each: by default one of each, so
 that the decode runs all streams in one batch as vLLM's engine does, reading the weights once per
-step instead of once per instance; ``--engines 2`` runs the config as it is), then
+step instead of once per instance; ``--engines 2`` runs the config as it is; ``--prefills 0``
+leaves out the prefills, so each decode prefills its own prompts, colocated), then
 vLLM's OpenAI server (:mod:`dsi.bench.peers_served_vllm`) on the same directory, once per
 ``--vllm-modes`` entry: ``compile`` (vLLM's default CPU mode, torch.compile on) and ``eager``.
 
@@ -17,8 +18,8 @@ OpenMP barrier as ``dsi serve`` makes them (passively, unless the environment se
 Completions streams text). The result's ``settings`` says how each system ran. After dsi's client, ``vllm bench serve`` (vLLM's own load
 generator, from the peers venv; :mod:`dsi.bench.peers_served_vllm_bench`) runs against each
 server as a second, independent client (``vllm_bench``, ``vllm_bench_ratios``; ``--no-vllm-bench``
-skips it). Each gets one
-short warm-up request, then ``--streams`` concurrent streaming Chat Completions (greedy,
+skips it). Each gets a warm-up of ``WARM_UP`` short requests at once (so that each HTTP worker
+process of either server has served one before the timed run), then ``--streams`` concurrent streaming Chat Completions (greedy,
 ``--max-tokens``) from an aiohttp client in this process (:mod:`dsi.bench.peers_served_client`),
 ``--repeats`` times; figures are medians over the repeats. Output tokens/s is all streams'
 completion tokens over the run's wall time; TTFT is the time to a stream's first content delta,
@@ -52,6 +53,7 @@ from dsi.bench.pinning import cores_of, pinned, spell
 from dsi.provision.process import role_environment
 
 _CONFIG = "smollm2.toml"  # dsi's configs/, through dsi.paths.config
+WARM_UP = 8  # short requests sent together before the timed runs
 
 # 32 requests for long answers (each stream also ignores EOS and runs to max_tokens).
 LONG_QUESTIONS = tuple(
@@ -108,11 +110,14 @@ class ServedConfig:
     peers_dir: Path = DEFAULT_PEERS_DIR
     engines: int = 1  # prefill and decode instances of dsi serve (each)
     dsi_threads: int = 0  # torch threads of each dsi engine process (0: one per core, as vLLM's)
+    prefills: int | None = None  # prefill instances, when not ``engines`` (0: colocated decodes)
 
     def __post_init__(self) -> None:
         require_at_least_one(self, ("streams", "max_tokens", "repeats", "engines"))
         if self.dsi_threads < 0:
             raise ValueError(f"--dsi-threads must be >= 0, got {self.dsi_threads}")
+        if self.prefills is not None and self.prefills < 0:
+            raise ValueError(f"--prefills must be >= 0, got {self.prefills}")
         bad = [m for m in self.vllm_modes if m not in VLLM_MODES]
         if bad or not self.vllm_modes:
             raise ValueError(f"--vllm-modes: expected some of {','.join(VLLM_MODES)}, got {self.vllm_modes}")
@@ -125,6 +130,17 @@ class ServedConfig:
     def threads(self) -> int:
         """Compute threads of each engine process: one per core."""
         return len(self.cpus)
+
+    @property
+    def prefill_count(self) -> int:
+        return self.engines if self.prefills is None else self.prefills
+
+    @property
+    def layout(self) -> str:
+        """dsi's engines, in words."""
+        if self.prefill_count == 0:
+            return f"{self.engines} colocated decode (prefill and decode in one engine)"
+        return f"{self.prefill_count} prefill + {self.engines} decode"
 
     @property
     def engine_threads(self) -> int:
@@ -148,7 +164,7 @@ class ServedConfig:
         }
         return {
             "dsi": {**common, "torch_threads_per_engine": self.engine_threads,
-                    "engines": f"{self.engines} prefill + {self.engines} decode",
+                    "engines": self.layout,
                     "openmp_wait": openmp_wait(os.environ),
                     "prefix_caching": "kvstore (no page shared by these prompts)"},
             "vllm": {**common, "omp_threads": self.threads, "omp_bind": cores,
@@ -331,14 +347,16 @@ def with_model_dir(config_text: str, model: Path) -> str:
     return re.sub(r'(?m)^dir = "[^"]*"', f'dir = "{model.resolve()}"', config_text, count=1)
 
 
-def with_engines(config_text: str, engines: int) -> str:
-    """`config_text` without the ``[[roles]]`` of prefill or decode instances numbered ``engines``
-    or more (ids ``prefill-N`` / ``decode-N``); the other roles stay as they are."""
+def with_engines(config_text: str, engines: int, prefills: int | None = None) -> str:
+    """`config_text` without the ``[[roles]]`` of decode instances numbered ``engines`` or more and
+    of prefill instances numbered ``prefills`` (default ``engines``) or more (ids ``prefill-N`` /
+    ``decode-N``); the other roles stay as they are. ``prefills`` 0: decodes that prefill too."""
     head, *blocks = config_text.split("[[roles]]")
+    limit = {"decode": engines, "prefill": engines if prefills is None else prefills}
 
     def kept(block: str) -> bool:
         found = re.search(r'(?m)^id = "(prefill|decode)-(\d+)"', block)
-        return found is None or int(found.group(2)) < engines
+        return found is None or int(found.group(2)) < limit[found.group(1)]
 
     return "[[roles]]".join([head, *(b for b in blocks if kept(b))])
 
@@ -393,7 +411,7 @@ class SecondClient:
 
 
 def _measure(config: ServedConfig, url: str, model: str, label: str, client: SecondClient) -> ServedFigures:
-    warm = [chat_body(model, "Say hello.", 4, {})]
+    warm = [chat_body(model, "Say hello.", 4, {}) for _ in range(min(config.streams, WARM_UP))]
     asyncio.run(drive(url, warm))
     runs = [asyncio.run(drive(url, bodies(config, model))) for _ in range(config.repeats)]
     client.measure(config, url, model, label)
@@ -404,7 +422,7 @@ def _dsi(config: ServedConfig, workdir: Path, model: Path, client: SecondClient)
     from dsi.bench.soak_cluster import ServedCluster, private_config
 
     path = private_config(paths.config(_CONFIG), workdir)
-    text = with_engines(with_model_dir(path.read_text(), model), config.engines)
+    text = with_engines(with_model_dir(path.read_text(), model), config.engines, config.prefills)
     text = with_engine_threads(text, config.engine_threads)
     path.write_text(text)
     cluster = ServedCluster(path, workdir)
@@ -485,6 +503,7 @@ def _main(args: argparse.Namespace) -> int:
             peers_dir=Path(args.peers_dir),
             engines=args.engines,
             dsi_threads=args.dsi_threads,
+            prefills=args.prefills,
         )
     except ValueError as exc:
         print(f"dsi bench peers-served: {exc}")
@@ -526,6 +545,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM (reported as not run)")
     parser.add_argument(
         "--engines", type=int, default=1, help="prefill and decode instances of dsi serve, each (config: 2)"
+    )
+    parser.add_argument(
+        "--prefills",
+        type=int,
+        default=None,
+        help="prefill instances of dsi serve (default: --engines; 0: colocated decodes)",
     )
     parser.add_argument(
         "--dsi-threads",

@@ -181,3 +181,16 @@ def test_dsi_engines_may_get_their_own_thread_count_and_the_result_says_how_they
     assert ServedConfig(cores=(0, 1)).engine_threads == 2
     with pytest.raises(ValueError, match="--dsi-threads"):
         ServedConfig(dsi_threads=-1)
+
+
+def test_no_prefills_leaves_decodes_that_prefill_themselves(tmp_path):
+    text = (REPO / "configs" / "smollm2.toml").read_text()
+    ids = lambda t: re.findall(r'(?m)^id = "([^"]+)"', t)  # noqa: E731
+    colocated = with_engines(text, 1, prefills=0)
+    assert [i for i in ids(colocated) if i.startswith(("prefill", "decode"))] == ["decode-0"]
+    path = tmp_path / "smollm2.toml"
+    path.write_text(colocated)
+    assert [r.id for r in load_config(path).roles] == ids(colocated)
+    assert ServedConfig(prefills=0).layout.startswith("1 colocated decode")
+    with pytest.raises(ValueError, match="--prefills"):
+        ServedConfig(prefills=-1)
