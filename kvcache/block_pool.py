@@ -82,6 +82,16 @@ class BlockPool:
             if self._ref[block] == 0:
                 self._free[block] = None
 
+    def hold(self, blocks: list[int]) -> None:
+        """Take one more reference to each page in use (``free`` drops it): a page held so stays
+        out of the free list while its holder reads it."""
+        for block in blocks:
+            if block == NULL_BLOCK:
+                continue
+            if self._ref[block] <= 0:
+                raise ValueError(f"block {block} is free: it cannot be held")
+            self._ref[block] += 1
+
     def set_hash(self, block: int, key: Hashable) -> None:
         """Record the content hash of a full page (first writer wins for duplicates)."""
         if key in self._by_hash:

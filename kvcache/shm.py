@@ -51,9 +51,14 @@ def check_name(name: str) -> str:
 
 
 class HostBuffer:
-    """``nbytes`` of shared memory; ``create`` makes (and owns) the file, else attaches."""
+    """``nbytes`` of shared memory; ``create`` makes (and owns) the file, else attaches.
 
-    def __init__(self, name: str, nbytes: int = 0, *, create: bool = False) -> None:
+    ``populate``: the creator allocates every page of the file at once (``posix_fallocate``) and
+    both creator and attacher map them in at once (``MAP_POPULATE``), so no write to the buffer
+    pays for a page fault. On a VM here a first write to a fresh /dev/shm page costs about 10x the
+    copy itself (a 5.6 MiB write: 22 ms fresh, 0.35 ms populated)."""
+
+    def __init__(self, name: str, nbytes: int = 0, *, create: bool = False, populate: bool = False) -> None:
         self.name = check_name(name)
         self.path = SHM_DIR / name
         self.owner = create
@@ -62,15 +67,18 @@ class HostBuffer:
         try:
             if create:
                 os.ftruncate(fd, nbytes)
+                if populate and nbytes and hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, nbytes)
             self.nbytes = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, self.nbytes) if self.nbytes else None
+            map_flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+            self._map = mmap.mmap(fd, self.nbytes, flags=map_flags) if self.nbytes else None
         finally:
             os.close(fd)
         self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
 
     @classmethod
-    def create(cls, nbytes: int, prefix: str = "dsi-kv") -> HostBuffer:
-        return cls(f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}", nbytes, create=True)
+    def create(cls, nbytes: int, prefix: str = "dsi-kv", populate: bool = False) -> HostBuffer:
+        return cls(f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}", nbytes, create=True, populate=populate)
 
     def numpy(self, dtype: str = "uint8") -> np.ndarray:
         return np.frombuffer(self.view, dtype=dtype)

@@ -377,10 +377,12 @@ class Engine:
             self.experts.close()
 
     # ---- disaggregation --------------------------------------------------------------------------
-    def export_request(self, request_id: str, skip: int = 0) -> RequestState:
+    def export_request(self, request_id: str, skip: int = 0, hold: bool = False) -> RequestState:
         """Copy out a request's cache and counters and release it here (prefill-only or running).
         ``skip``: leading pages the receiver already holds (pre-copied full pages, see
-        ``full_pages_of``); the state's ``pages`` are the ones after them."""
+        ``full_pages_of``); the state's ``pages`` are the ones after them. ``hold``: the pages are
+        not copied but held in the pool (``state.page_rows`` views them, ``state.held`` names
+        them) until ``release_held(state.held)``; the request is gone from the engine either way."""
         self._drain()
         req = self.requests.get(request_id)
         if req is None or req.slot < 0 or (req.finished and not req.prefill_only):
@@ -393,7 +395,13 @@ class Engine:
                 f"pages; {skip} cannot be skipped"
             )
         self._loaded(req)
-        pages = self.runner.pool.pages[torch.tensor(req.block_table[skip:], dtype=torch.long)]  # a copy
+        blocks = req.block_table[skip:]
+        pool = self.runner.pool
+        if hold:
+            pool.hold(blocks)
+            pages = torch.empty(len(blocks), pool.pages.shape[1], dtype=pool.pages.dtype, device="meta")
+        else:
+            pages = pool.pages[torch.tensor(blocks, dtype=torch.long)]  # a copy
         state = RequestState(
             req.request_id,
             list(req.prompt),
@@ -411,12 +419,18 @@ class Engine:
             packed(req.images, self.cfg.hidden) if req.images else None,
             [(im.offset, im.tokens, im.digest) for im in req.images],
         )
+        if hold:
+            state.page_rows, state.held = tuple(pool.pages[b] for b in blocks), tuple(blocks)
         if not req.finished:
             self.scheduler.finish(req, "migrated")
         self._queue_snapshot(req)
         self._release(req)
         del self.requests[request_id]
         return state
+
+    def release_held(self, pages: tuple[int, ...]) -> None:
+        """Give back the pool pages a held export kept (``state.held``), once they were sent."""
+        self.runner.pool.free(list(pages))
 
     def full_pages_of(self, request_id: str, start: int) -> torch.Tensor:
         """A copy of a running request's full pages from ``start`` on: ``[m, page_elems]`` fp32

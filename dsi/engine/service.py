@@ -231,9 +231,16 @@ class EngineService:
     async def release(self, reservation: Reservation) -> None:
         await self.call(lambda e: e.release(reservation))
 
-    async def export(self, request_id: str) -> RequestState:
-        """Take a (prefilled or running) request out of the engine with its cache."""
-        return await self.call(lambda e: e.export_request(request_id))
+    async def export(self, request_id: str, hold: bool = False) -> RequestState:
+        """Take a (prefilled or running) request out of the engine with its cache. ``hold``: its
+        pages stay in the engine's pool, viewed by the state, until ``release_held(state.held)``
+        (no copy; see ``Engine.export_request``)."""
+        return await self.call(lambda e: e.export_request(request_id, hold=hold))
+
+    async def release_held(self, pages: tuple[int, ...]) -> None:
+        """Give back the pages of a held export once its bytes are sent."""
+        if pages:
+            await self.call(lambda e: e.release_held(pages))
 
     async def export_batch(self, skips: dict[str, int]) -> dict[str, RequestState | DsiError]:
         """Take running requests out between the same two steps: request id -> its state without

@@ -118,6 +118,11 @@ class RequestState:
     replay_start: int = 0  # R: producer SWA keys start here (0 without a hit)
     images: torch.Tensor | None = None  # [image tokens, hidden] fp32; None: a prompt without images
     image_spans: list[tuple[int, int, bytes]] = field(default_factory=list)  # (offset, tokens, digest)
+    # A held export (Engine.export_request(hold=True)): ``pages`` is a meta tensor of the pages'
+    # shape, the bytes are ``page_rows`` (views of the engine's pool, one per page, in order), and
+    # ``held`` names the pool pages kept for them until Engine.release_held.
+    page_rows: tuple[torch.Tensor, ...] = ()
+    held: tuple[int, ...] = ()
 
     def buffers(self) -> dict[str, tuple[tuple[int, ...], str, int]]:
         """name -> (shape, dtype, bytes) of each buffer."""
@@ -140,8 +145,15 @@ class RequestState:
 
     def to_parts(self) -> list[memoryview]:
         """Flat byte views of pages, rings, partial (in ``layout()`` order), sharing memory with
-        them; an empty one (a family without SWA rings or compressor state) is left out."""
-        return [memoryview(t.contiguous().numpy()).cast("B") for _, t in self._tensors() if t.numel()]
+        them (a held export's pages: one view per pool page); an empty one (a family without SWA
+        rings or compressor state) is left out."""
+        parts = []
+        for name, t in self._tensors():
+            if name == "pages" and self.page_rows:
+                parts += [memoryview(row.numpy()).cast("B") for row in self.page_rows]
+            elif t.numel():
+                parts.append(memoryview(t.contiguous().numpy()).cast("B"))
+        return parts
 
     @classmethod
     def from_buffer(

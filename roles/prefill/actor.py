@@ -17,8 +17,9 @@
     4. export the request's pages + state and write them into the decode's lease over the data
        plane; answer ``Prefilled`` once the decode has every byte.
 
-The exported copy lives only for the send: whether it completes, fails or the decode vanished
-(before or after its first token), nothing stays behind here. A request whose first token already
+The export is not a copy: the request's pages stay held in the engine's pool while the send
+reads them, and go back when it ends. Whether it completes, fails or the decode vanished (before
+or after its first token), nothing stays behind here. A request whose first token already
 ends it is not sent at all.
 
 Drain (``DrainOrder``): the gateway sends a draining prefill no new work; after the grace
@@ -158,10 +159,16 @@ class PrefillActor(EngineRole):
             if first:
                 cached_tokens = cached.num_tokens if cached is not None else 0
                 yield FirstToken(rid, list(last.output), list(last.logprobs or []), cached_tokens, top, hit)
-            # Shielded: a caller that goes away now must not leave the prefilled request (and its
-            # pages) behind in the engine; the exported copy is dropped with this task.
             exporting = True
-            state = await asyncio.shield(self.service.export(rid))
+            # Held, not copied: the send reads the pages in the engine's pool, which keeps them
+            # until release_held below. Shielded: a caller that goes away now must not leave the
+            # prefilled request (or its held pages) behind in the engine.
+            export = asyncio.ensure_future(self.service.export(rid, hold=True))
+            try:
+                state = await asyncio.shield(export)
+            except asyncio.CancelledError:
+                export.add_done_callback(self._release_exported)
+                raise
         finally:
             if not exporting:  # closed at FirstToken (the decode went away): take it out anyway
                 _drop(asyncio.ensure_future(self.service.export(rid)))
@@ -171,6 +178,8 @@ class PrefillActor(EngineRole):
         except DsiError:
             self.counters.failed_handoffs += 1
             raise
+        finally:
+            _drop(asyncio.ensure_future(self.service.release_held(state.held)))
         self.counters.handoffs += 1
         yield Prefilled(
             lease.lease_id,
@@ -185,6 +194,11 @@ class PrefillActor(EngineRole):
             top_logprobs=top,
             hit=hit,
         )
+
+    def _release_exported(self, export: asyncio.Future) -> None:
+        """An export whose caller went away: its held pages go back once it is done."""
+        if not export.cancelled() and export.exception() is None and self.service is not None:
+            _drop(asyncio.ensure_future(self.service.release_held(export.result().held)))
 
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt the policy (or the pinned hit) can use (at least

@@ -35,10 +35,12 @@ SlabFactory = Callable[[int], Slab]
 
 
 class AnonymousSlab:
-    """Private anonymous memory: pages are committed on first touch."""
+    """Private anonymous memory, committed when made (``MAP_POPULATE`` where the platform has
+    it), so that no write into a region pays for a page fault."""
 
     def __init__(self, nbytes: int) -> None:
-        self._map = mmap.mmap(-1, nbytes)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self._map = mmap.mmap(-1, nbytes, flags=flags)
         self.view = memoryview(self._map)
 
     def close(self) -> None:

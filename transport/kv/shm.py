@@ -12,7 +12,8 @@
                                                ◄───   Ack(done)
 
 KvTarget.region = msgpack [slab file name, byte offset]. Bytes cross no socket: one memcpy, done by
-the sender. The receiver's slab files are unlinked at close; a killed receiver's files stay behind
+the sender. Slabs are allocated whole when made and mapped in whole on both sides, so that memcpy
+pays no page fault. The receiver's slab files are unlinked at close; a killed receiver's files stay behind
 (nothing runs to remove them) and are named by its pid.
 
 Same host only: a sender on another host cannot map the receiver's /dev/shm files, so its send
@@ -54,7 +55,7 @@ class _Descriptor(msgspec.Struct, array_like=True, frozen=True):
 
 
 def _slab(nbytes: int) -> HostBuffer:
-    return HostBuffer.create(nbytes, prefix=PREFIX)
+    return HostBuffer.create(nbytes, prefix=PREFIX, populate=True)  # no page fault on a write
 
 
 class ShmDataPlane(DataPlane):
@@ -135,7 +136,7 @@ class ShmDataPlane(DataPlane):
         mapping = self._mapped.get(where.name)
         if mapping is None:
             try:
-                mapping = HostBuffer(where.name)
+                mapping = HostBuffer(where.name, populate=True)
             except (FileNotFoundError, ValueError) as error:
                 raise TransferFailed(f"receive region {where.name!r} cannot be mapped: {error}") from None
             self._mapped[where.name] = mapping
