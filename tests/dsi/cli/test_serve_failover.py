@@ -17,6 +17,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -136,6 +137,30 @@ class Served:
 
         return kill
 
+    def busy_killer(
+        self, role_id: str, count: int, cpu_s: float = 0.2
+    ) -> tuple[Callable[[], None], threading.Thread]:
+        """An action that kills `role_id` (as ``killer``) once it has used `cpu_s` more CPU seconds
+        than when the action ran: mid-way through the work the streams just gave it, whatever the
+        machine's speed. The action returns at once; the thread it starts does the waiting."""
+        kill = self.killer(role_id, count)
+        pid = self.pid(role_id)
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        start = cpu()
+
+        def watch() -> None:
+            deadline = time.monotonic() + 60
+            while cpu() - start < cpu_s and time.monotonic() < deadline:
+                time.sleep(0.005)
+            kill()
+
+        thread = threading.Thread(target=watch, daemon=True)
+        return thread.start, thread
+
     def assert_back(self) -> dict:
         """Wait until every killed role serves under a new pid with its kind at full count; then
         ``dsi status`` must show it so. The table."""
@@ -232,12 +257,18 @@ def test_a_killed_decode_is_replaced_and_its_greedy_and_seeded_streams_are_the_u
 
 
 def test_a_killed_prefill_has_its_requests_rerouted_to_the_other(served):
-    streams, killed = run_streams(
-        served.port, BODIES, lambda s: all(x.opened for x in s), served.killer("prefill-0", 2)
-    )
-    assert killed
-    assert_undisturbed(served, streams)
+    # Long prompts new to the store (BODIES hit it by now, and their short prefills are over in a
+    # moment), and the kill once prefill-0 computes: it holds some of them then.
+    long = [chat_body(prompt(300 + i, 1000), MAX_TOKENS, hit_policy="exact") for i in range(8)]
+    start_watch, watch = served.busy_killer("prefill-0", 2)
+    streams, started = run_streams(served.port, long, lambda s: True, start_watch)
+    watch.join(timeout=60)
+    assert started and served.killed and served.killed[-1].role_id == "prefill-0"
+    assert all(s.error is None and s.done for s in streams), [s.error or s.body for s in streams]
     assert "prefill_lost on prefill-0" in served.log()  # some were in it, and went to prefill-1
+    served.assert_back()
+    again, _ = run_streams(served.port, long)  # undisturbed (exact hits: the hit-free tokens)
+    assert [s.outcome for s in streams] == [s.outcome for s in again]
 
 
 def test_a_killed_kvstore_turns_hits_into_misses_and_fails_nothing(served):
