@@ -134,33 +134,13 @@ class DecodeActor(EngineRole):
                 async for item in items:
                     if isinstance(item, FirstToken) and first is None:
                         first = item
-                        yield TokenChunk(
-                            req.request_id,
-                            list(item.output),
-                            "",
-                            len(req.token_ids),
-                            item.cached_tokens,
-                            list(item.logprobs),
-                            list(item.top_logprobs),
-                            item.hit,
-                            seq=1,
-                        )
+                        yield _first_chunk(req, item)
                     elif isinstance(item, Prefilled):
                         done = item
             if done is None:
                 raise PrefillLost(f"prefill {msg.prefill_id or msg.prefill} ended without Prefilled")
             if done.finish:  # the first token ended it: nothing was written
-                yield TokenChunk(
-                    req.request_id,
-                    done.output,
-                    done.finish,
-                    len(req.token_ids),
-                    done.cached_tokens,
-                    done.logprobs,
-                    done.top_logprobs,
-                    done.hit,
-                    seq=1,
-                )
+                yield _first_chunk(req, done, done.finish)
                 return
             try:
                 buf = await inbound.wait()
@@ -188,17 +168,7 @@ class DecodeActor(EngineRole):
             inbound.release()  # the engine copied the state into the reserved pages
             arrival.settle()
             if first is None:  # the prefill sent no FirstToken: the first chunk goes now
-                yield TokenChunk(
-                    req.request_id,
-                    list(done.output),
-                    "",
-                    len(req.token_ids),
-                    done.cached_tokens,
-                    list(done.logprobs),
-                    list(done.top_logprobs),
-                    done.hit,
-                    seq=1,
-                )
+                yield _first_chunk(req, done)
             async with contextlib.aclosing(stream):
                 async for chunk in self._continue(
                     req.request_id, stream, itertools.count(2), len(req.token_ids), done.cached_tokens
@@ -370,6 +340,22 @@ class DecodeActor(EngineRole):
         for traffic_class, (hashes, blocks) in by_class.items():
             self.kvstore.put_background(hashes, blocks, traffic_class)
             self.counters.persisted_blocks += len(hashes)
+
+
+def _first_chunk(req: Generate, item: FirstToken | Prefilled, finish: str = "") -> TokenChunk:
+    """Chunk 1 of a handoff: what the prefill sampled (``FirstToken`` or ``Prefilled``) and the
+    prefix hit it took."""
+    return TokenChunk(
+        req.request_id,
+        list(item.output),
+        finish,
+        len(req.token_ids),
+        item.cached_tokens,
+        list(item.logprobs),
+        list(item.top_logprobs),
+        item.hit,
+        seq=1,
+    )
 
 
 def _chunk(

@@ -171,7 +171,7 @@ class PrefillActor(EngineRole):
                 raise
         finally:
             if not exporting:  # closed at FirstToken (the decode went away): take it out anyway
-                _drop(asyncio.ensure_future(self.service.export(rid)))
+                self._run_aside(self.service.export(rid))
         remaining = max(0.5, lease.expires_in_s - (time.monotonic() - started))
         try:
             await self.data.send(lease_target(lease), state.to_parts(), timeout_s=remaining)
@@ -179,7 +179,7 @@ class PrefillActor(EngineRole):
             self.counters.failed_handoffs += 1
             raise
         finally:
-            _drop(asyncio.ensure_future(self.service.release_held(state.held)))
+            self._run_aside(self.service.release_held(state.held))
         self.counters.handoffs += 1
         yield Prefilled(
             lease.lease_id,
@@ -195,10 +195,15 @@ class PrefillActor(EngineRole):
             hit=hit,
         )
 
+    def _run_aside(self, coro) -> None:
+        """Run ``coro`` as the role's background task (``spawn``: kept, cancelled on stop); its
+        result or error is not wanted."""
+        self.spawn(coro).add_done_callback(lambda t: t.cancelled() or t.exception())
+
     def _release_exported(self, export: asyncio.Future) -> None:
         """An export whose caller went away: its held pages go back once it is done."""
         if not export.cancelled() and export.exception() is None and self.service is not None:
-            _drop(asyncio.ensure_future(self.service.release_held(export.result().held)))
+            self._run_aside(self.service.release_held(export.result().held))
 
     async def _fetch_hits(self, req: Generate, policy: HitPolicy) -> tuple[list[bytes], FetchedBlocks | None]:
         """The leading cached blocks of the prompt the policy (or the pinned hit) can use (at least
@@ -293,8 +298,3 @@ class PrefillActor(EngineRole):
             return None
         finally:
             inbound.release()
-
-
-def _drop(task: asyncio.Future) -> None:
-    """Let ``task`` finish on its own; its result or error is not wanted."""
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
