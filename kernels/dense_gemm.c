@@ -47,20 +47,20 @@ static inline __attribute__((always_inline)) void tile(const int rows, const flo
                                                        const float *panel, int64_t k, float *o,
                                                        int64_t os, int64_t cols) {
     v16 acc[MR][NV];
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < NV; j++) acc[r][j] = splat(0.0f);
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[r][j] = splat(0.0f);
     for (int64_t kk = 0; kk < k; kk++) {
         const float *wrow = panel + kk * NR;
         v16 wv[NV];
-        for (int j = 0; j < NV; j++) wv[j] = load16(wrow + j * LANES);
-        for (int r = 0; r < rows; r++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) wv[j] = load16(wrow + j * LANES);
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
             v16 xb = splat(x[r * xs + kk]);
-            for (int j = 0; j < NV; j++) acc[r][j] += xb * wv[j];
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[r][j] += xb * wv[j];
         }
     }
     if (cols == NR) {
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < NV; j++) store16(o + r * os + j * LANES, acc[r][j]);
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) store16(o + r * os + j * LANES, acc[r][j]);
         return;
     }
     for (int r = 0; r < rows; r++) {

@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void attend_head(
         float inv = 1.0f / l[g];
         for (int i = 0; i < ND; i++) {
             v16 x = o[g][i] * inv;
-            memcpy(out + g * D + i * LANES, &x, sizeof x);
+            store16(out + g * D + i * LANES, x);
         }
     }
 }

@@ -12,14 +12,18 @@
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+/* v16 for loads and stores through a float pointer: one unaligned vector move each. A memcpy
+ * of 64 bytes is lowered, with some CPUs' tuning (256-bit preferred), to two 32-byte moves
+ * through the stack that a 64-byte load then cannot forward: several times slower. */
+typedef float v16m __attribute__((vector_size(64), aligned(4), may_alias));
 
-static inline v16 splat(float x) { return (v16){0} + x; }
-
-static inline v16 load16(const float *p) {
-    v16 x;
-    memcpy(&x, p, sizeof x);
-    return x;
+/* x in every lane: one broadcast (``(v16){0} + x`` costs an add per call, as -0.0 + 0 is +0). */
+static inline v16 splat(float x) {
+    v16 v = {x};
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 }
+
+static inline v16 load16(const float *p) { return *(const v16m *)p; }
 
 /* The 16 lanes of x added in one fixed order: halves, then quarters, ... */
 static inline float hsum(v16 x) {
@@ -59,7 +63,7 @@ static inline v16 exp16(v16 x) {
     return (v16)((vi16)out & ~under);
 }
 
-static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+static inline void store16(float *p, v16 x) { *(v16m *)p = x; }
 
 /* One head's online softmax takes a block of scores s[0 .. n): s is padded with -inf to whole
  * LANES and becomes the weights e^(s - m_new) in place; the running max m and sum l are updated
