@@ -44,13 +44,14 @@ void dsi_gemm_pack(const float *w, int64_t k, int64_t n, int64_t sk, int64_t sn,
 
 /* rows (a constant in each caller) x NR outputs of one panel; cols <= NR of them are stored. */
 static inline __attribute__((always_inline)) void tile(const int rows, const float *x, int64_t xs,
-                                                       const float *panel, int64_t k, float *o,
-                                                       int64_t os, int64_t cols) {
+                                                       const float *panel, const float *ahead, int64_t k,
+                                                       float *o, int64_t os, int64_t cols) {
     v16 acc[MR][NV];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[r][j] = splat(0.0f);
     for (int64_t kk = 0; kk < k; kk++) {
         const float *wrow = panel + kk * NR;
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) __builtin_prefetch(ahead + kk * NR + j * LANES, 0, 2);
         v16 wv[NV];
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) wv[j] = load16(wrow + j * LANES);
         _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
@@ -70,11 +71,11 @@ static inline __attribute__((always_inline)) void tile(const int rows, const flo
     }
 }
 
-static void tile_rows(int rows, const float *x, int64_t xs, const float *panel, int64_t k, float *o,
-                      int64_t os, int64_t cols) {
+static void tile_rows(int rows, const float *x, int64_t xs, const float *panel, const float *ahead, int64_t k,
+                      float *o, int64_t os, int64_t cols) {
     switch (rows) {
 #define CASE(R) \
-    case R: tile(R, x, xs, panel, k, o, os, cols); break;
+    case R: tile(R, x, xs, panel, ahead, k, o, os, cols); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #if MR > 6
         CASE(7) CASE(8)
@@ -95,10 +96,14 @@ static void panels(const Product *g, int64_t p0, int64_t p1) {
         int64_t r1 = r0 + MB < g->m ? r0 + MB : g->m;
         for (int64_t p = p0; p < p1; p++) {
             const float *panel = g->packed + p * g->k * NR;
+            /* The next panel is fetched toward L2 while this one computes: a decode's weights
+             * come from memory once per step, and the hardware's prefetchers do not run ahead of
+             * a panel that the row tiles read again and again. */
+            const float *ahead = p + 1 < p1 ? panel + g->k * NR : panel;
             int64_t cols = g->n - p * NR < NR ? g->n - p * NR : NR;
             for (int64_t r = r0; r < r1; r += MR) {
                 int rows = (int)(r1 - r < MR ? r1 - r : MR);
-                tile_rows(rows, g->x + r * g->xs, g->xs, panel, g->k, g->out + r * g->os + p * NR, g->os, cols);
+                tile_rows(rows, g->x + r * g->xs, g->xs, panel, ahead, g->k, g->out + r * g->os + p * NR, g->os, cols);
             }
         }
     }
