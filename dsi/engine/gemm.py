@@ -88,11 +88,14 @@ class PackedGemm:
         run in row tiles (oneDNN, batch-invariant), else 1 (any row count costs only its rows)."""
         return ROW_TILE if self.invariant and not self.native else 1
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] @ w [K, N] -> [M, N]. ``out``: fp32 [M, N] with contiguous rows that the C
+        kernel writes into (a caller's reused buffer); the other paths allocate their result, so
+        use the value returned."""
         if self.native:
             panels = self._panels.get(_key(w))
             if panels is not None:
-                return dense_gemm.gemm(x, panels[1])
+                return dense_gemm.gemm(x, panels[1], out=out)
             if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu":
                 return dense_gemm.gemm(x, dense_gemm.pack(w))  # packed for this call only
             return invariant.mm(x, w) if self.invariant else x @ w

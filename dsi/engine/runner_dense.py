@@ -28,6 +28,7 @@ import torch
 from dsi.engine.attention_dense import paged_rows, step_rows
 from dsi.engine.batch import StepSlice
 from dsi.engine.gemm import PackedGemm
+from dsi.engine.workspace import Workspace
 from dsi.kernels import row_ops
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout_dense import DenseBlockLayout
@@ -57,6 +58,7 @@ class DenseRunner:
         self.slots = StateSlots(cfg, num_slots)  # empty: rings of length 0, no partial rows
         self._kv = self.layout.kv_view(self.pool.pages)  # [N, L, 2, block_size, Hkv, D]
         self.attend = paged_rows(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, batch_invariant, cfg.max_context)
+        self.ws = Workspace()  # the layers' activations, reused from layer to layer and step to step
 
     def rollback(self, slot: int, end: int) -> None:
         """After a speculative verify slice: positions >= ``end`` were rejected. Nothing to put
@@ -93,20 +95,27 @@ class DenseRunner:
     def _layer(
         self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: object
     ) -> torch.Tensor:
-        """Layer i over the step's rows x [T, H] -> [T, H]; cos, sin [T, 1, D/2] of the rows'
-        positions; ``plan``: what ``self.attend.prepare`` made of the step."""
-        cfg, w, p = self.cfg, self.w, f"layers.{i}."
-        t, hq, hkv, d = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qkv = self.mm(self._norm(x, w[p + "attn_norm"]), w[p + "wqkv"])  # [T, (Hq + 2 Hkv) D]
+        """Layer i over the step's rows x [T, H] -> x, updated in place; cos, sin [T, 1, D/2] of
+        the rows' positions; ``plan``: what ``self.attend.prepare`` made of the step. The
+        activations live in ``self.ws``'s buffers (a product's output is new memory otherwise,
+        page faults and all)."""
+        cfg, w, p, ws = self.cfg, self.w, f"layers.{i}.", self.ws
+        t, h, hq, hkv, d = x.shape[0], x.shape[1], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        wqkv, wo, wgu, wdown = w[p + "wqkv"], w[p + "wo"], w[p + "w_gate_up"], w[p + "w_down"]
+        normed = self._norm(x, w[p + "attn_norm"], ws.rows("norm", t, h))
+        qkv = self.mm(normed, wqkv, ws.rows("qkv", t, wqkv.shape[1]))  # [T, (Hq + 2 Hkv) D]
         row_ops.rope_(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # q and k, in place
         q, k, v = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d], qkv[:, (hq + hkv) * d :]
-        x = x + self.mm(self.attend(self._kv[:, i], q, k, v, plan), w[p + "wo"])
-        gate_up = self.mm(self._norm(x, w[p + "ffn_norm"]), w[p + "w_gate_up"])  # [T, 2F]
-        return x + self.mm(row_ops.silu_mul(gate_up), w[p + "w_down"])
+        x.add_(self.mm(self.attend(self._kv[:, i], q, k, v, plan), wo, ws.rows("proj", t, h)))
+        normed = self._norm(x, w[p + "ffn_norm"], ws.rows("norm", t, h))
+        gate_up = self.mm(normed, wgu, ws.rows("gate_up", t, wgu.shape[1]))  # [T, 2F]
+        act = row_ops.silu_mul(gate_up, out=ws.rows("act", t, wgu.shape[1] // 2))
+        return x.add_(self.mm(act, wdown, ws.rows("proj", t, h)))
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of rows x [T, H], each row on its own (the formula of :func:`dsi.model.ops.rms_norm`)."""
-        return row_ops.rms_norm(x, weight, self.cfg.norm_eps)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """RMSNorm of rows x [T, H], each row on its own (the formula of :func:`dsi.model.ops.rms_norm`);
+        ``out``: a buffer of [T, H] for the result."""
+        return row_ops.rms_norm(x, weight, self.cfg.norm_eps, out=out)
 
     @staticmethod
     def _sampled_rows(batch: list[StepSlice]) -> list[int]:

@@ -60,3 +60,36 @@ def test_widths_the_kernel_does_not_take_fall_back_to_torch():
     cos, sin = rope_angles(torch.arange(5), 8, 10000.0)
     want = rope_rotate(q, cos, sin)
     assert torch.allclose(row_ops.rope_(q, cos, sin), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_rows_shared_among_threads_have_the_bits_of_one_thread(threads):
+    rows = 8 * threads + 5  # every thread gets rows, and the shares are uneven
+    x = torch.randn(rows, 600, generator=_gen(8))[:, :576]
+    w = torch.randn(576, generator=_gen(9))
+    assert torch.equal(row_ops.rms_norm(x, w, 1e-5, threads=threads), row_ops.rms_norm(x, w, 1e-5, threads=1))
+    gu = torch.randn(rows, 3072, generator=_gen(10)) * 4
+    assert torch.equal(row_ops.silu_mul(gu, threads=threads), row_ops.silu_mul(gu, threads=1))
+    hq, hkv, d = 9, 3, 64
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=_gen(11))
+    cos, sin = rope_angles(torch.arange(rows) * 7, d, 10000.0)
+    one, shared = qkv.clone(), qkv.clone()
+    row_ops.rope_(one[:, : (hq + hkv) * d].view(rows, hq + hkv, d), cos, sin, threads=1)
+    row_ops.rope_(shared[:, : (hq + hkv) * d].view(rows, hq + hkv, d), cos, sin, threads=threads)
+    assert torch.equal(shared, one)
+    assert not torch.equal(one, qkv)  # it rotated
+
+
+def test_out_takes_the_result_and_bad_out_is_refused():
+    x = torch.randn(6, 64, generator=_gen(12))
+    w = torch.randn(64, generator=_gen(13))
+    buf = torch.full((10, 64), 7.0)
+    got = row_ops.rms_norm(x, w, 1e-5, out=buf[:6])
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, row_ops.rms_norm(x, w, 1e-5))
+    assert (buf[6:] == 7.0).all()
+    gu = torch.randn(6, 128, generator=_gen(14))
+    act = torch.empty(6, 64)
+    assert row_ops.silu_mul(gu, out=act).data_ptr() == act.data_ptr()
+    assert torch.equal(act, row_ops.silu_mul(gu))
+    with pytest.raises(ValueError, match="out must be"):
+        row_ops.silu_mul(gu, out=torch.empty(6, 65))
