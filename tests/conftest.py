@@ -13,9 +13,33 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and "DSI_PORT_RANG
     _size = (32_767 - 10_000 + 1) // _workers
     os.environ["DSI_PORT_RANGE"] = f"{10_000 + _worker * _size}-{10_000 + (_worker + 1) * _size - 1}"
 
-import pytest
 
-from tests.dsi.cli.procs import Procs
+def _import_triton_for_its_interpreter() -> None:
+    """Triton decorates its own library's jit functions (``tl.zeros`` among them) once, when
+    ``triton.language`` is first imported, for the interpreter only if ``TRITON_INTERPRET=1`` is
+    set then. Kernel tests turn the interpreter on later (tests.kernels.interpreted), so a worker
+    that imported Triton first for anything else ran those kernels against compiled-mode library
+    functions and failed ("Cannot call @triton.jit'd outside of the scope of a kernel"). Importing
+    it here with the variable set, then restoring the environment, leaves dsi's own ``interpreting()``
+    off until a test turns it on."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+_import_triton_for_its_interpreter()
+
+import pytest  # noqa: E402
+
+from tests.dsi.cli.procs import Procs  # noqa: E402
 
 
 @pytest.fixture
