@@ -51,7 +51,9 @@ from dsi.engine.attention_v4 import NativeAttention, usable
 from dsi.engine.batch import StepSlice
 from dsi.engine.decode_batch import DecodeIndex, attend_decode, build_index, gather_latents
 from dsi.engine.device import DecodeKernels
+from dsi.engine.gemm import PackedGemm
 from dsi.engine.prefix import ring_snapshot_shape
+from dsi.kernels import dense_gemm
 from dsi.kvcache.block_pool import BlockPool
 from dsi.kvcache.layout import BlockLayout
 from dsi.kvcache.state_slots import StateSlots
@@ -84,6 +86,8 @@ class ModelRunner:
         # transpose (one more copy of the embedding), on which the logits product of 64 rows takes
         # about 20 % less time than on the transposed view, batch-invariant or not.
         self._head = self.w["embed"].T.contiguous()
+        if batch_invariant and (device is None or device.type == "cpu") and kernels is None:
+            self.mm = _native_products(self.w, self._head) or self.mm
         self.moe: MoeLayer = moe_layer or self._local_moe
         self._collective = moe_layer is not None
         self.kernels = kernels
@@ -257,7 +261,10 @@ class ModelRunner:
         return x + self.moe(i, rms_norm(x, w[p + "ffn_norm"], cfg.norm_eps))
 
     def _local_moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return moe(x, self.w, f"layers.{i}.", self.cfg, self.mm, invariant.ROW_TILE if self.invariant else 1)
+        # The MoE keeps the tiled products, as in the expert processes of an EP group, whose
+        # outputs must have the bits of this one.
+        mm = invariant.mm if self.invariant else torch.matmul
+        return moe(x, self.w, f"layers.{i}.", self.cfg, mm, invariant.ROW_TILE if self.invariant else 1)
 
     # ---- ring snapshots --------------------------------------------------------------------------
     def _boundary(self, s: StepSlice) -> int:
@@ -516,3 +523,24 @@ def _spans(lengths: list[int]) -> list[tuple[int, int]]:
         spans.append((a, a + n))
         a += n
     return spans
+
+
+NATIVE_PACK_BYTES = 2 << 30  # the most weight bytes packed for the C product kernel (a copy)
+_DENSE = ("wq", "wk", "wv", "wo", "wc0", "wc1", "wg")  # the weights of the products outside the MoE
+
+
+def _native_products(weights: dict[str, torch.Tensor], head: torch.Tensor) -> PackedGemm | None:
+    """The batch-invariant products of the dense weights (attention, compressor, boundary,
+    logits; not the MoE's) through dsi's C kernel (:mod:`dsi.kernels.dense_gemm`: one chain of
+    fused multiply-adds per output, so a row's bits depend on nothing else in its step, with no
+    16-row tiles, padding or per-call reshaping), or None where the kernel is not built or the
+    packed copy would pass NATIVE_PACK_BYTES."""
+    if not dense_gemm.available():
+        return None
+    mats = [
+        t for name, t in weights.items() if name.rsplit(".", 1)[-1] in _DENSE and t.dtype == torch.float32
+    ]
+    mats.append(head)
+    if sum(t.numel() * 4 for t in mats) > NATIVE_PACK_BYTES:
+        return None
+    return PackedGemm(mats, batch_invariant=True, native=True)
