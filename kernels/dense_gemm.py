@@ -91,7 +91,6 @@ def gemm(
     if m and x.stride(1) != 1:
         x = x.contiguous()
     out = output(out, m, w.n)
-    count = thread_pool.threads() if threads is None else threads
-    run = thread_pool.run_pointer() if count > 1 else None
+    run, count = thread_pool.share(threads)
     lib.dsi_gemm(x.data_ptr(), x.stride(0), m, k, w.panels.data_ptr(), w.n, out.data_ptr(), w.n, run, count)
     return out

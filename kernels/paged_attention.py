@@ -114,7 +114,7 @@ def paged_attention(
         q.data_ptr(), q.stride(0), rows, hq, kv_layer.shape[3], d,
         kv_layer.data_ptr(), st[1], st[0], st[2], st[3], kv_layer.shape[2],
         tables.data_ptr(), tables.shape[1], seq.data_ptr(), pos.data_ptr(), 1.0 / math.sqrt(d),
-        out.data_ptr(), thread_pool.run_pointer() if threads > 1 else None, threads,
+        out.data_ptr(), *thread_pool.share(threads),
     )  # fmt: skip
     if rc:
         raise ValueError(

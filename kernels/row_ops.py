@@ -41,12 +41,6 @@ def _lib() -> ctypes.CDLL | None:
     return lib
 
 
-def _pool(threads: int | None) -> tuple[int | None, int]:
-    """The pool's run pointer and the thread count for a call (``threads`` None: torch's count)."""
-    count = thread_pool.threads() if threads is None else threads
-    return (thread_pool.run_pointer() if count > 1 else None), count
-
-
 def _rows_ok(x: torch.Tensor, width: int) -> bool:
     return x.dtype == torch.float32 and x.stride(-1) == 1 and width % LANES == 0 and x.device.type == "cpu"
 
@@ -65,7 +59,9 @@ def rms_norm(
     if lib is None or not _rows_ok(x, h) or not weight.is_contiguous():
         return F.rms_norm(x, (h,), weight, eps)
     out = output(out, t, h)
-    lib.dsi_rms_norm(x.data_ptr(), x.stride(0), t, h, weight.data_ptr(), eps, out.data_ptr(), *_pool(threads))
+    lib.dsi_rms_norm(
+        x.data_ptr(), x.stride(0), t, h, weight.data_ptr(), eps, out.data_ptr(), *thread_pool.share(threads)
+    )
     return out
 
 
@@ -78,7 +74,7 @@ def silu_mul(gu: torch.Tensor, threads: int | None = None, out: torch.Tensor | N
     if lib is None or not _rows_ok(gu, f):
         return F.silu(gu[:, :f]) * gu[:, f:]
     out = output(out, t, f)
-    lib.dsi_silu_mul(gu.data_ptr(), gu.stride(0), t, f, out.data_ptr(), *_pool(threads))
+    lib.dsi_silu_mul(gu.data_ptr(), gu.stride(0), t, f, out.data_ptr(), *thread_pool.share(threads))
     return out
 
 
@@ -96,5 +92,7 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int | 
         x[..., :half] = x1 * c - x2 * s
         x[..., half:] = x2 * c + x1 * s
         return x
-    lib.dsi_rope(x.data_ptr(), x.stride(0), t, heads, d, cos.data_ptr(), sin.data_ptr(), *_pool(threads))
+    lib.dsi_rope(
+        x.data_ptr(), x.stride(0), t, heads, d, cos.data_ptr(), sin.data_ptr(), *thread_pool.share(threads)
+    )
     return x

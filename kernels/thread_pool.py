@@ -33,6 +33,13 @@ def run_pointer() -> int | None:
     return None if lib is None else ctypes.cast(lib.dsi_pool_run, ctypes.c_void_p).value
 
 
+def share(count: int | None = None) -> tuple[int | None, int]:
+    """What a kernel call takes as ``run, threads``: the pool's run pointer (None for one thread,
+    or without the library) and the thread count (``count`` None: :func:`threads`)."""
+    count = threads() if count is None else count
+    return (run_pointer() if count > 1 else None), count
+
+
 def threads() -> int:
     """How many threads a kernel called from this thread shares its work among: torch's count."""
     return torch.get_num_threads()
